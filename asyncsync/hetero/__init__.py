@@ -1,0 +1,1 @@
+"""Heterogeneity: compute slowdowns, link shaping and data partitions."""

@@ -1,0 +1,109 @@
+"""Time accounting and JSONL logs.
+
+A worker's wall time splits into computing (local steps, emulated slowness included),
+pushing and pulling (bytes moving), and waiting (the server held the request at a barrier
+or staleness bound, as reported in the reply's ``held_s``). With overlapping protocols the
+categories overlap in time; compute proportion is always computing time / wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+
+class JsonlLog:
+    """Append-only JSON lines, flushed at least every `flush_s` seconds."""
+
+    def __init__(self, path: Path | None, flush_s: float = 1.0) -> None:
+        self._file: IO[str] | None = path.open("a", encoding="utf-8") if path else None
+        self._flush_s = flush_s
+        self._last_flush = time.monotonic()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        now = time.monotonic()
+        if now - self._last_flush >= self._flush_s:
+            self._file.flush()
+            self._last_flush = now
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@dataclass
+class WorkerStats:
+    """Running totals of one worker; sent in every request header for the dashboard."""
+
+    steps: int = 0
+    samples: int = 0
+    compute_s: float = 0.0
+    push_s: float = 0.0
+    pull_s: float = 0.0
+    wait_s: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    wall_s: float = 0.0
+    loss: float = float("nan")
+
+    def as_header(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+STAT_FIELDS = frozenset(WorkerStats.__dataclass_fields__)
+
+
+class WorkerMetrics:
+    """Accumulates a worker's `WorkerStats` and logs one JSONL record per span."""
+
+    def __init__(self, log: JsonlLog) -> None:
+        self.stats = WorkerStats()
+        self.log = log
+        self._t0 = time.monotonic()
+
+    def start(self) -> None:
+        """Mark the run's start (the moment the join barrier released)."""
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def snapshot(self) -> dict[str, float | int]:
+        self.stats.wall_s = self.now()
+        return self.stats.as_header()
+
+    def computed(self, start: float, steps: int, samples: int, seconds: float,
+                 loss: float) -> None:
+        s = self.stats
+        s.steps += steps
+        s.samples += samples
+        s.compute_s += seconds
+        s.loss = loss
+        self.log.write({"ev": "compute", "t": round(start, 4), "dur": round(seconds, 4),
+                        "steps": steps, "samples": samples, "loss": round(loss, 5)})
+
+    def transferred(self, op: str, start: float, seconds: float, held_s: float,
+                    up: int, down: int, version: int | None) -> None:
+        s = self.stats
+        held = min(held_s, seconds)
+        s.wait_s += held
+        if op == "push":
+            s.push_s += seconds - held
+        else:
+            s.pull_s += seconds - held
+        s.bytes_up += up
+        s.bytes_down += down
+        self.log.write({"ev": op, "t": round(start, 4), "dur": round(seconds, 4),
+                        "wait": round(held, 4), "up": up, "down": down, "version": version})
+
+    def final(self) -> dict[str, Any]:
+        record = {"ev": "final", **self.snapshot()}
+        self.log.write(record)
+        return record

@@ -1,0 +1,75 @@
+"""Model registry: `mlp`, `cnn`, or any ``"package.module:callable"`` the user names.
+
+Every builder takes the input shape (C, H, W), the number of classes and keyword options
+from the recipe's ``[model]`` table, and returns an ``nn.Module``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+ModelBuilder = Callable[..., nn.Module]
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> nn.Module:
+    """Two hidden layers of `hidden` units with ReLU."""
+    features = 1
+    for size in input_shape:
+        features *= size
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(features, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, num_classes),
+    )
+
+
+def cnn(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> nn.Module:
+    """Two conv-ReLU-maxpool blocks and two linear layers (no BatchNorm)."""
+    channels, height, width_px = input_shape
+    flat = 2 * width * (height // 4) * (width_px // 4)
+    return nn.Sequential(
+        nn.Conv2d(channels, width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(flat, 64),
+        nn.ReLU(),
+        nn.Linear(64, num_classes),
+    )
+
+
+MODELS: dict[str, ModelBuilder] = {"mlp": mlp, "cnn": cnn}
+
+
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, options: dict[str, Any]
+) -> nn.Module:
+    """Build a registered model, or import ``module:callable`` and call it."""
+    if name in MODELS:
+        builder = MODELS[name]
+    elif ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            builder = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"model {name!r} cannot be imported: {exc}") from exc
+    else:
+        known = ", ".join(sorted(MODELS))
+        raise ValueError(f"unknown model {name!r}; known: {known}, or 'package.module:callable'")
+    try:
+        model = builder(input_shape, num_classes, **options)
+    except TypeError as exc:
+        raise ValueError(f"model {name!r} rejected its options {options}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model {name!r} did not return an nn.Module")
+    return model

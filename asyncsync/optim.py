@@ -1,0 +1,43 @@
+"""SGD on flat vectors, shared by workers (local steps) and the server (global steps)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class FlatSGD:
+    """SGD with optional momentum, Nesterov and weight decay on one flat vector.
+
+    `update(w, g)` returns the step `u` such that the new vector is ``w - u``; the caller
+    applies it in place (a worker's own parameters) or out of place (the server's global
+    vector, whose old version may still be streaming to a reader).
+    """
+
+    def __init__(
+        self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False
+    ) -> None:
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if nesterov and momentum == 0:
+            raise ValueError("nesterov needs momentum > 0")
+        self.lr = lr
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.nesterov = nesterov
+        self._buffer: torch.Tensor | None = None
+
+    def update(self, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """The step for gradient `g` at point `w` (momentum state advances)."""
+        if self.weight_decay:
+            g = g + self.weight_decay * w
+        if self.momentum:
+            if self._buffer is None:
+                self._buffer = g.clone()
+            else:
+                self._buffer.mul_(self.momentum).add_(g)
+            g = g + self.momentum * self._buffer if self.nesterov else self._buffer
+        return self.lr * g

@@ -1,0 +1,264 @@
+"""Recipes: TOML files composing protocol x model x data x heterogeneity into runs.
+
+Shape (see DESIGN.md, "Recipe shape")::
+
+    name = "quickstart"      # optional; defaults to the file's stem
+    baseline = "bsp"         # run that speedups are measured against (default: first run)
+    [defaults]               # every key of a run; each [[runs]] entry may override any
+    [[runs]]
+    name = "bsp"
+    protocol = "bsp"         # or { name = "ssp", staleness = 3 }
+
+Each run's table is ``defaults`` deep-merged with the run's own keys, then checked against
+`RunSpec`: unknown keys and ill-typed or out-of-range values raise `ConfigError` naming the
+key, e.g. ``runs[1] (asp).stop.time_s: must be > 0, got -1``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncsync.hetero.partition import PARTITIONS
+from asyncsync.protocols.base import NoParams, get_protocol
+from asyncsync.schema import ConfigError, from_mapping, option
+
+
+def _positive(value: float) -> bool:
+    return value > 0
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    time_s: float = option(60.0, _positive, "must be > 0", "wall-clock budget of one run")
+    target_accuracy: float | None = option(
+        None, lambda v: v is None or 0 < v <= 1, "must be in (0, 1]",
+        "time-to-accuracy threshold")
+    stop_at_target: bool = option(False, help="end the run once the target is reached")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str = option("cnn", help="mlp | cnn | package.module:callable")
+    options: dict[str, Any] = option({}, help="keyword arguments of the model builder")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    name: str = option("synthetic", lambda v: v == "synthetic", "must be 'synthetic'")
+    partition: str = option("iid", lambda v: v in PARTITIONS,
+                            f"must be one of {', '.join(PARTITIONS)}")
+    batch_size: int = option(32, _positive, "must be > 0")
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    lr: float = option(0.05, _positive, "must be > 0")
+    momentum: float = option(0.0, lambda v: 0 <= v < 1, "must be in [0, 1)")
+    weight_decay: float = option(0.0, lambda v: v >= 0, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    slowdown: list[float] = option([], lambda v: all(f >= 1 for f in v),
+                                   "factors must be >= 1",
+                                   "one factor per worker; missing ones are 1")
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    bandwidth_mbps: float = option(0.0, lambda v: v == 0,
+                                   "must be 0: link shaping is not implemented yet")
+    latency_ms: float = option(0.0, lambda v: v == 0,
+                               "must be 0: link shaping is not implemented yet")
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    interval_s: float = option(2.0, _positive, "must be > 0",
+                               "seconds between evaluations of the global model")
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    name: str
+    params: Any
+
+    def as_table(self) -> dict[str, Any]:
+        return {"name": self.name, **dataclasses.asdict(self.params)}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One fully resolved run."""
+
+    name: str = option("", bool, "every run needs a name")
+    protocol: ProtocolSpec = field(default_factory=lambda: ProtocolSpec("bsp", NoParams()))
+    workers: int = option(4, _positive, "must be > 0")
+    seed: int = 0
+    device: str = option("cpu", help="auto | cpu | cuda | cuda:i")
+    stop: StopSpec = field(default_factory=StopSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    optim: OptimSpec = field(default_factory=OptimSpec)
+    compute: ComputeSpec = field(default_factory=ComputeSpec)
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+
+    def slowdown(self, rank: int) -> float:
+        factors = self.compute.slowdown
+        return factors[rank] if rank < len(factors) else 1.0
+
+    def as_table(self) -> dict[str, Any]:
+        table = dataclasses.asdict(self)
+        table["protocol"] = self.protocol.as_table()
+        return table
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    baseline: str
+    runs: list[RunSpec]
+
+    def run(self, name: str) -> RunSpec:
+        for spec in self.runs:
+            if spec.name == name:
+                return spec
+        raise ConfigError(f"no run named {name!r}; runs: {', '.join(r.name for r in self.runs)}")
+
+    def as_table(self) -> dict[str, Any]:
+        return {"name": self.name, "baseline": self.baseline,
+                "runs": [r.as_table() for r in self.runs]}
+
+
+TOP_KEYS = ("name", "baseline", "defaults", "runs")
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = (),
+                only: Sequence[str] = ()) -> Recipe:
+    """Read a recipe (``.toml``, or the ``.json`` a run writes) and resolve every run.
+
+    Args:
+        path: the recipe file.
+        overrides: ``KEY=VALUE`` strings setting ``defaults.KEY`` (TOML value syntax; a
+            bare word is taken as a string).
+        only: run names to keep (all when empty).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.')}: {exc}") from exc
+    return resolve(raw, path.stem, overrides, only)
+
+
+def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (),
+            only: Sequence[str] = ()) -> Recipe:
+    """Resolve a parsed recipe table (see `load_recipe`)."""
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise ConfigError(f"{key}: unknown top-level key (known: {', '.join(TOP_KEYS)})")
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise ConfigError("defaults: expected a table")
+    defaults = copy.deepcopy(defaults)
+    for item in overrides:
+        _apply_override(defaults, item)
+    runs_raw = raw.get("runs")
+    if not isinstance(runs_raw, list) or not runs_raw:
+        raise ConfigError("runs: a recipe needs at least one [[runs]] table")
+    runs = [_resolve_run(defaults, run, index) for index, run in enumerate(runs_raw)]
+    names = [r.name for r in runs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"runs: duplicate run names {duplicates}")
+    name = raw.get("name", default_name)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"name: expected a non-empty string, got {name!r}")
+    baseline = raw.get("baseline", names[0])
+    if baseline not in names:
+        raise ConfigError(f"baseline: {baseline!r} is not a run (runs: {', '.join(names)})")
+    if only:
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            raise ConfigError(f"--only: no run named {unknown[0]!r} (runs: {', '.join(names)})")
+        runs = [r for r in runs if r.name in only]
+    return Recipe(name, baseline, runs)
+
+
+def _apply_override(defaults: dict[str, Any], item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    parts = key.strip().split(".")
+    table = defaults
+    for part in parts[:-1]:
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"--set {key}: defaults.{part} is not a table")
+    table[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "protocol":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _has_key(table: dict[str, Any], dotted: str) -> bool:
+    node: Any = table
+    for part in dotted.split("[")[0].split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _resolve_run(defaults: dict[str, Any], run: Any, index: int) -> RunSpec:
+    if not isinstance(run, dict):
+        raise ConfigError(f"runs[{index}]: expected a table")
+    label = f"runs[{index}]" + (f" ({run['name']})" if isinstance(run.get("name"), str) else "")
+
+    def where(key: str) -> str:
+        return f"{label}.{key}" if _has_key(run, key) or not key else f"defaults.{key}"
+
+    merged = _merge(defaults, run)
+    if "name" not in merged:
+        raise ConfigError(f"{label}.name: every run needs a name")
+    protocol = _resolve_protocol(merged.pop("protocol", None), where)
+    return dataclasses.replace(from_mapping(RunSpec, merged, "", where), protocol=protocol)
+
+
+def _resolve_protocol(value: Any, where: Callable[[str], str]) -> ProtocolSpec:
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise ConfigError(f"{where('protocol')}: expected a name or a table with 'name'")
+    params = dict(value)
+    name = params.pop("name")
+    try:
+        protocol = get_protocol(name)
+    except ValueError as exc:
+        raise ConfigError(f"{where('protocol')}: {exc}") from None
+    return ProtocolSpec(name, from_mapping(protocol.params, params, "",
+                                           lambda key: where(f"protocol.{key}")))
+

@@ -1,0 +1,175 @@
+"""Local computation: a model whose parameters live in one flat vector, and its steps.
+
+All parameters and floating-point buffers (e.g. BatchNorm statistics) are views into one
+contiguous 1-D tensor ``flat``; gradients are views into ``grad``. Deltas, averages and
+wire transfers are single vector operations. The methods here are synchronous: the worker
+runs them in its compute thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asyncsync.hetero.compute import StaticSlowdown
+from asyncsync.optim import FlatSGD
+
+BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when present, else CPU; other names are passed to torch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+class FlatModule:
+    """Re-homes a module's parameters and floating buffers into one flat vector."""
+
+    def __init__(self, module: nn.Module, device: torch.device) -> None:
+        module.to(device)
+        params = list(module.parameters())
+        buffers = [
+            (owner, name, buf)
+            for owner in module.modules()
+            for name, buf in owner.named_buffers(recurse=False)
+            if buf is not None and buf.is_floating_point()
+        ]
+        self.num_params = sum(p.numel() for p in params)
+        total = self.num_params + sum(buf.numel() for _, _, buf in buffers)
+        self.module = module
+        self.flat = torch.empty(total, device=device)
+        self.grad = torch.zeros(total, device=device)
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                n = p.numel()
+                self.flat[offset : offset + n].copy_(p.flatten())
+                p.data = self.flat[offset : offset + n].view_as(p)
+                p.grad = self.grad[offset : offset + n].view_as(p)
+                offset += n
+            for owner, name, buf in buffers:
+                n = buf.numel()
+                self.flat[offset : offset + n].copy_(buf.flatten())
+                owner._buffers[name] = self.flat[offset : offset + n].view_as(buf)
+                offset += n
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one local computation produced."""
+
+    loss: float
+    samples: int
+    compute_s: float
+
+
+class Trainer:
+    """A model, its batch source and local optimizer, driven one step at a time.
+
+    Args:
+        model: the module to train; its parameters are moved into a flat vector.
+        batches: returns ``(inputs, targets)`` for a requested batch size.
+        lr, momentum, weight_decay: the local SGD settings (used by local-step protocols).
+        loss_fn: defaults to cross-entropy.
+        slowdown: emulated compute slowness (sleep padding after each step).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:i``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: BatchSource,
+        lr: float = 0.05,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        loss_fn: LossFn = F.cross_entropy,
+        slowdown: StaticSlowdown | None = None,
+        device: str = "auto",
+    ) -> None:
+        self.device = resolve_device(device)
+        self.params = FlatModule(model, self.device)
+        self.batches = batches
+        self.loss_fn = loss_fn
+        self.optimizer = FlatSGD(lr, momentum, weight_decay)
+        self.slowdown = slowdown or StaticSlowdown(1.0)
+
+    @property
+    def flat(self) -> torch.Tensor:
+        return self.params.flat
+
+    @property
+    def numel(self) -> int:
+        return self.params.flat.numel()
+
+    def gradient(self, batch_size: int) -> StepResult:
+        """Compute the gradient of one batch into ``self.params.grad``."""
+        start = time.perf_counter()
+        inputs, targets = self.batches(batch_size)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        self.params.grad.zero_()
+        self.params.module.train()
+        loss = self.loss_fn(self.params.module(inputs), targets)
+        loss.backward()
+        value = float(loss.detach())
+        return self._finish(start, value, len(targets))
+
+    def local_step(self, batch_size: int) -> StepResult:
+        """One local SGD step on the flat vector."""
+        start = time.perf_counter()
+        result = self.gradient(batch_size)
+        with torch.no_grad():
+            n = self.params.num_params
+            params = self.params.flat[:n]
+            params.sub_(self.optimizer.update(params, self.params.grad[:n]))
+        return StepResult(result.loss, result.samples, time.perf_counter() - start)
+
+    def gradient_copy(self) -> torch.Tensor:
+        """A CPU copy of the last gradient, safe to send while the next step runs."""
+        return self.params.grad.detach().to("cpu", copy=True)
+
+    def vector_copy(self) -> torch.Tensor:
+        """A CPU copy of the current flat vector."""
+        return self.params.flat.detach().to("cpu", copy=True)
+
+    def load(self, vector: torch.Tensor) -> None:
+        """Adopt a (global) vector as the local parameters."""
+        with torch.no_grad():
+            self.params.flat.copy_(vector)
+
+    def _finish(self, start: float, loss: float, samples: int) -> StepResult:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        pad = self.slowdown.padding(elapsed)
+        if pad > 0:
+            time.sleep(pad)
+        return StepResult(loss, samples, elapsed + pad)
+
+
+def evaluate(
+    module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 1000
+) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of `module` on a held-out split."""
+    module.eval()
+    correct = 0
+    loss_sum = 0.0
+    device = next(module.parameters()).device
+    with torch.no_grad():
+        for start in range(0, len(targets), batch_size):
+            x = inputs[start : start + batch_size].to(device)
+            y = targets[start : start + batch_size].to(device)
+            logits = module(x)
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(dim=1) == y).sum())
+    return correct / len(targets), loss_sum / len(targets)

@@ -1,0 +1,65 @@
+"""HTTP client transport: one long-lived `aiohttp.ClientSession` per worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import torch
+
+from asyncsync.transport.base import RequestRejected
+from asyncsync.wire import (
+    CONTENT_TYPE,
+    FrameReader,
+    Limits,
+    encode_header,
+    frame_pieces,
+    frame_size,
+    tensor_spec,
+)
+
+
+class HttpTransport:
+    """Sends frames to ``{url}/v1/{op}`` and reads framed replies.
+
+    Args:
+        url: the server's base URL, e.g. ``http://127.0.0.1:8470``.
+        numel: the model's length: a reply vector must have exactly this many elements.
+        timeout_s: total time allowed for one request, held waits included.
+    """
+
+    def __init__(self, url: str, numel: int, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.limits = Limits(numel)
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            headers={"Content-Type": CONTENT_TYPE},
+        )
+
+    async def request(
+        self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
+    ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        head = encode_header(header, vector)
+        size = frame_size(head, vector)
+        async with self._session.post(f"{self.url}/v1/{op}", data=frame_pieces(head, vector),
+                                      headers={"Content-Length": str(size)}) as resp:
+            self.bytes_up += size
+            if resp.status >= 400:
+                reason = (await resp.text())[:500]
+                raise RequestRejected(resp.status, reason)
+            reader = FrameReader(resp.content.readany, self.limits.max_body_bytes)
+            reply = await reader.header()
+            nbytes = tensor_spec(reply, self.limits)
+            out = None
+            if nbytes is None:
+                await reader.end()
+            else:
+                out = await reader.tensor(nbytes, self.limits.dtype)
+            self.bytes_down += resp.content_length or 0
+            return reply, out
+
+    async def close(self) -> None:
+        await self._session.close()
+

@@ -1,0 +1,211 @@
+"""Message framing: a length-prefixed msgpack header followed by raw tensor bytes.
+
+Frame layout (requests and responses alike)::
+
+    uint32 big-endian  header length H
+    H bytes            msgpack map (str keys); when a tensor follows it holds
+                       "tensor": {"dtype": "float32", "shape": [n]}
+    n * itemsize bytes the tensor's raw little-endian bytes, nothing else
+
+No pickle, no base64, no per-element encoding. The receiver reads the tensor bytes
+straight into a preallocated tensor (the one copy of that direction); the sender streams
+memoryview slices of the tensor it already holds (no copy in user space).
+
+Every validation failure raises :class:`WireError`, which carries the HTTP status and a
+one-line reason; the HTTP layer turns it into a 4xx reply.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import torch
+
+CONTENT_TYPE = "application/x-asyncsync"
+PREFIX = struct.Struct(">I")
+MAX_HEADER_BYTES = 64 * 1024
+CHUNK_BYTES = 1 << 20
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class WireError(Exception):
+    """A message that cannot be accepted; `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a receiver accepts: the expected tensor length and the byte budget it implies."""
+
+    numel: int
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def tensor_bytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def max_body_bytes(self) -> int:
+        return PREFIX.size + MAX_HEADER_BYTES + self.tensor_bytes
+
+
+def encode_header(header: dict[str, Any], tensor: torch.Tensor | None) -> bytes:
+    """Pack the prefix and header; adds the tensor descriptor when a tensor follows."""
+    if tensor is not None:
+        if tensor.dtype not in DTYPE_NAMES:
+            raise ValueError(f"unsupported dtype {tensor.dtype}")
+        header = {**header, "tensor": {"dtype": DTYPE_NAMES[tensor.dtype],
+                                       "shape": list(tensor.shape)}}
+    packed: bytes = msgpack.packb(header, use_bin_type=True)
+    if len(packed) > MAX_HEADER_BYTES:
+        raise ValueError(f"header of {len(packed)} bytes exceeds {MAX_HEADER_BYTES}")
+    return PREFIX.pack(len(packed)) + packed
+
+
+def tensor_chunks(tensor: torch.Tensor, chunk: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """Zero-copy byte views of a contiguous CPU tensor, `chunk` bytes at a time."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise ValueError("tensor_chunks needs a contiguous CPU tensor")
+    view = memoryview(tensor.numpy()).cast("B")
+    for start in range(0, len(view), chunk):
+        yield view[start : start + chunk]
+
+
+def frame_size(prefix_and_header: bytes, tensor: torch.Tensor | None) -> int:
+    body = 0 if tensor is None else tensor.numel() * tensor.element_size()
+    return len(prefix_and_header) + body
+
+
+async def frame_pieces(
+    head: bytes, tensor: torch.Tensor | None
+) -> AsyncIterator[bytes | memoryview]:
+    """Yield an encoded head and the tensor's bytes, for a streaming HTTP body."""
+    yield head
+    if tensor is not None:
+        for piece in tensor_chunks(tensor):
+            yield piece
+
+
+def decode_header(raw: bytes) -> dict[str, Any]:
+    """Unpack a header; anything but a str-keyed map is a 400."""
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise WireError(400, f"malformed msgpack header: {type(exc).__name__}") from exc
+    if not isinstance(header, dict):
+        raise WireError(400, "header must be a msgpack map")
+    return header
+
+
+def tensor_spec(header: dict[str, Any], limits: Limits | None) -> int | None:
+    """Validate the tensor descriptor against `limits`; return its byte length or None."""
+    spec = header.get("tensor")
+    if spec is None:
+        return None
+    if limits is None:
+        raise WireError(400, "this message carries no tensor")
+    if not isinstance(spec, dict):
+        raise WireError(400, "'tensor' must be a map with dtype and shape")
+    dtype = spec.get("dtype")
+    if dtype not in DTYPES or DTYPES[dtype] != limits.dtype:
+        raise WireError(422, f"wrong dtype {dtype!r}: expected {DTYPE_NAMES[limits.dtype]!r}")
+    shape = spec.get("shape")
+    if shape != [limits.numel]:
+        raise WireError(422, f"wrong shape {shape!r}: expected [{limits.numel}]")
+    return limits.tensor_bytes
+
+
+ReadAny = Callable[[], Awaitable[bytes]]
+
+
+class FrameReader:
+    """Reads one frame from a byte stream that yields arbitrary chunks (b"" at EOF)."""
+
+    def __init__(self, read_any: ReadAny, max_total: int) -> None:
+        self._read_any = read_any
+        self._pending = bytearray()
+        self._total = 0
+        self._max_total = max_total
+
+    async def _fill(self, want: int) -> None:
+        while len(self._pending) < want:
+            chunk = await self._read_any()
+            if not chunk:
+                raise WireError(400, f"truncated body: ended after {self._total} bytes")
+            self._total += len(chunk)
+            if self._total > self._max_total:
+                raise WireError(413, f"body exceeds the limit of {self._max_total} bytes")
+            self._pending += chunk
+
+    async def _take(self, n: int) -> bytes:
+        await self._fill(n)
+        out = bytes(self._pending[:n])
+        del self._pending[:n]
+        return out
+
+    async def header(self) -> dict[str, Any]:
+        (length,) = PREFIX.unpack(await self._take(PREFIX.size))
+        if length > MAX_HEADER_BYTES:
+            raise WireError(413, f"header of {length} bytes exceeds {MAX_HEADER_BYTES}")
+        return decode_header(await self._take(length))
+
+    async def tensor(self, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+        """Read exactly `nbytes` into a fresh tensor, then require end of stream."""
+        out = torch.empty(nbytes // dtype.itemsize, dtype=dtype)
+        view = memoryview(out.numpy()).cast("B")
+        filled = min(len(self._pending), nbytes)
+        view[:filled] = self._pending[:filled]
+        del self._pending[:filled]
+        while filled < nbytes:
+            chunk = await self._read_any()
+            if not chunk:
+                raise WireError(400, f"truncated tensor: got {filled} of {nbytes} bytes")
+            self._total += len(chunk)
+            if self._total > self._max_total:
+                raise WireError(413, f"body exceeds the limit of {self._max_total} bytes")
+            take = min(len(chunk), nbytes - filled)
+            view[filled : filled + take] = chunk[:take]
+            filled += take
+            if take < len(chunk):
+                raise WireError(400, "trailing bytes after the tensor")
+        await self.end()
+        return out
+
+    async def end(self) -> None:
+        if self._pending or await self._read_any():
+            raise WireError(400, "trailing bytes after the message")
+
+
+def require(header: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    """Return header[key] if it has the given type (bool is not an int), else a 400."""
+    if key not in header:
+        raise WireError(400, f"missing field {key!r}")
+    value = header[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise WireError(400, f"field {key!r} must be {_names(kinds)}")
+    if not isinstance(value, kinds):
+        raise WireError(400, f"field {key!r} must be {_names(kinds)}")
+    return value
+
+
+def require_count(header: dict[str, Any], key: str) -> int:
+    """A non-negative integer field."""
+    value: int = require(header, key, int)
+    if value < 0:
+        raise WireError(400, f"field {key!r} must be >= 0")
+    return value
+
+
+def _names(kinds: tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in kinds)

@@ -1,0 +1,233 @@
+"""Worker: owns a Trainer and a transport, and runs its protocol's `WorkerLoop`.
+
+Local computation runs in a dedicated thread (one per worker), so the event loop keeps
+uploading and downloading while a step computes; torch releases the GIL in its kernels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from asyncsync.hetero.compute import StaticSlowdown
+from asyncsync.metrics import JsonlLog, WorkerMetrics
+from asyncsync.protocols.base import Protocol, get_protocol
+from asyncsync.trainer import BatchSource, LossFn, StepResult, Trainer
+from asyncsync.transport.base import Transport
+from asyncsync.transport.http_client import HttpTransport
+
+T = TypeVar("T")
+
+
+class RunStopped(Exception):
+    """The run is over (the server said stop, or the worker reached `max_steps`)."""
+
+
+class WorkerContext:
+    """What a `WorkerLoop` sees: compute in the worker's thread, and talk to the server.
+
+    Attributes:
+        rank: this worker's rank; `workers`: how many workers the run has.
+        version: the global version the local model was last adopted from.
+        batch_size: the default local batch size.
+    """
+
+    def __init__(self, rank: int, run_id: str, transport: Transport, trainer: Trainer,
+                 metrics: WorkerMetrics, batch_size: int, max_steps: int | None) -> None:
+        self.rank = rank
+        self.run_id = run_id
+        self.transport = transport
+        self.trainer = trainer
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.max_steps = max_steps
+        self.version = 0
+        self.workers = 1
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"asyncsync-compute-{rank}")
+
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` in the compute thread (vector math that must not block the loop)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
+        """Compute one batch's gradient; returns it as a CPU copy safe to send."""
+
+        def work() -> tuple[StepResult, torch.Tensor]:
+            result = self.trainer.gradient(batch_size or self.batch_size)
+            return result, self.trainer.gradient_copy()
+
+        self._check_budget()
+        start = self.metrics.now()
+        result, grad = await self.in_thread(work)
+        self.metrics.computed(start, 1, result.samples, result.compute_s, result.loss)
+        return result, grad
+
+    async def steps(self, count: int = 1, batch_size: int | None = None) -> StepResult:
+        """Run `count` local SGD steps; returns their summed samples and time, last loss."""
+
+        def work() -> StepResult:
+            results = [self.trainer.local_step(batch_size or self.batch_size)
+                       for _ in range(count)]
+            return StepResult(results[-1].loss, sum(r.samples for r in results),
+                              sum(r.compute_s for r in results))
+
+        self._check_budget()
+        start = self.metrics.now()
+        result = await self.in_thread(work)
+        self.metrics.computed(start, count, result.samples, result.compute_s, result.loss)
+        return result
+
+    async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
+                   meta: dict[str, Any] | None = None,
+                   base_version: int | None = None) -> dict[str, Any]:
+        """Send a gradient, delta or model; returns the reply's protocol meta."""
+        header = {"kind": kind, "steps": steps, "samples": samples,
+                  "base_version": self.version if base_version is None else base_version}
+        reply, _ = await self.request("push", header, vector, meta)
+        return dict(reply.get("meta", {}))
+
+    async def pull(self, meta: dict[str, Any] | None = None,
+                   base_version: int | None = None) -> tuple[torch.Tensor, int, dict[str, Any]]:
+        """Fetch the global model: ``(vector, version, meta)``."""
+        header = {"base_version": self.version if base_version is None else base_version}
+        reply, vector = await self.request("pull", header, None, meta)
+        if vector is None:
+            raise RuntimeError("pull reply carried no model")
+        return vector, int(reply["version"]), dict(reply.get("meta", {}))
+
+    async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """A protocol-specific control message; returns the reply's meta."""
+        reply, _ = await self.request("query", {}, None, meta)
+        return dict(reply.get("meta", {}))
+
+    async def adopt(self, vector: torch.Tensor, version: int) -> None:
+        """Make `vector` (global version `version`) the local model."""
+        await self.in_thread(self.trainer.load, vector)
+        self.version = version
+
+    async def request(self, op: str, header: dict[str, Any], vector: torch.Tensor | None,
+                      meta: dict[str, Any] | None) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """Send one message with this worker's identity and stats; account its time."""
+        header = {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
+                  "stats": self.metrics.snapshot()}
+        up, down = self.transport.bytes_up, self.transport.bytes_down
+        start = self.metrics.now()
+        began = time.monotonic()
+        reply, out = await self.transport.request(op, header, vector)
+        seconds = time.monotonic() - began
+        held = float(reply.get("meta", {}).get("held_s", 0.0))
+        self.metrics.transferred(op, start, seconds, held, self.transport.bytes_up - up,
+                                 self.transport.bytes_down - down, reply.get("version"))
+        if reply.get("stop"):
+            raise RunStopped
+        return reply, out
+
+    def _check_budget(self) -> None:
+        if self.max_steps is not None and self.metrics.stats.steps >= self.max_steps:
+            raise RunStopped
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def cycle_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> BatchSource:
+    """Adapt an iterable of ``(inputs, targets)`` (e.g. a DataLoader) to a batch source.
+
+    The iterable's own batch size wins; protocols that resize batches need a callable.
+    """
+    iterator = iter(batches)
+
+    def next_batch(_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal iterator
+        try:
+            return next(iterator)
+        except StopIteration:
+            iterator = iter(batches)
+            return next(iterator)
+
+    return next_batch
+
+
+class Worker:
+    """One worker of a run.
+
+    Args:
+        rank: this worker's rank in ``0..workers-1``.
+        server: the server's base URL, or a `Transport` (e.g. `LocalTransport`).
+        model: the local model (same architecture as the server's).
+        batches: a callable ``batch_size -> (inputs, targets)`` or an iterable of batches.
+        protocol: a registered name or a `Protocol`; `protocol_params` its parameters.
+        run_id: must match the server's.
+        lr, momentum, weight_decay: local SGD settings.
+        batch_size: default local batch size.
+        slowdown: emulated compute slowness factor (>= 1).
+        max_steps: stop after this many local steps (None: until the server stops).
+        log_path: a JSONL file for this worker's spans and totals.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        server: str | Transport,
+        model: nn.Module,
+        batches: BatchSource | Iterable[tuple[torch.Tensor, torch.Tensor]],
+        protocol: str | Protocol = "bsp",
+        *,
+        protocol_params: Any = None,
+        run_id: str = "run",
+        lr: float = 0.05,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        loss_fn: LossFn | None = None,
+        batch_size: int = 32,
+        slowdown: float | StaticSlowdown = 1.0,
+        device: str = "auto",
+        max_steps: int | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.rank = rank
+        self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
+        self.protocol_params = (self.protocol.params() if protocol_params is None
+                                else protocol_params)
+        source = batches if callable(batches) else cycle_batches(batches)
+        if not isinstance(slowdown, StaticSlowdown):
+            slowdown = StaticSlowdown(slowdown)
+        extra = {} if loss_fn is None else {"loss_fn": loss_fn}
+        self.trainer = Trainer(model, source, lr, momentum, weight_decay, slowdown=slowdown,
+                               device=device, **extra)
+        self.transport = (HttpTransport(server, self.trainer.numel) if isinstance(server, str)
+                          else server)
+        self.metrics = WorkerMetrics(JsonlLog(log_path))
+        self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.metrics,
+                                 batch_size, max_steps)
+
+    async def run(self) -> dict[str, Any]:
+        """Join, run the protocol's loop until the run stops, leave; returns final totals."""
+        ctx = self.ctx
+        try:
+            reply, vector = await ctx.request("join", {}, None, None)
+            assert vector is not None, "join reply carried no model"
+            ctx.workers = int(reply.get("meta", {}).get("workers", 1))
+            await ctx.adopt(vector, int(reply["version"]))
+            self.metrics.start()
+            await self.protocol.worker(self.protocol_params).run(ctx)
+        except RunStopped:
+            pass
+        finally:
+            with contextlib.suppress(Exception):  # the server may be gone; leaving is best effort
+                await ctx.request("leave", {}, None, None)
+            final = self.metrics.final()
+            self.metrics.log.close()
+            ctx.close()
+            await self.transport.close()
+        return final
