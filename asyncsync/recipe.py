@@ -244,6 +244,8 @@ def _resolve_run(defaults: dict[str, Any], run: Any, index: int) -> RunSpec:
     merged = _merge(defaults, run)
     if "name" not in merged:
         raise ConfigError(f"{label}.name: every run needs a name")
+    if "protocol" not in merged:
+        raise ConfigError(f"{label}.protocol: every run needs a protocol")
     protocol = _resolve_protocol(merged.pop("protocol", None), where)
     return dataclasses.replace(from_mapping(RunSpec, merged, "", where), protocol=protocol)
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncsync.hetero.compute import StaticSlowdown
+from asyncsync.hetero.compute import Slowdown, StaticSlowdown
 from asyncsync.optim import FlatSGD
 
 BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -94,7 +94,7 @@ class Trainer:
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         loss_fn: LossFn = F.cross_entropy,
-        slowdown: StaticSlowdown | None = None,
+        slowdown: Slowdown | None = None,
         device: str = "auto",
     ) -> None:
         self.device = resolve_device(device)
@@ -102,7 +102,7 @@ class Trainer:
         self.batches = batches
         self.loss_fn = loss_fn
         self.optimizer = FlatSGD(lr, momentum, weight_decay)
-        self.slowdown = slowdown or StaticSlowdown(1.0)
+        self.slowdown: Slowdown = slowdown or StaticSlowdown(1.0)
 
     @property
     def flat(self) -> torch.Tensor:
@@ -120,7 +120,7 @@ class Trainer:
         self.params.grad.zero_()
         self.params.module.train()
         loss = self.loss_fn(self.params.module(inputs), targets)
-        loss.backward()
+        torch.autograd.backward(loss)
         value = float(loss.detach())
         return self._finish(start, value, len(targets))
 

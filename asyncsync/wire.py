@@ -76,7 +76,7 @@ def tensor_chunks(tensor: torch.Tensor, chunk: int = CHUNK_BYTES) -> Iterator[me
     """Zero-copy byte views of a contiguous CPU tensor, `chunk` bytes at a time."""
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise ValueError("tensor_chunks needs a contiguous CPU tensor")
-    view = memoryview(tensor.numpy()).cast("B")
+    view = tensor.numpy().data.cast("B")
     for start in range(0, len(view), chunk):
         yield view[start : start + chunk]
 
@@ -162,7 +162,7 @@ class FrameReader:
     async def tensor(self, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
         """Read exactly `nbytes` into a fresh tensor, then require end of stream."""
         out = torch.empty(nbytes // dtype.itemsize, dtype=dtype)
-        view = memoryview(out.numpy()).cast("B")
+        view = out.numpy().data.cast("B")
         filled = min(len(self._pending), nbytes)
         view[:filled] = self._pending[:filled]
         del self._pending[:filled]

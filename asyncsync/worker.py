@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from asyncsync.hetero.compute import StaticSlowdown
+from asyncsync.hetero.compute import Slowdown, StaticSlowdown
 from asyncsync.metrics import JsonlLog, WorkerMetrics
 from asyncsync.protocols.base import Protocol, get_protocol
 from asyncsync.trainer import BatchSource, LossFn, StepResult, Trainer
@@ -168,7 +168,7 @@ class Worker:
         run_id: must match the server's.
         lr, momentum, weight_decay: local SGD settings.
         batch_size: default local batch size.
-        slowdown: emulated compute slowness factor (>= 1).
+        slowdown: a factor (>= 1) or a compute profile from `asyncsync.hetero.compute`.
         max_steps: stop after this many local steps (None: until the server stops).
         log_path: a JSONL file for this worker's spans and totals.
     """
@@ -188,7 +188,7 @@ class Worker:
         weight_decay: float = 0.0,
         loss_fn: LossFn | None = None,
         batch_size: int = 32,
-        slowdown: float | StaticSlowdown = 1.0,
+        slowdown: float | Slowdown = 1.0,
         device: str = "auto",
         max_steps: int | None = None,
         log_path: Path | None = None,
@@ -200,7 +200,7 @@ class Worker:
         self.protocol_params = (self.protocol.params() if protocol_params is None
                                 else protocol_params)
         source = batches if callable(batches) else cycle_batches(batches)
-        if not isinstance(slowdown, StaticSlowdown):
+        if isinstance(slowdown, int | float):
             slowdown = StaticSlowdown(slowdown)
         extra = {} if loss_fn is None else {"loss_fn": loss_fn}
         self.trainer = Trainer(model, source, lr, momentum, weight_decay, slowdown=slowdown,

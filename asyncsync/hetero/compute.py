@@ -1,15 +1,23 @@
-"""Compute heterogeneity: per-worker slowdown applied to real computation.
+"""Compute heterogeneity: per-worker slowness applied to real computation.
 
-A factor f makes a step that took t seconds of real computation last f * t: the trainer
-sleeps (f - 1) * t after computing, inside the compute thread, so the emulated slowness
-counts as computation time and leaves the event loop free.
+A profile returns, for a step whose real computation took t seconds, how long to sleep
+after it. The trainer sleeps inside the compute thread, so emulated slowness counts as
+computation time and leaves the event loop free.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
+
+class Slowdown(Protocol):
+    """A compute profile: seconds of padding after a step of `compute_s` seconds."""
+
+    def padding(self, compute_s: float) -> float: ...
+
 
 class StaticSlowdown:
-    """A constant factor >= 1 for one worker."""
+    """A constant factor f >= 1: every step lasts f times its real computation."""
 
     def __init__(self, factor: float) -> None:
         if factor < 1:
@@ -17,5 +25,16 @@ class StaticSlowdown:
         self.factor = factor
 
     def padding(self, compute_s: float) -> float:
-        """Seconds to sleep after a step whose real computation took `compute_s`."""
         return (self.factor - 1.0) * compute_s
+
+
+class StepDelay:
+    """A fixed sleep of `seconds` per step, whatever the computation took."""
+
+    def __init__(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"step delay must be >= 0, got {seconds}")
+        self.seconds = seconds
+
+    def padding(self, compute_s: float) -> float:
+        return self.seconds

@@ -1,0 +1,32 @@
+"""asyncsync: synchronization protocols for data-parallel training under heterogeneity.
+
+A parameter server and N workers, each an asyncio event loop, exchange msgpack-framed
+tensors over HTTP (aiohttp) and train PyTorch models; computation runs in a thread so
+transfers overlap it. See README.md for the quick start and the embedding example.
+"""
+
+from asyncsync.protocols import PROTOCOLS, Protocol, ServerRule, WorkerLoop, get_protocol
+from asyncsync.recipe import Recipe, RunSpec, load_recipe
+from asyncsync.runner import run_recipe
+from asyncsync.server import ParameterServer, ServerCore, build_core
+from asyncsync.transport.local import LocalTransport
+from asyncsync.worker import RunStopped, Worker, WorkerContext
+
+__all__ = [
+    "PROTOCOLS",
+    "LocalTransport",
+    "ParameterServer",
+    "Protocol",
+    "Recipe",
+    "RunSpec",
+    "RunStopped",
+    "ServerCore",
+    "ServerRule",
+    "Worker",
+    "WorkerContext",
+    "WorkerLoop",
+    "build_core",
+    "get_protocol",
+    "load_recipe",
+    "run_recipe",
+]

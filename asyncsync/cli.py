@@ -1,0 +1,145 @@
+"""Command line: ``asyncsync run | check | protocols | report | server | worker``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from asyncsync.protocols import PROTOCOLS
+from asyncsync.recipe import Recipe, RunSpec, load_recipe
+from asyncsync.report import comparison_table, find_runs, summarize_run
+from asyncsync.schema import ConfigError, describe
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asyncsync", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run every run of a recipe with a live dashboard")
+    run.add_argument("recipe", type=Path)
+    run.add_argument("--set", dest="overrides", action="append", default=[],
+                     metavar="KEY=VALUE", help="override defaults.KEY (TOML value syntax)")
+    run.add_argument("--only", action="append", default=[], metavar="NAME",
+                     help="run only this run (repeatable)")
+    run.add_argument("--logs", type=Path, default=Path("logs"), help="log root (default logs/)")
+    run.add_argument("--plain", action="store_true", help="plain progress lines, no live view")
+
+    check = sub.add_parser("check", help="validate a recipe and print its resolved runs")
+    check.add_argument("recipe", type=Path)
+    check.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE")
+
+    sub.add_parser("protocols", help="list the protocols and their parameters")
+
+    report = sub.add_parser("report", help="rebuild the comparison table from run logs")
+    report.add_argument("dirs", type=Path, nargs="+")
+    report.add_argument("--baseline", default=None, help="run name to compare against")
+
+    for name, text in (("server", "start the parameter server of one run"),
+                       ("worker", "start one worker of one run")):
+        node = sub.add_parser(name, help=text)
+        node.add_argument("--recipe", type=Path, required=True)
+        node.add_argument("--run", default=None, help="run name (needed if several)")
+        node.add_argument("--run-id", default=None, help="shared id of this run's nodes")
+        node.add_argument("--log-dir", type=Path, default=None)
+        if name == "server":
+            node.add_argument("--host", default="127.0.0.1")
+            node.add_argument("--port", type=int, default=8470)
+            node.add_argument("--port-file", type=Path, default=None,
+                              help="write the bound port here once listening")
+        else:
+            node.add_argument("--server", required=True, help="the server's URL")
+            node.add_argument("--rank", type=int, required=True)
+    return parser
+
+
+def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
+    if name is not None:
+        return recipe.run(name)
+    if len(recipe.runs) != 1:
+        raise ConfigError(f"--run is needed: runs are {', '.join(r.name for r in recipe.runs)}")
+    return recipe.runs[0]
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from asyncsync.runner import build_server
+
+    recipe = load_recipe(args.recipe)
+    spec = _pick_run(recipe, args.run)
+    server = build_server(spec, args.run_id or f"{recipe.name}/{spec.name}", args.log_dir,
+                          args.host, args.port)
+    url = await server.start()
+    if args.port_file:
+        tmp = args.port_file.with_suffix(".tmp")
+        tmp.write_text(str(server.port))
+        tmp.replace(args.port_file)
+    print(f"asyncsync server for {recipe.name}/{spec.name} ({spec.protocol.name}) at {url}",
+          flush=True)
+    try:
+        await server.wait_finished()
+    finally:
+        await server.close()
+
+
+async def _work(args: argparse.Namespace) -> None:
+    from asyncsync.runner import build_worker
+
+    recipe = load_recipe(args.recipe)
+    spec = _pick_run(recipe, args.run)
+    worker = build_worker(spec, args.rank, args.server,
+                          args.run_id or f"{recipe.name}/{spec.name}", args.log_dir)
+    final = await worker.run()
+    print(f"worker {args.rank} done: {final['steps']} steps, {final['samples']} samples",
+          flush=True)
+
+
+def _protocols(console: Console) -> None:
+    for name, proto in sorted(PROTOCOLS.items()):
+        console.print(f"[bold]{name}[/bold]: {proto.summary}")
+        for field_name, default, text in describe(proto.params):
+            console.print(f"    {field_name} = {default!r}" + (f"  ({text})" if text else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console()
+    try:
+        if args.command == "run":
+            from asyncsync.runner import run_recipe_file
+
+            summaries = run_recipe_file(args.recipe, args.overrides, args.only, args.logs,
+                                        live=False if args.plain else None)
+            return 1 if any("error" in s for s in summaries) else 0
+        if args.command == "check":
+            recipe = load_recipe(args.recipe, args.overrides)
+            for spec in recipe.runs:
+                console.print(f"[bold]{spec.name}[/bold]: {spec.as_table()}")
+            console.print(f"{args.recipe}: ok ({len(recipe.runs)} runs, "
+                          f"baseline {recipe.baseline})")
+        elif args.command == "protocols":
+            _protocols(console)
+        elif args.command == "report":
+            summaries = [summarize_run(d) for d in find_runs(args.dirs)]
+            if not summaries:
+                console.print("no run directories (with recipe.json and events.jsonl) found")
+                return 1
+            baseline = args.baseline or summaries[0]["run"]
+            console.print(comparison_table(summaries, baseline))
+        else:
+            torch.set_num_threads(1)
+            asyncio.run(_serve(args) if args.command == "server" else _work(args))
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Live view of a running recipe: a rich `Live` panel on a terminal, plain lines otherwise.
+
+Per worker: state (computing / pushing / pulling / waiting), steps, samples/s, compute
+proportion, bytes up and down, last loss and slowdown; globally: protocol, version,
+latest and best accuracy, elapsed time against the budget.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from asyncsync.recipe import Recipe, RunSpec
+
+PLAIN_EVERY_S = 5.0
+STATE_STYLE = {"computing": "green", "pushing": "cyan", "pulling": "cyan",
+               "waiting": "yellow", "left": "dim", "starting": "dim"}
+
+
+def _mb(value: float) -> str:
+    return f"{value / 1e6:.1f}"
+
+
+def _acc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+class Dashboard:
+    """Shows run progress; `live=None` chooses the rich view when stdout is a terminal."""
+
+    def __init__(self, recipe: Recipe, live: bool | None = None,
+                 console: Console | None = None) -> None:
+        self.recipe = recipe
+        self.console = console or Console()
+        if not self.console.is_terminal:
+            self.console.width = max(self.console.width, 150)
+        self.live = self.console.is_terminal if live is None else live
+        self._live: Live | None = None
+        self._last_plain = 0.0
+
+    def __enter__(self) -> Dashboard:
+        if self.live:
+            self._live = Live(Text("starting..."), console=self.console,
+                              refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._live is not None:
+            self._live.__exit__(kind, exc, tb)
+            self._live = None
+
+    def _title(self, spec: RunSpec, index: int) -> str:
+        return (f"{self.recipe.name} - run {index + 1}/{len(self.recipe.runs)} "
+                f"[bold]{spec.name}[/bold] ({spec.protocol.name}, {spec.workers} workers)")
+
+    def update(self, spec: RunSpec, index: int, status: dict[str, Any]) -> None:
+        """Render one status snapshot from the server."""
+        if self._live is not None:
+            self._live.update(self.render(spec, index, status))
+        elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S and status.get("started"):
+            self._last_plain = time.monotonic()
+            self.console.print(self.plain_line(spec, status), highlight=False, markup=False)
+            self.console.file.flush()
+
+    def render(self, spec: RunSpec, index: int, status: dict[str, Any]) -> Group:
+        budget = status.get("time_s")
+        head = Text.from_markup(
+            f"{self._title(spec, index)}\nversion {status['version']}  "
+            f"accuracy {_acc(status['accuracy'])} (best {_acc(status['best_accuracy'])}, "
+            f"target {_acc(spec.stop.target_accuracy)})  "
+            f"elapsed {status['elapsed_s']:.0f}/{budget:.0f} s"
+            + ("  [yellow]stopping[/yellow]" if status.get("stopping") else ""))
+        table = Table(expand=False)
+        for column in ("worker", "slowdown", "state", "steps", "samples/s", "compute",
+                       "MB up", "MB down", "loss"):
+            table.add_column(column, justify="left" if column == "state" else "right")
+        for w in status["workers"]:
+            state = w["state"]
+            table.add_row(
+                str(w["rank"]), f"{spec.slowdown(w['rank']):g}x",
+                f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(w["steps"]),
+                f"{w['samples_per_s']:.0f}", f"{w['compute_proportion']:.0%}",
+                _mb(w["bytes_up"]), _mb(w["bytes_down"]), f"{w['loss']:.3f}")
+        return Group(head, table)
+
+    @staticmethod
+    def plain_line(spec: RunSpec, status: dict[str, Any]) -> str:
+        workers = " ".join(
+            f"w{w['rank']}:{w['state'][:4]}/{w['steps']}st/{w['compute_proportion']:.0%}"
+            for w in status["workers"])
+        return (f"[{spec.name}] t={status['elapsed_s']:.0f}s v={status['version']} "
+                f"acc={_acc(status['accuracy'])} best={_acc(status['best_accuracy'])} "
+                f"{workers}")
+
+    def finished(self, spec: RunSpec, index: int, summary: dict[str, Any]) -> None:
+        """Print a one-line result when a run ends (kept above the live panel)."""
+        if "error" in summary:
+            line = f"[red]{spec.name} failed: {summary['error']}[/red]"
+        else:
+            ttt = summary["time_to_target_s"]
+            line = (f"{spec.name}: best accuracy {_acc(summary['best_accuracy'])}, "
+                    f"time to target {'-' if ttt is None else f'{ttt:.1f} s'}, "
+                    f"compute proportion {summary['compute_proportion'] or 0:.2f}")
+        self.console.print(f"[{index + 1}/{len(self.recipe.runs)}] {line}")

@@ -1,0 +1,86 @@
+"""End to end through the CLI in a subprocess: the quickstart recipe, small and short."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+SUMMARY_FIELDS = {
+    "run", "protocol", "workers", "wall_s", "time_to_target_s", "best_accuracy",
+    "final_accuracy", "compute_proportion", "compute_proportion_per_worker", "samples_per_s",
+    "bytes_up", "bytes_down", "versions", "mean_staleness",
+}
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "asyncsync", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    done = cli("run", str(ROOT / "recipes" / "quickstart.toml"), "--logs", str(logs),
+               "--set", "workers=3", "--set", "stop.time_s=6", "--set", "eval.interval_s=1",
+               "--set", "compute.slowdown=[1, 1, 2]")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "quickstart: comparison (baseline bsp)" in out
+    assert re.search(r"\[bsp\] t=\d+s v=\d+ acc=", out), out  # plain progress lines
+    (stamp,) = (logs / "quickstart").iterdir()
+    assert json.loads((stamp / "recipe.json").read_text())["baseline"] == "bsp"
+    for run, protocol in (("bsp", "bsp"), ("asp", "asp")):
+        run_dir = stamp / run
+        for name in ("recipe.json", "events.jsonl", "summary.json", "server.log",
+                     "worker-0.jsonl", "worker-2.jsonl"):
+            assert (run_dir / name).exists(), name
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary.keys() >= SUMMARY_FIELDS
+        assert summary["protocol"] == protocol and summary["workers"] == 3
+        assert summary["best_accuracy"] > 0.3, summary  # chance is 0.1
+        assert summary["versions"] > 10
+        assert len(summary["compute_proportion_per_worker"]) == 3
+        assert 0 < summary["compute_proportion"] <= 1
+        assert 5.5 <= summary["wall_s"] <= 8
+    bsp = json.loads((stamp / "bsp" / "summary.json").read_text())
+    asp = json.loads((stamp / "asp" / "summary.json").read_text())
+    assert bsp["mean_staleness"] == 0
+    assert asp["mean_staleness"] > 0
+    report = cli("report", str(logs / "quickstart"), "--baseline", "bsp")
+    assert report.returncode == 0
+    assert "bsp" in report.stdout and "asp" in report.stdout
+
+
+def test_check_reports_bad_recipe_keys(tmp_path: Path) -> None:
+    done = cli("check", str(ROOT / "recipes" / "quickstart.toml"), "--set", "stop.time_s=0")
+    assert done.returncode == 2
+    assert "defaults.stop.time_s: must be > 0" in done.stdout
+    good = cli("check", str(ROOT / "recipes" / "quickstart.toml"))
+    assert good.returncode == 0 and "ok (2 runs, baseline bsp)" in good.stdout
+
+
+def test_protocols_lists_registered_protocols() -> None:
+    done = cli("protocols")
+    assert done.returncode == 0
+    assert "bsp:" in done.stdout and "asp:" in done.stdout
+
+
+def test_embedding_example_from_readme_runs(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- embedding-example -->")[1].split("<!-- /embedding-example -->")[0]
+    code = block.strip().removeprefix("```python").removesuffix("```")
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    steps = re.search(r"steps per worker: \[(\d+), (\d+)\]", done.stdout)
+    accuracy = re.search(r"accuracy: ([0-9.]+)", done.stdout)
+    assert steps and accuracy, done.stdout
+    assert int(steps.group(1)) > 20
+    assert float(accuracy.group(1)) > 0.6  # 4 classes: chance is 0.25

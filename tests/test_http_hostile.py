@@ -1,0 +1,151 @@
+"""Malformed and hostile requests against a live server: each gets a 4xx with a one-line
+reason, and the global model and version stay exactly as they were."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+import torch
+
+from asyncsync.server import ParameterServer
+from asyncsync.wire import CONTENT_TYPE, PREFIX, encode_header, tensor_chunks
+from tests.helpers import tiny_model
+
+RUN = "hostile"
+
+
+@pytest.fixture
+async def live() -> AsyncIterator[tuple[ParameterServer, aiohttp.ClientSession, int]]:
+    server = ParameterServer(tiny_model(), "asp", workers=1, run_id=RUN)
+    await server.start()
+    numel = server.core.limits.numel
+    async with aiohttp.ClientSession() as session:
+        ok = await post(session, server.url, "join", body({"worker": 0, "run_id": RUN}))
+        assert ok.status == 200
+        yield server, session, numel
+    await server.close()
+
+
+def body(header: dict[str, Any], tensor: torch.Tensor | None = None) -> bytes:
+    data = encode_header(header, tensor)
+    if tensor is not None:
+        data += b"".join(bytes(p) for p in tensor_chunks(tensor))
+    return data
+
+
+def push_header(**overrides: Any) -> dict[str, Any]:
+    header = {"worker": 0, "run_id": RUN, "base_version": 0, "kind": "gradient",
+              "steps": 1, "samples": 8}
+    header.update(overrides)
+    return {k: v for k, v in header.items() if v is not None}
+
+
+async def post(session: aiohttp.ClientSession, url: str, op: str, data: bytes,
+               content_type: str = CONTENT_TYPE) -> aiohttp.ClientResponse:
+    resp = await session.post(f"{url}/v1/{op}", data=data,
+                              headers={"Content-Type": content_type})
+    await resp.read()
+    return resp
+
+
+def raw_header(blob: bytes) -> bytes:
+    return PREFIX.pack(len(blob)) + blob
+
+
+def cases(numel: int) -> list[tuple[str, str, bytes, str, int, str]]:
+    good = torch.full((numel,), 0.01)
+    nan = good.clone()
+    nan[3] = math.nan
+    inf = good.clone()
+    inf[0] = math.inf
+    ok_head = encode_header(push_header(), good)
+    return [
+        ("malformed msgpack", "push", raw_header(b"\xc1\xc1\xc1"), CONTENT_TYPE, 400,
+         "malformed"),
+        ("header not a map", "push", raw_header(msgpack.packb([1, 2])), CONTENT_TYPE, 400,
+         "map"),
+        ("empty body", "push", b"", CONTENT_TYPE, 400, "truncated"),
+        ("oversized body", "push", body(push_header(), good) + bytes(70_000), CONTENT_TYPE,
+         413, "exceeds"),
+        ("oversized header", "push", PREFIX.pack(1 << 20) + b"\x80", CONTENT_TYPE, 413,
+         "exceeds"),
+        ("truncated tensor", "push", body(push_header(), good)[:-9], CONTENT_TYPE, 400,
+         "truncated"),
+        ("trailing bytes", "push", body(push_header(), good) + b"x", CONTENT_TYPE, 400,
+         "trailing"),
+        ("wrong shape", "push", body(push_header(), torch.zeros(numel + 1)), CONTENT_TYPE,
+         422, "shape"),
+        ("wrong dtype", "push", ok_head.replace(b"float32", b"float64") + bytes(8 * numel),
+         CONTENT_TYPE, 422, "dtype"),
+        ("NaN", "push", body(push_header(), nan), CONTENT_TYPE, 422, "non-finite"),
+        ("Inf", "push", body(push_header(), inf), CONTENT_TYPE, 422, "non-finite"),
+        ("unknown worker", "push", body(push_header(worker=7), good), CONTENT_TYPE, 403,
+         "unknown worker"),
+        ("negative worker", "push", body(push_header(worker=-1), good), CONTENT_TYPE, 403,
+         "unknown worker"),
+        ("bool worker", "push", body(push_header(worker=True), good), CONTENT_TYPE, 400,
+         "worker"),
+        ("wrong run", "push", body(push_header(run_id="other"), good), CONTENT_TYPE, 409,
+         "wrong run"),
+        ("missing run", "push", body(push_header(run_id=None), good), CONTENT_TYPE, 400,
+         "run_id"),
+        ("missing base version", "push", body(push_header(base_version=None), good),
+         CONTENT_TYPE, 400, "base_version"),
+        ("future base version", "push", body(push_header(base_version=5), good),
+         CONTENT_TYPE, 409, "ahead"),
+        ("negative steps", "push", body(push_header(steps=-1), good), CONTENT_TYPE, 400,
+         "steps"),
+        ("unknown kind", "push", body(push_header(kind="model"), good), CONTENT_TYPE, 400,
+         "kind"),
+        ("no tensor", "push", body(push_header()), CONTENT_TYPE, 400, "no tensor"),
+        ("meta not a map", "push", body(push_header(meta=[1]), good), CONTENT_TYPE, 400,
+         "meta"),
+        ("tensor on a pull", "pull", body({"worker": 0, "run_id": RUN, "base_version": 0},
+                                          good), CONTENT_TYPE, 400, "no tensor"),
+        ("wrong content type", "push", body(push_header(), good), "application/json", 415,
+         "content type"),
+        ("unknown operation", "explode", body({"run_id": RUN}), CONTENT_TYPE, 404,
+         "unknown operation"),
+    ]
+
+
+async def test_every_bad_request_is_refused_and_changes_nothing(
+    live: tuple[ParameterServer, aiohttp.ClientSession, int],
+) -> None:
+    server, session, numel = live
+    before = server.core.store.w.clone()
+    for name, op, data, content_type, status, reason in cases(numel):
+        resp = await post(session, server.url, op, data, content_type)
+        text = await resp.text()
+        assert resp.status == status, f"{name}: got {resp.status} {text!r}"
+        assert reason in text, f"{name}: reason {text!r} lacks {reason!r}"
+        assert "\n" not in text.strip(), f"{name}: reason is not one line"
+        assert server.core.store.version == 0, name
+        assert torch.equal(server.core.store.w, before), name
+    # The same server accepts a well-formed push, so the checks above could have failed.
+    resp = await post(session, server.url, "push",
+                      body(push_header(), torch.full((numel,), 0.01)))
+    assert resp.status == 200
+    assert server.core.store.version == 1
+    assert not torch.equal(server.core.store.w, before)
+
+
+async def test_push_before_join_is_refused() -> None:
+    async with ParameterServer(tiny_model(), "asp", workers=2, run_id=RUN) as server:
+        numel = server.core.limits.numel
+        async with aiohttp.ClientSession() as session:
+            resp = await post(session, server.url, "push",
+                              body(push_header(), torch.zeros(numel)))
+            assert resp.status == 403
+            assert "has not joined" in await resp.text()
+        assert server.core.store.version == 0
+
+
+async def test_server_listens_on_loopback_by_default() -> None:
+    async with ParameterServer(tiny_model(), "asp", workers=1) as server:
+        assert server.url.startswith("http://127.0.0.1:")

@@ -1,0 +1,99 @@
+"""Recipe loading: overrides, run selection, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncsync.recipe import load_recipe
+from asyncsync.schema import ConfigError
+
+QUICKSTART = Path(__file__).parent.parent / "recipes" / "quickstart.toml"
+
+BASE = """
+baseline = "a"
+[defaults]
+workers = 2
+[defaults.stop]
+time_s = 10
+[[runs]]
+name = "a"
+protocol = "bsp"
+[[runs]]
+name = "b"
+protocol = "asp"
+workers = 3
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "r.toml"
+    path.write_text(text)
+    return path
+
+
+def test_quickstart_resolves() -> None:
+    recipe = load_recipe(QUICKSTART)
+    assert recipe.name == "quickstart"
+    assert [r.protocol.name for r in recipe.runs] == ["bsp", "asp"]
+    assert recipe.runs[0].slowdown(3) == 3.0
+    assert recipe.runs[0].slowdown(0) == 1.0
+
+
+def test_run_overrides_defaults_and_set_overrides_defaults(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, BASE), ["stop.time_s=4.5", "model.name=mlp"])
+    a, b = recipe.runs
+    assert (a.workers, b.workers) == (2, 3)
+    assert a.stop.time_s == b.stop.time_s == 4.5
+    assert a.model.name == "mlp"
+
+
+def test_only_selects_runs(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, BASE), only=["b"])
+    assert [r.name for r in recipe.runs] == ["b"]
+    with pytest.raises(ConfigError, match="no run named 'z'"):
+        load_recipe(write(tmp_path, BASE), only=["z"])
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (["stop.time_s=-1"], "defaults.stop.time_s: must be > 0, got -1"),
+        (["stop.tme_s=3"], "defaults.stop.tme_s: unknown key"),
+        (["workers='two'"], "defaults.workers: expected int, got 'two'"),
+        (["data.batch_size=true"], "defaults.data.batch_size: expected int, got True"),
+        (["compute.slowdown=[1, 0.5]"], "defaults.compute.slowdown: factors must be >= 1"),
+        (["data.partition='zipf'"], "defaults.data.partition: must be one of"),
+        (["optim.momentum=1.5"], "defaults.optim.momentum: must be in [0, 1)"),
+        (["nonsense"], "expected KEY=VALUE"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, edit: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_recipe(write(tmp_path, BASE), edit)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (BASE.replace('workers = 3', 'workers = 0'), "runs[1] (b).workers: must be > 0"),
+        (BASE.replace('protocol = "asp"', 'protocol = "zzz"'),
+         "runs[1] (b).protocol: unknown protocol 'zzz'"),
+        (BASE.replace('protocol = "asp"', 'protocol = { name = "asp", s = 1 }'),
+         "runs[1] (b).protocol.s: unknown key"),
+        (BASE.replace('baseline = "a"', 'baseline = "q"'), "baseline: 'q' is not a run"),
+        (BASE + '[[runs]]\nname = "a"\nprotocol = "bsp"\n', "duplicate run names"),
+        (BASE + '[[runs]]\nname = "c"\n', "runs[2] (c).protocol: every run needs a protocol"),
+        (BASE + 'extra = 1\n', "runs[1] (b).extra: unknown key"),
+        ("colour = 1\n" + BASE, "colour: unknown top-level key"),
+        (BASE.replace("[defaults.stop]", "[defaults.stopp]"), "defaults.stopp: unknown key"),
+        ("[[runs]]\nprotocol = 'bsp'\n", "runs[0].name: every run needs a name"),
+        ("x = [", "not valid toml"),
+    ],
+)
+def test_malformed_recipes_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_recipe(write(tmp_path, text))
+    assert message in str(err.value)

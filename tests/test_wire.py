@@ -1,0 +1,101 @@
+"""Framing: round trips and the errors a receiver must raise."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import torch
+
+from asyncsync.wire import (
+    MAX_HEADER_BYTES,
+    PREFIX,
+    FrameReader,
+    Limits,
+    WireError,
+    encode_header,
+    tensor_chunks,
+    tensor_spec,
+)
+
+
+def reader_over(data: bytes, chunk: int = 7, limit: int = 1 << 20) -> FrameReader:
+    pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+
+    async def read_any() -> bytes:
+        return pieces.pop(0) if pieces else b""
+
+    return FrameReader(read_any, limit)
+
+
+def frame(header: dict, tensor: torch.Tensor | None) -> bytes:
+    body = b"".join(bytes(p) for p in tensor_chunks(tensor, 16)) if tensor is not None else b""
+    return encode_header(header, tensor) + body
+
+
+async def test_round_trip_in_small_chunks() -> None:
+    vector = torch.arange(10, dtype=torch.float32)
+    reader = reader_over(frame({"worker": 1}, vector))
+    header = await reader.header()
+    assert header["worker"] == 1
+    nbytes = tensor_spec(header, Limits(10))
+    assert nbytes == 40
+    out = await reader.tensor(nbytes, torch.float32)
+    assert torch.equal(out, vector)
+
+
+async def test_truncated_tensor_is_rejected() -> None:
+    data = frame({}, torch.ones(10))[:-5]
+    reader = reader_over(data)
+    header = await reader.header()
+    with pytest.raises(WireError, match="truncated") as err:
+        await reader.tensor(tensor_spec(header, Limits(10)) or 0, torch.float32)
+    assert err.value.status == 400
+
+
+async def test_trailing_bytes_are_rejected() -> None:
+    reader = reader_over(frame({}, torch.ones(4)) + b"xx")
+    header = await reader.header()
+    with pytest.raises(WireError, match="trailing"):
+        await reader.tensor(tensor_spec(header, Limits(4)) or 0, torch.float32)
+
+
+async def test_oversized_header_and_body() -> None:
+    huge = PREFIX.pack(MAX_HEADER_BYTES + 1) + b"\x80"
+    with pytest.raises(WireError) as err:
+        await reader_over(huge).header()
+    assert err.value.status == 413
+    reader = reader_over(frame({}, torch.ones(100)), limit=64)
+    header = await reader.header()
+    with pytest.raises(WireError) as err:
+        await reader.tensor(tensor_spec(header, Limits(100)) or 0, torch.float32)
+    assert err.value.status == 413
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "match"),
+    [
+        ({"dtype": "float64", "shape": [4]}, 422, "dtype"),
+        ({"dtype": "float32", "shape": [5]}, 422, "shape"),
+        ({"dtype": "float32", "shape": [2, 2]}, 422, "shape"),
+        ("float32", 400, "map"),
+    ],
+)
+def test_tensor_spec_checks(spec: object, status: int, match: str) -> None:
+    with pytest.raises(WireError, match=match) as err:
+        tensor_spec({"tensor": spec}, Limits(4))
+    assert err.value.status == status
+
+
+async def test_header_must_be_a_map() -> None:
+    raw = msgpack.packb([1, 2, 3])
+    with pytest.raises(WireError, match="map"):
+        await reader_over(PREFIX.pack(len(raw)) + raw).header()
+    with pytest.raises(WireError, match="malformed"):
+        await reader_over(PREFIX.pack(3) + b"\xc1\xc1\xc1").header()
+
+
+def test_tensor_chunks_do_not_copy() -> None:
+    vector = torch.zeros(8)
+    piece = next(tensor_chunks(vector, 1 << 20))
+    vector[0] = 5.0
+    assert bytes(piece[:4]) == torch.tensor([5.0]).numpy().tobytes()
