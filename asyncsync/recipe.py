@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncsync.hetero.network import LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams, get_protocol
 from asyncsync.schema import ConfigError, from_mapping, option
@@ -71,12 +72,40 @@ class ComputeSpec:
                                    "one factor per worker; missing ones are 1")
 
 
+PerWorker = float | list[float]
+
+
+def _non_negative(value: PerWorker | None) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return all(v is None or v >= 0 for v in values)
+
+
+def _pick(value: PerWorker, rank: int) -> float:
+    if isinstance(value, list):
+        return value[rank] if rank < len(value) else 0.0
+    return value
+
+
 @dataclass(frozen=True)
 class NetworkSpec:
-    bandwidth_mbps: float = option(0.0, lambda v: v == 0,
-                                   "must be 0: link shaping is not implemented yet")
-    latency_ms: float = option(0.0, lambda v: v == 0,
-                               "must be 0: link shaping is not implemented yet")
+    """Each key is one value for all workers or a list with one per worker (missing: 0)."""
+
+    bandwidth_mbps: PerWorker = option(0.0, _non_negative, "must be >= 0",
+                                       "both directions, Mbit/s (0 = unlimited)")
+    uplink_mbps: PerWorker | None = option(None, _non_negative, "must be >= 0",
+                                           "overrides bandwidth_mbps for pushes")
+    downlink_mbps: PerWorker | None = option(None, _non_negative, "must be >= 0",
+                                             "overrides bandwidth_mbps for pulls")
+    latency_ms: PerWorker = option(0.0, _non_negative, "must be >= 0",
+                                   "one-way delay, paid in each direction of a request")
+    jitter_ms: PerWorker = option(0.0, _non_negative, "must be >= 0",
+                                  "uniform extra delay in [0, jitter] per direction")
+
+    def link(self, rank: int) -> LinkSpec:
+        up = self.bandwidth_mbps if self.uplink_mbps is None else self.uplink_mbps
+        down = self.bandwidth_mbps if self.downlink_mbps is None else self.downlink_mbps
+        return LinkSpec(_pick(up, rank), _pick(down, rank), _pick(self.latency_ms, rank),
+                        _pick(self.jitter_ms, rank))
 
 
 @dataclass(frozen=True)

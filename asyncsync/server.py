@@ -224,7 +224,7 @@ class ServerCore:
     async def evaluate(self) -> EvalPoint:
         """Evaluate the current global model in the evaluation thread and log it."""
         assert self.evaluator is not None
-        vector, version, t = self.store.w, self.store.version, self.elapsed()
+        vector, version, t = self.rule.eval_vector(), self.store.version, self.elapsed()
         loop = asyncio.get_running_loop()
         accuracy, loss = await loop.run_in_executor(self._eval_pool, self.evaluator, vector)
         point = EvalPoint(round(t, 3), version, accuracy, loss)
@@ -259,9 +259,17 @@ class ServerCore:
         self.events.close()
 
     # ---- messages ----------------------------------------------------------------------
-    def tensor_limits(self, op: str) -> Limits | None:
-        """Which tensor an op may carry: pushes carry one model-sized vector."""
-        return self.limits if op == "push" else None
+    def body_limit(self, op: str) -> int:
+        """The largest body an op may have: a model-sized tensor for pushes and queries."""
+        if op in ("push", "query"):
+            return self.limits.max_body_bytes
+        return Limits(0).max_body_bytes
+
+    def tensor_limits(self, op: str, header: dict[str, Any]) -> Limits | None:
+        """Which tensor a request may carry, as the protocol's rule decides."""
+        meta = header.get("meta", {})
+        numel = self.rule.tensor_numel(op, meta if isinstance(meta, dict) else {})
+        return None if numel is None else Limits(numel)
 
     async def handle(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None

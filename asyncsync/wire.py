@@ -107,8 +107,13 @@ def decode_header(raw: bytes) -> dict[str, Any]:
     return header
 
 
-def tensor_spec(header: dict[str, Any], limits: Limits | None) -> int | None:
-    """Validate the tensor descriptor against `limits`; return its byte length or None."""
+def tensor_spec(header: dict[str, Any], limits: Limits | None,
+                up_to: bool = False) -> int | None:
+    """Validate the tensor descriptor against `limits`; return its byte length or None.
+
+    With `up_to`, any length from 1 to ``limits.numel`` is accepted (a client reading
+    replies that may hold a model fragment).
+    """
     spec = header.get("tensor")
     if spec is None:
         return None
@@ -120,6 +125,9 @@ def tensor_spec(header: dict[str, Any], limits: Limits | None) -> int | None:
     if dtype not in DTYPES or DTYPES[dtype] != limits.dtype:
         raise WireError(422, f"wrong dtype {dtype!r}: expected {DTYPE_NAMES[limits.dtype]!r}")
     shape = spec.get("shape")
+    if up_to and isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int) \
+            and not isinstance(shape[0], bool) and 0 < shape[0] <= limits.numel:
+        return shape[0] * limits.dtype.itemsize
     if shape != [limits.numel]:
         raise WireError(422, f"wrong shape {shape!r}: expected [{limits.numel}]")
     return limits.tensor_bytes

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from asyncsync.hetero.compute import Slowdown, StaticSlowdown
+from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.metrics import JsonlLog, WorkerMetrics
 from asyncsync.protocols.base import Protocol, get_protocol
 from asyncsync.trainer import BatchSource, LossFn, StepResult, Trainer
@@ -170,6 +171,8 @@ class Worker:
         batch_size: default local batch size.
         slowdown: a factor (>= 1) or a compute profile from `asyncsync.hetero.compute`.
         max_steps: stop after this many local steps (None: until the server stops).
+        link: emulated bandwidth/latency of this worker's link (HTTP transport only;
+            give a `LocalTransport` its own `Link`).
         log_path: a JSONL file for this worker's spans and totals.
     """
 
@@ -191,6 +194,7 @@ class Worker:
         slowdown: float | Slowdown = 1.0,
         device: str = "auto",
         max_steps: int | None = None,
+        link: LinkSpec | None = None,
         log_path: Path | None = None,
     ) -> None:
         if batch_size < 1:
@@ -205,8 +209,9 @@ class Worker:
         extra = {} if loss_fn is None else {"loss_fn": loss_fn}
         self.trainer = Trainer(model, source, lr, momentum, weight_decay, slowdown=slowdown,
                                device=device, **extra)
-        self.transport = (HttpTransport(server, self.trainer.numel) if isinstance(server, str)
-                          else server)
+        shaped = Link(link, seed=rank) if link is not None and link.shaped else None
+        self.transport = (HttpTransport(server, self.trainer.numel, link=shaped)
+                          if isinstance(server, str) else server)
         self.metrics = WorkerMetrics(JsonlLog(log_path))
         self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.metrics,
                                  batch_size, max_steps)

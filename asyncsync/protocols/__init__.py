@@ -1,6 +1,15 @@
-"""Protocol registry: importing this package registers every built-in protocol."""
+"""Protocol registry: importing this package imports (and so registers) every module in it.
 
-from asyncsync.protocols import asp, bsp
+Adding a protocol means adding one module here that calls `register`.
+"""
+
+import importlib
+import pkgutil
+
 from asyncsync.protocols.base import PROTOCOLS, Protocol, ServerRule, WorkerLoop, get_protocol
 
-__all__ = ["PROTOCOLS", "Protocol", "ServerRule", "WorkerLoop", "asp", "bsp", "get_protocol"]
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["PROTOCOLS", "Protocol", "ServerRule", "WorkerLoop", "get_protocol"]

@@ -85,6 +85,19 @@ class ServerRule(ABC):
         """Answer a pull; the default answers at once with the current model."""
         return self.store.current()
 
+    def tensor_numel(self, op: str, meta: dict[str, Any]) -> int | None:
+        """How many elements the tensor of a request must have (None: no tensor allowed).
+
+        The default: a push carries one model-sized vector. Rules exchanging fragments
+        (e.g. streaming DiLoCo) override this using the request's `meta`; the HTTP layer
+        still bounds every body by the model size.
+        """
+        return self.store.w.numel() if op == "push" else None
+
+    def eval_vector(self) -> torch.Tensor:
+        """The model the server evaluates; the global vector by default."""
+        return self.store.w
+
     async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
         """Protocol-specific control messages; none by default."""
         raise WireError(400, "this protocol takes no queries")

@@ -7,11 +7,13 @@ from typing import Any
 import aiohttp
 import torch
 
+from asyncsync.hetero.network import Link
 from asyncsync.transport.base import RequestRejected
 from asyncsync.wire import (
     CONTENT_TYPE,
     FrameReader,
     Limits,
+    ReadAny,
     encode_header,
     frame_pieces,
     frame_size,
@@ -24,13 +26,16 @@ class HttpTransport:
 
     Args:
         url: the server's base URL, e.g. ``http://127.0.0.1:8470``.
-        numel: the model's length: a reply vector must have exactly this many elements.
+        numel: the model's length: a reply vector may have at most this many elements.
         timeout_s: total time allowed for one request, held waits included.
+        link: an emulated link that paces the real bytes in both directions.
     """
 
-    def __init__(self, url: str, numel: int, timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, numel: int, timeout_s: float = 600.0,
+                 link: Link | None = None) -> None:
         self.url = url.rstrip("/")
         self.limits = Limits(numel)
+        self.link = link
         self.bytes_up = 0
         self.bytes_down = 0
         self._session = aiohttp.ClientSession(
@@ -43,15 +48,23 @@ class HttpTransport:
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         head = encode_header(header, vector)
         size = frame_size(head, vector)
-        async with self._session.post(f"{self.url}/v1/{op}", data=frame_pieces(head, vector),
+        pieces = frame_pieces(head, vector)
+        if self.link is not None:
+            await self.link.one_way_delay()
+            pieces = self.link.paced_pieces(pieces)
+        async with self._session.post(f"{self.url}/v1/{op}", data=pieces,
                                       headers={"Content-Length": str(size)}) as resp:
             self.bytes_up += size
             if resp.status >= 400:
                 reason = (await resp.text())[:500]
                 raise RequestRejected(resp.status, reason)
-            reader = FrameReader(resp.content.readany, self.limits.max_body_bytes)
+            read_any: ReadAny = resp.content.readany
+            if self.link is not None:
+                await self.link.one_way_delay()
+                read_any = self.link.paced_reader(read_any)
+            reader = FrameReader(read_any, self.limits.max_body_bytes)
             reply = await reader.header()
-            nbytes = tensor_spec(reply, self.limits)
+            nbytes = tensor_spec(reply, self.limits, up_to=True)
             out = None
             if nbytes is None:
                 await reader.end()

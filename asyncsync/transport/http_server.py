@@ -13,8 +13,6 @@ from aiohttp import web
 
 from asyncsync.wire import (
     CONTENT_TYPE,
-    MAX_HEADER_BYTES,
-    PREFIX,
     FrameReader,
     WireError,
     encode_header,
@@ -35,13 +33,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
     try:
         if request.content_type != CONTENT_TYPE:
             raise WireError(415, f"content type must be {CONTENT_TYPE}")
-        limits = core.tensor_limits(op)
-        max_total = limits.max_body_bytes if limits else PREFIX.size + MAX_HEADER_BYTES
+        max_total = core.body_limit(op)
         length = request.content_length
         if length is not None and length > max_total:
             raise WireError(413, f"body of {length} bytes exceeds the limit of {max_total}")
         reader = FrameReader(request.content.readany, max_total)
         header = await reader.header()
+        limits = core.tensor_limits(op, header)
         nbytes = tensor_spec(header, limits)
         if nbytes is None or limits is None:
             await reader.end()

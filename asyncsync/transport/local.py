@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from asyncsync.hetero.network import Link
 from asyncsync.transport.base import RequestRejected
 from asyncsync.wire import PREFIX, WireError, decode_header, encode_header, tensor_spec
 
@@ -18,10 +19,12 @@ if TYPE_CHECKING:
 
 
 class LocalTransport:
-    """A client transport bound to an in-process `ServerCore`."""
+    """A client transport bound to an in-process `ServerCore`, optionally over a `Link`
+    (whole messages are paced: one sleep per direction)."""
 
-    def __init__(self, core: ServerCore) -> None:
+    def __init__(self, core: ServerCore, link: Link | None = None) -> None:
         self.core = core
+        self.link = link
         self.bytes_up = 0
         self.bytes_down = 0
 
@@ -29,16 +32,24 @@ class LocalTransport:
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         head = encode_header(header, vector)
-        self.bytes_up += len(head) + (0 if vector is None else vector.nbytes)
+        up = len(head) + (0 if vector is None else vector.nbytes)
+        self.bytes_up += up
+        if self.link is not None:
+            await self.link.one_way_delay()
+            await self.link.up.sent(up)
         try:
             decoded = decode_header(head[PREFIX.size :])
-            tensor_spec(decoded, self.core.tensor_limits(op))
+            tensor_spec(decoded, self.core.tensor_limits(op, decoded))
             sent = None if vector is None else vector.clone()
             reply, out = await self.core.handle(op, decoded, sent)
         except WireError as err:
             raise RequestRejected(err.status, err.reason) from None
         reply_head = encode_header(reply, out)
-        self.bytes_down += len(reply_head) + (0 if out is None else out.nbytes)
+        down = len(reply_head) + (0 if out is None else out.nbytes)
+        self.bytes_down += down
+        if self.link is not None:
+            await self.link.one_way_delay()
+            await self.link.down.sent(down)
         return decode_header(reply_head[PREFIX.size :]), None if out is None else out.clone()
 
     async def close(self) -> None:

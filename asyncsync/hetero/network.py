@@ -1,0 +1,92 @@
+"""Link heterogeneity: bandwidth, latency and jitter applied to the bytes a worker moves.
+
+A `Link` paces real transfers: the HTTP client waits after each chunk it sends or receives
+until the link's rate allows the next one (a token bucket of one chunk), so a slow uplink
+also back-pressures the socket. Latency is one-way, netem style: it is paid before a
+request goes out and again before its reply is read, so every request costs at least
+``2 * latency`` on top of its transfer time. Jitter adds a seeded uniform draw in
+``[0, jitter]`` to each one-way delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from asyncsync.wire import ReadAny
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One worker's link; 0 means unlimited bandwidth or no delay."""
+
+    uplink_mbps: float = 0.0
+    downlink_mbps: float = 0.0
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("uplink_mbps", "downlink_mbps", "latency_ms", "jitter_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def shaped(self) -> bool:
+        return any((self.uplink_mbps, self.downlink_mbps, self.latency_ms, self.jitter_ms))
+
+
+class _Pacer:
+    """Spaces out bytes so that they leave at most at `mbps` megabits per second."""
+
+    def __init__(self, mbps: float) -> None:
+        self.bytes_per_s = mbps * 1e6 / 8
+        self._free_at = 0.0
+
+    async def sent(self, nbytes: int) -> None:
+        if self.bytes_per_s <= 0 or nbytes <= 0:
+            return
+        now = time.monotonic()
+        self._free_at = max(self._free_at, now) + nbytes / self.bytes_per_s
+        await asyncio.sleep(self._free_at - now)
+
+
+class Link:
+    """The emulated link of one worker (both directions)."""
+
+    def __init__(self, spec: LinkSpec, seed: int = 0) -> None:
+        self.spec = spec
+        self.up = _Pacer(spec.uplink_mbps)
+        self.down = _Pacer(spec.downlink_mbps)
+        self._random = random.Random(seed)
+
+    async def one_way_delay(self) -> None:
+        delay = self.spec.latency_ms
+        if self.spec.jitter_ms:
+            delay += self._random.uniform(0.0, self.spec.jitter_ms)
+        if delay > 0:
+            await asyncio.sleep(delay / 1000)
+
+    def paced_pieces(
+        self, pieces: AsyncIterator[bytes | memoryview]
+    ) -> AsyncIterator[bytes | memoryview]:
+        """Let each outgoing piece leave only when the uplink's rate allows it."""
+
+        async def paced() -> AsyncIterator[bytes | memoryview]:
+            async for piece in pieces:
+                await self.up.sent(len(piece))
+                yield piece
+
+        return paced()
+
+    def paced_reader(self, read_any: ReadAny) -> ReadAny:
+        """Deliver each incoming chunk only once the downlink's rate has carried it."""
+
+        async def read() -> bytes:
+            chunk = await read_any()
+            await self.down.sent(len(chunk))
+            return chunk
+
+        return read

@@ -1,0 +1,54 @@
+"""Link emulation paces the real bytes of HTTP requests."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from asyncsync.hetero.network import Link, LinkSpec
+from asyncsync.recipe import NetworkSpec
+from asyncsync.server import ParameterServer
+from asyncsync.transport.http_client import HttpTransport
+from tests.helpers import tiny_model
+
+
+async def timed_push(server: ParameterServer, link: Link | None, vector: torch.Tensor) -> float:
+    transport = HttpTransport(server.url, vector.numel(), link=link)
+    try:
+        await transport.request("join", {"worker": 0, "run_id": "net"})
+        header = {"worker": 0, "run_id": "net", "base_version": 0, "kind": "gradient",
+                  "steps": 1, "samples": 1}
+        began = time.monotonic()
+        await transport.request("push", header, vector)
+        return time.monotonic() - began
+    finally:
+        await transport.close()
+
+
+async def test_45_mb_push_over_100_mbit_uplink_takes_3_6_s() -> None:
+    model = torch.nn.Linear(1125, 10_000)  # 11.26 M floats = 45.0 MB
+    async with ParameterServer(model, "asp", workers=1, run_id="net") as server:
+        vector = torch.full((server.core.limits.numel,), 1e-3)
+        megabytes = vector.nbytes / 1e6
+        assert 44.9 < megabytes < 45.1
+        seconds = await timed_push(server, Link(LinkSpec(uplink_mbps=100)), vector)
+    expected = megabytes * 8 / 100
+    assert abs(seconds - expected) / expected < 0.15, (seconds, expected)
+
+
+async def test_latency_adds_to_each_request() -> None:
+    async with ParameterServer(tiny_model(), "asp", workers=1, run_id="net") as server:
+        vector = torch.zeros(server.core.limits.numel)
+        plain = await timed_push(server, None, vector)
+        delayed = await timed_push(server, Link(LinkSpec(latency_ms=60)), vector)
+    assert delayed >= 0.12  # one-way latency is paid on the way out and on the way back
+    assert delayed - plain >= 0.11
+
+
+def test_network_spec_resolves_per_worker_links() -> None:
+    spec = NetworkSpec(bandwidth_mbps=[10.0, 20.0], downlink_mbps=5.0, latency_ms=30.0)
+    assert spec.link(0) == LinkSpec(10.0, 5.0, 30.0, 0.0)
+    assert spec.link(1) == LinkSpec(20.0, 5.0, 30.0, 0.0)
+    assert spec.link(2) == LinkSpec(0.0, 5.0, 30.0, 0.0)
+    assert not NetworkSpec().link(0).shaped
