@@ -101,3 +101,12 @@ def describe(cls: type[Any]) -> list[tuple[str, Any, str]]:
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         out.append((f.name, default, f.metadata.get("help", "")))
     return out
+
+
+def check_fields(obj: Any) -> None:
+    """Run the `option` checks of a dataclass instance (call it from ``__post_init__``)."""
+    for f in dataclasses.fields(obj):
+        check = f.metadata.get("check")
+        value = getattr(obj, f.name)
+        if check is not None and not check(value):
+            raise ValueError(f"{f.name}: {f.metadata['rule']}, got {value!r}")

@@ -2,42 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from asyncsync.hetero.compute import StepDelay
-from asyncsync.server import ServerCore, build_core
-from asyncsync.transport.local import LocalTransport
-from asyncsync.worker import Worker
-from tests.helpers import batches_of, tiny_data, tiny_model
-
-
-async def run_workers(protocol: str, delays: list[float], max_steps: int
-                      ) -> tuple[ServerCore, list[dict[str, float]]]:
-    """Run one worker per step delay (seconds) in process until one did `max_steps` steps.
-
-    The server stops once the first worker finishes, so no worker blocks on a barrier
-    that a finished peer will never reach.
-    """
-    x, y = tiny_data()
-    core = build_core(tiny_model(), protocol, len(delays), lr=0.1)
-    workers = [
-        Worker(rank, LocalTransport(core), tiny_model(), batches_of(x, y, rank), protocol,
-               batch_size=16, slowdown=StepDelay(delay), max_steps=max_steps)
-        for rank, delay in enumerate(delays)
-    ]
-
-    async def run(worker: Worker) -> dict[str, float]:
-        final = await worker.run()
-        await core.stop()
-        return final
-
-    finals = await asyncio.gather(*(run(w) for w in workers))
-    await core.close()
-    return core, finals
+from tests.helpers import run_http, run_local
 
 
 async def test_bsp_every_version_has_exactly_n_gradients_from_that_version() -> None:
-    core, finals = await run_workers("bsp", [0.0, 0.005, 0.02], max_steps=20)
+    core, finals = await run_local("bsp", [0.0, 0.005, 0.02], max_steps=20)
     commits = core.store.commits
     assert len(commits) >= 19
     for commit in commits:
@@ -51,7 +20,7 @@ async def test_bsp_every_version_has_exactly_n_gradients_from_that_version() -> 
 
 
 async def test_asp_never_waits_and_records_staleness() -> None:
-    core, finals = await run_workers("asp", [0.0, 0.03], max_steps=60)
+    core, finals = await run_local("asp", [0.0, 0.03], max_steps=60)
     # no request was ever held for another worker
     assert sum(core.store.blocked_s.values()) == 0.0
     fast, slow = finals
@@ -60,3 +29,11 @@ async def test_asp_never_waits_and_records_staleness() -> None:
     assert all(len(c.contributions) == 1 for c in core.store.commits)
     assert core.store.staleness.count == len(core.store.commits)
     assert core.store.staleness.maximum >= 2
+
+
+async def test_bsp_and_asp_over_http() -> None:
+    for protocol in ("bsp", "asp"):
+        core, finals = await run_http(protocol, workers=3, time_s=1.0)
+        assert core.store.version > 5, protocol
+        assert all(f["steps"] > 5 and f["bytes_up"] > 0 for f in finals), protocol
+        assert core.evals and core.evals[-1].accuracy > 0.5, protocol
