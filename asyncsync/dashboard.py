@@ -1,8 +1,9 @@
 """Live view of a running recipe: a rich `Live` panel on a terminal, plain lines otherwise.
 
-Per worker: state (computing / pushing / pulling / waiting), steps, samples/s, compute
-proportion, bytes up and down, last loss and slowdown; globally: protocol, version,
-latest and best accuracy, elapsed time against the budget.
+Per worker: effective slowdown of its last step, emulated link, state (computing /
+pushing / pulling / waiting), steps, samples/s, compute proportion, bytes up and down, last
+loss, and paced-mode overruns (red when the host could not keep the pace). Globally:
+protocol, version, latest and best accuracy, elapsed time against the budget.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from asyncsync.hetero.network import LinkSpec
 from asyncsync.recipe import Recipe, RunSpec
 
 PLAIN_EVERY_S = 5.0
@@ -29,6 +31,21 @@ def _mb(value: float) -> str:
 
 def _acc(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def link_label(link: LinkSpec) -> str:
+    """``up/down Mbit/s, latency`` of a worker's emulated link; ``-`` when unshaped."""
+    if not link.shaped:
+        return "-"
+
+    def rate(mbps: float) -> str:
+        return f"{mbps:g}" if mbps else "inf"
+
+    label = f"{rate(link.uplink_mbps)}/{rate(link.downlink_mbps)} Mb/s"
+    if link.latency_ms or link.jitter_ms:
+        label += f" {link.latency_ms:g}" + (f"+-{link.jitter_ms:g}" if link.jitter_ms else "")
+        label += " ms"
+    return label
 
 
 class Dashboard:
@@ -79,22 +96,25 @@ class Dashboard:
             f"elapsed {status['elapsed_s']:.0f}/{budget:.0f} s"
             + ("  [yellow]stopping[/yellow]" if status.get("stopping") else ""))
         table = Table(expand=False)
-        for column in ("worker", "slowdown", "state", "steps", "samples/s", "compute",
-                       "MB up", "MB down", "loss"):
-            table.add_column(column, justify="left" if column == "state" else "right")
+        for column in ("worker", "slowdown", "link", "state", "steps", "samples/s", "compute",
+                       "MB up", "MB down", "loss", "overruns"):
+            table.add_column(column, justify="left" if column in ("state", "link") else "right")
         for w in status["workers"]:
             state = w["state"]
+            overruns = w["overruns"]
             table.add_row(
-                str(w["rank"]), f"{spec.slowdown(w['rank']):g}x",
+                str(w["rank"]), f"{w['factor']:.2f}x", link_label(spec.network.link(w["rank"])),
                 f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(w["steps"]),
                 f"{w['samples_per_s']:.0f}", f"{w['compute_proportion']:.0%}",
-                _mb(w["bytes_up"]), _mb(w["bytes_down"]), f"{w['loss']:.3f}")
+                _mb(w["bytes_up"]), _mb(w["bytes_down"]), f"{w['loss']:.3f}",
+                f"[red]{overruns}[/red]" if overruns else "0")
         return Group(head, table)
 
     @staticmethod
     def plain_line(spec: RunSpec, status: dict[str, Any]) -> str:
         workers = " ".join(
             f"w{w['rank']}:{w['state'][:4]}/{w['steps']}st/{w['compute_proportion']:.0%}"
+            + (f"/{w['overruns']}overruns" if w["overruns"] else "")
             for w in status["workers"])
         return (f"[{spec.name}] t={status['elapsed_s']:.0f}s v={status['version']} "
                 f"acc={_acc(status['accuracy'])} best={_acc(status['best_accuracy'])} "

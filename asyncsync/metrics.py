@@ -52,6 +52,8 @@ class WorkerStats:
     bytes_down: int = 0
     wall_s: float = 0.0
     loss: float = float("nan")
+    factor: float = 1.0
+    overruns: int = 0
 
     def as_header(self) -> dict[str, float | int]:
         return asdict(self)
@@ -80,14 +82,19 @@ class WorkerMetrics:
         return self.stats.as_header()
 
     def computed(self, start: float, steps: int, samples: int, seconds: float,
-                 loss: float) -> None:
+                 loss: float, factor: float, overruns: int) -> None:
+        """Account local computation; `factor` is the effective slowdown of the last step
+        and `overruns` the paced-mode overrun count so far."""
         s = self.stats
         s.steps += steps
         s.samples += samples
         s.compute_s += seconds
         s.loss = loss
+        s.factor = factor
+        s.overruns = overruns
         self.log.write({"ev": "compute", "t": round(start, 4), "dur": round(seconds, 4),
-                        "steps": steps, "samples": samples, "loss": round(loss, 5)})
+                        "steps": steps, "samples": samples, "loss": round(loss, 5),
+                        "factor": round(factor, 3)})
 
     def transferred(self, op: str, start: float, seconds: float, held_s: float,
                     up: int, down: int, version: int | None) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncsync.hetero.compute import ComputeProfile, build_profile, profile_params
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams, get_protocol
@@ -67,9 +68,23 @@ class OptimSpec:
 
 @dataclass(frozen=True)
 class ComputeSpec:
+    """Static factors, an optional time-varying profile, and paced mode."""
+
     slowdown: list[float] = option([], lambda v: all(f >= 1 for f in v),
                                    "factors must be >= 1",
                                    "one factor per worker; missing ones are 1")
+    profile: dict[str, Any] = option({}, help="{ name = step_delay | random | periodic | "
+                                              "moving | trace, ... }")
+    base_step_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
+                                "paced mode: each step lasts base_step_s x factor (0 = off)")
+
+    def __post_init__(self) -> None:
+        if self.profile:
+            profile_params(self.profile)
+
+    def build(self, rank: int, workers: int, seed: int) -> ComputeProfile:
+        factor = self.slowdown[rank] if rank < len(self.slowdown) else 1.0
+        return build_profile(self.profile, factor, self.base_step_s, rank, workers, seed)
 
 
 PerWorker = float | list[float]
@@ -140,9 +155,8 @@ class RunSpec:
     network: NetworkSpec = field(default_factory=NetworkSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
 
-    def slowdown(self, rank: int) -> float:
-        factors = self.compute.slowdown
-        return factors[rank] if rank < len(factors) else 1.0
+    def compute_profile(self, rank: int) -> ComputeProfile:
+        return self.compute.build(rank, self.workers, self.seed)
 
     def as_table(self) -> dict[str, Any]:
         table = dataclasses.asdict(self)

@@ -75,7 +75,7 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         rank, url, _model(spec, data), sampler.next, get_protocol(spec.protocol.name),
         protocol_params=spec.protocol.params, run_id=run_id, lr=spec.optim.lr,
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
-        batch_size=spec.data.batch_size, slowdown=spec.slowdown(rank), device=spec.device,
+        batch_size=spec.data.batch_size, slowdown=spec.compute_profile(rank), device=spec.device,
         link=spec.network.link(rank),
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 

@@ -68,8 +68,10 @@ class StalenessStats:
 class ParameterStore:
     """The global vector and its versions; the only way a rule changes the model."""
 
-    def __init__(self, vector: torch.Tensor, workers: int, optimizer: FlatSGD) -> None:
+    def __init__(self, vector: torch.Tensor, workers: int, optimizer: FlatSGD,
+                 num_params: int | None = None) -> None:
         self.w = vector
+        self.num_params = vector.numel() if num_params is None else num_params
         self.version = 0
         self.workers = workers
         self.optimizer = optimizer
@@ -90,10 +92,18 @@ class ParameterStore:
 
     async def apply_gradient(self, gradient: torch.Tensor,
                              contributions: list[tuple[int, int]]) -> None:
-        """``w <- w - optimizer.update(w, g)`` as a new version."""
+        """``w <- w - optimizer.update(w, g)`` as a new version.
+
+        Only the parameter slice takes the optimizer step; buffer slots of `gradient` hold
+        buffer values (see `Trainer.gradient_copy`), which replace the global ones.
+        """
+        n = self.num_params
 
         def step() -> torch.Tensor:
-            return self.w - self.optimizer.update(self.w, gradient)
+            new = torch.empty_like(self.w)
+            new[:n] = self.w[:n] - self.optimizer.update(self.w[:n], gradient[:n])
+            new[n:] = gradient[n:]
+            return new
 
         self.commit(await self.compute(step), contributions)
 
@@ -163,6 +173,7 @@ class ServerCore:
         workers: int,
         run_id: str,
         optimizer: FlatSGD,
+        num_params: int | None = None,
         evaluator: Evaluator | None = None,
         eval_interval_s: float = 2.0,
         time_s: float | None = None,
@@ -177,7 +188,7 @@ class ServerCore:
         self.protocol = protocol
         self.run_id = run_id
         self.store = ParameterStore(vector.detach().to("cpu", copy=True).contiguous(),
-                                    workers, optimizer)
+                                    workers, optimizer, num_params)
         self.rule: ServerRule = protocol.server(protocol_params, self.store)
         self.limits = Limits(vector.numel())
         self.workers = [WorkerRecord() for _ in range(workers)]
@@ -387,6 +398,8 @@ class ServerCore:
                 "bytes_up": int(stats.get("bytes_up", 0)),
                 "bytes_down": int(stats.get("bytes_down", 0)),
                 "loss": stats.get("loss", math.nan),
+                "factor": stats.get("factor", 1.0),
+                "overruns": int(stats.get("overruns", 0)),
             })
         return {
             "protocol": self.protocol.name, "run_id": self.run_id,
@@ -430,7 +443,8 @@ def build_core(
     flat = FlatModule(copy.deepcopy(model), torch.device("cpu"))
     evaluator = make_evaluator(model, *test_data) if test_data is not None else None
     return ServerCore(flat.flat, proto, params, workers, run_id,
-                      FlatSGD(lr, momentum, weight_decay), evaluator=evaluator, **options)
+                      FlatSGD(lr, momentum, weight_decay), flat.num_params,
+                      evaluator=evaluator, **options)
 
 
 class ParameterServer:

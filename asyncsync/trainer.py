@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncsync.hetero.compute import Slowdown, StaticSlowdown
+from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.optim import FlatSGD
 
 BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -94,7 +94,7 @@ class Trainer:
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         loss_fn: LossFn = F.cross_entropy,
-        slowdown: Slowdown | None = None,
+        slowdown: ComputeProfile | None = None,
         device: str = "auto",
     ) -> None:
         self.device = resolve_device(device)
@@ -102,7 +102,8 @@ class Trainer:
         self.batches = batches
         self.loss_fn = loss_fn
         self.optimizer = FlatSGD(lr, momentum, weight_decay)
-        self.slowdown: Slowdown = slowdown or StaticSlowdown(1.0)
+        self.slowdown: ComputeProfile = slowdown or StaticSlowdown(1.0)
+        self.last_factor = 1.0
 
     @property
     def flat(self) -> torch.Tensor:
@@ -135,8 +136,15 @@ class Trainer:
         return StepResult(result.loss, result.samples, time.perf_counter() - start)
 
     def gradient_copy(self) -> torch.Tensor:
-        """A CPU copy of the last gradient, safe to send while the next step runs."""
-        return self.params.grad.detach().to("cpu", copy=True)
+        """A CPU copy of the last gradient, safe to send while the next step runs.
+
+        Buffer slots (BatchNorm statistics) carry the current buffer values instead of a
+        gradient, which has none: the server adopts (averages) them as they are.
+        """
+        out = self.params.grad.detach().to("cpu", copy=True)
+        n = self.params.num_params
+        out[n:] = self.params.flat[n:]
+        return out
 
     def vector_copy(self) -> torch.Tensor:
         """A CPU copy of the current flat vector."""
@@ -154,6 +162,7 @@ class Trainer:
         pad = self.slowdown.padding(elapsed)
         if pad > 0:
             time.sleep(pad)
+        self.last_factor = (elapsed + pad) / elapsed if elapsed > 0 else 1.0
         return StepResult(loss, samples, elapsed + pad)
 
 

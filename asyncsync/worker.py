@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from asyncsync.hetero.compute import Slowdown, StaticSlowdown
+from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.metrics import JsonlLog, WorkerMetrics
 from asyncsync.protocols.base import Protocol, get_protocol
@@ -68,7 +68,7 @@ class WorkerContext:
         self._check_budget()
         start = self.metrics.now()
         result, grad = await self.in_thread(work)
-        self.metrics.computed(start, 1, result.samples, result.compute_s, result.loss)
+        self._account(start, 1, result)
         return result, grad
 
     async def steps(self, count: int = 1, batch_size: int | None = None) -> StepResult:
@@ -83,8 +83,12 @@ class WorkerContext:
         self._check_budget()
         start = self.metrics.now()
         result = await self.in_thread(work)
-        self.metrics.computed(start, count, result.samples, result.compute_s, result.loss)
+        self._account(start, count, result)
         return result
+
+    def _account(self, start: float, steps: int, result: StepResult) -> None:
+        self.metrics.computed(start, steps, result.samples, result.compute_s, result.loss,
+                              self.trainer.last_factor, self.trainer.slowdown.overruns)
 
     async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
                    meta: dict[str, Any] | None = None,
@@ -191,7 +195,7 @@ class Worker:
         weight_decay: float = 0.0,
         loss_fn: LossFn | None = None,
         batch_size: int = 32,
-        slowdown: float | Slowdown = 1.0,
+        slowdown: float | ComputeProfile = 1.0,
         device: str = "auto",
         max_steps: int | None = None,
         link: LinkSpec | None = None,
@@ -225,6 +229,7 @@ class Worker:
             ctx.workers = int(reply.get("meta", {}).get("workers", 1))
             await ctx.adopt(vector, int(reply["version"]))
             self.metrics.start()
+            self.trainer.slowdown.start()
             await self.protocol.worker(self.protocol_params).run(ctx)
         except RunStopped:
             pass
