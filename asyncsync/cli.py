@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from asyncsync.data import DatasetMissing
 from asyncsync.protocols import PROTOCOLS
 from asyncsync.recipe import Recipe, RunSpec, load_recipe
 from asyncsync.report import comparison_table, find_runs, summarize_run
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             torch.set_num_threads(1)
             asyncio.run(_serve(args) if args.command == "server" else _work(args))
-    except ConfigError as exc:
+    except (ConfigError, DatasetMissing) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
     except KeyboardInterrupt:

@@ -12,6 +12,8 @@ seconds and protocol differences show up in time-to-accuracy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -104,8 +106,61 @@ class BatchSampler:
         return self._x[rows], self._y[rows]
 
 
-def load_dataset(name: str, seed: int) -> Dataset:
-    """Return a registered dataset; only the built-in `synthetic` task for now."""
-    if name != "synthetic":
-        raise ValueError(f"unknown dataset {name!r}; known: synthetic")
-    return synthetic(seed=seed)
+DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10")
+
+# Per-dataset: torchvision class name, folder under root, the files it expects, channel
+# means and standard deviations for normalization.
+_TORCHVISION = {
+    "mnist": ("MNIST", "MNIST/raw", "train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+              "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte", (0.1307,), (0.3081,)),
+    "fashion_mnist": ("FashionMNIST", "FashionMNIST/raw", "train-images-idx3-ubyte, "
+                      "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                      "t10k-labels-idx1-ubyte", (0.2860,), (0.3530,)),
+    "cifar10": ("CIFAR10", "cifar-10-batches-py", "data_batch_1..5, test_batch, batches.meta",
+                (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+
+
+class DatasetMissing(ValueError):
+    """A dataset's files are absent and could not be downloaded."""
+
+
+def load_dataset(name: str, seed: int, root: str | Path = "data",
+                 download: bool = False) -> Dataset:
+    """Load a dataset by name.
+
+    Args:
+        name: ``synthetic`` (built in, made from `seed`), ``mnist``, ``fashion_mnist`` or
+            ``cifar10`` (torchvision's on-disk formats under `root`).
+        seed: seeds the synthetic task.
+        root: directory holding torchvision datasets.
+        download: let torchvision download missing files (needs internet access).
+    """
+    if name == "synthetic":
+        return synthetic(seed=seed)
+    if name not in _TORCHVISION:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    import torchvision.datasets
+
+    cls_name, folder, files, mean, std = _TORCHVISION[name]
+    cls = getattr(torchvision.datasets, cls_name)
+    try:
+        train, test = (cls(str(root), train=split, download=download) for split in (True, False))
+    except (RuntimeError, OSError) as exc:
+        where = Path(root) / folder
+        hint = "set data.download = true on a machine with internet access, or copy them there"
+        raise DatasetMissing(f"{name}: files not found in {where} (expected {files}); {hint}"
+                             f" ({type(exc).__name__}: {exc})") from exc
+    train_x, train_y = _tensors(train.data, train.targets, mean, std)
+    test_x, test_y = _tensors(test.data, test.targets, mean, std)
+    return Dataset(train_x, train_y, test_x, test_y, num_classes=10)
+
+
+def _tensors(data: Any, targets: Any, mean: tuple[float, ...],
+             std: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images (N, H, W) or (N, H, W, C) to normalized float (N, C, H, W)."""
+    images = torch.as_tensor(data)
+    images = images.unsqueeze(1) if images.dim() == 3 else images.permute(0, 3, 1, 2)
+    x = images.float().div(255.0)
+    x = (x - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
+    return x.contiguous(), torch.as_tensor(targets, dtype=torch.int64)

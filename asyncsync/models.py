@@ -1,4 +1,4 @@
-"""Model registry: `mlp`, `cnn`, or any ``"package.module:callable"`` the user names.
+"""Model registry: `mlp`, `cnn`, `resnet18`, or any ``"package.module:callable"`` the user names.
 
 Every builder takes the input shape (C, H, W), the number of classes and keyword options
 from the recipe's ``[model]`` table, and returns an ``nn.Module``.
@@ -48,7 +48,17 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> nn.M
     )
 
 
-MODELS: dict[str, ModelBuilder] = {"mlp": mlp, "cnn": cnn}
+def resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """torchvision's ResNet-18 adapted to small images: a 3x3 stride-1 stem, no max-pool."""
+    from torchvision.models import resnet18 as tv_resnet18
+
+    model: nn.Module = tv_resnet18(num_classes=num_classes)
+    model.conv1 = nn.Conv2d(input_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+MODELS: dict[str, ModelBuilder] = {"mlp": mlp, "cnn": cnn, "resnet18": resnet18}
 
 
 def build_model(

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncsync.data import DATASETS
 from asyncsync.hetero.compute import ComputeProfile, build_profile, profile_params
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
@@ -53,9 +54,14 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    name: str = option("synthetic", lambda v: v == "synthetic", "must be 'synthetic'")
+    name: str = option("synthetic", lambda v: v in DATASETS,
+                       f"must be one of {', '.join(DATASETS)}")
+    root: str = option("data", help="directory of torchvision datasets")
+    download: bool = option(False, help="let torchvision download missing files")
     partition: str = option("iid", lambda v: v in PARTITIONS,
                             f"must be one of {', '.join(PARTITIONS)}")
+    alpha: float = option(0.5, _positive, "must be > 0", "dirichlet concentration")
+    classes_per_worker: int = option(2, _positive, "must be > 0", "shards partition")
     batch_size: int = option(32, _positive, "must be > 0")
 
 

@@ -41,7 +41,7 @@ STARTUP_S = 120.0
 
 
 def _run_data(spec: RunSpec) -> Dataset:
-    return load_dataset(spec.data.name, spec.seed)
+    return load_dataset(spec.data.name, spec.seed, spec.data.root, spec.data.download)
 
 
 def _model(spec: RunSpec, data: Dataset) -> torch.nn.Module:
@@ -69,7 +69,8 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
     if not 0 <= rank < spec.workers:
         raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
     data = _run_data(spec)
-    shards = partition(data.train_y, spec.workers, spec.data.partition, spec.seed)
+    shards = partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
+                       spec.data.alpha, spec.data.classes_per_worker)
     sampler = BatchSampler(data, shards[rank], seed=spec.seed * 1000 + rank)
     return Worker(
         rank, url, _model(spec, data), sampler.next, get_protocol(spec.protocol.name),
@@ -109,6 +110,8 @@ async def _wait_for_port(port_file: Path, server: _Node, timeout_s: float) -> in
 
 async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
                    index: int) -> dict[str, Any]:
+    if spec.data.name != "synthetic":  # fail here, with the path, not in N processes
+        await asyncio.to_thread(_run_data, spec)
     run_dir.mkdir(parents=True)
     recipe_file = run_dir / "recipe.json"
     recipe_file.write_text(json.dumps(
