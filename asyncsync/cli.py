@@ -13,7 +13,7 @@ from rich.console import Console
 from asyncsync.data import DatasetMissing
 from asyncsync.protocols import PROTOCOLS
 from asyncsync.recipe import Recipe, RunSpec, load_recipe
-from asyncsync.report import comparison_table, find_runs, summarize_run
+from asyncsync.report import find_runs, make_console, publish, recipe_baseline, summarize_run
 from asyncsync.schema import ConfigError, describe
 
 
@@ -39,7 +39,10 @@ def _parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="rebuild the comparison table from run logs")
     report.add_argument("dirs", type=Path, nargs="+")
-    report.add_argument("--baseline", default=None, help="run name to compare against")
+    report.add_argument("--baseline", default=None, help="run to compare against "
+                        "(name or recipe/name; default: the recipe's baseline)")
+    report.add_argument("--out", type=Path, default=None,
+                        help="where to write table.csv and plots (default: the first DIR)")
 
     for name, text in (("server", "start the parameter server of one run"),
                        ("worker", "start one worker of one run")):
@@ -108,7 +111,7 @@ def _protocols(console: Console) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    console = Console()
+    console = make_console()
     try:
         if args.command == "run":
             from asyncsync.runner import run_recipe_file
@@ -125,12 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "protocols":
             _protocols(console)
         elif args.command == "report":
-            summaries = [summarize_run(d) for d in find_runs(args.dirs)]
-            if not summaries:
+            run_dirs = find_runs(args.dirs)
+            if not run_dirs:
                 console.print("no run directories (with recipe.json and events.jsonl) found")
                 return 1
-            baseline = args.baseline or summaries[0]["run"]
-            console.print(comparison_table(summaries, baseline))
+            summaries = [summarize_run(d) for d in run_dirs]
+            baseline = args.baseline or recipe_baseline(run_dirs[0]) or summaries[0]["run"]
+            publish(run_dirs, summaries, baseline, args.out or args.dirs[0], console)
         else:
             torch.set_num_threads(1)
             asyncio.run(_serve(args) if args.command == "server" else _work(args))

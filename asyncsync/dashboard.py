@@ -19,6 +19,7 @@ from rich.text import Text
 
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.recipe import Recipe, RunSpec
+from asyncsync.report import make_console
 
 PLAIN_EVERY_S = 5.0
 STATE_STYLE = {"computing": "green", "pushing": "cyan", "pulling": "cyan",
@@ -54,9 +55,7 @@ class Dashboard:
     def __init__(self, recipe: Recipe, live: bool | None = None,
                  console: Console | None = None) -> None:
         self.recipe = recipe
-        self.console = console or Console()
-        if not self.console.is_terminal:
-            self.console.width = max(self.console.width, 150)
+        self.console = console or make_console()
         self.live = self.console.is_terminal if live is None else live
         self._live: Live | None = None
         self._last_plain = 0.0

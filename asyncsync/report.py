@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 
@@ -23,7 +25,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     """Build ``summary.json``'s fields from ``recipe.json``, ``events.jsonl`` and workers' logs."""
-    spec = json.loads((run_dir / "recipe.json").read_text())["runs"][0]
+    recipe = json.loads((run_dir / "recipe.json").read_text())
+    spec = recipe["runs"][0]
     events = read_jsonl(run_dir / "events.jsonl")
     evals = [e for e in events if e.get("event") == "eval"]
     stop = next((e for e in events if e.get("event") == "stop"), {})
@@ -45,6 +48,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
                    None)
     samples = sum(f["samples"] for f in finals.values())
     return {
+        "recipe": recipe["name"],
         "run": spec["name"],
         "protocol": spec["protocol"]["name"],
         "workers": spec["workers"],
@@ -66,6 +70,18 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def label(summary: dict[str, Any]) -> str:
+    """``recipe/run``: unique across recipes."""
+    return f"{summary.get('recipe', '?')}/{summary['run']}"
+
+
+def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+    """Baseline's time to target / this run's (None when either did not reach it)."""
+    base_ttt = base.get("time_to_target_s") if base else None
+    ttt = summary.get("time_to_target_s")
+    return base_ttt / ttt if base_ttt and ttt else None
+
+
 def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -74,35 +90,100 @@ def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
 
 def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str = "") -> Table:
     """Time to target, best accuracy, speedup vs `baseline`, compute proportion, throughput."""
-    base = next((s for s in summaries if s.get("run") == baseline), None)
-    base_ttt = base.get("time_to_target_s") if base else None
+    base = next((s for s in summaries if baseline in (s.get("run"), label(s))), None)
     target = next((s.get("target_accuracy") for s in summaries if s.get("target_accuracy")),
                   None)
+    mixed = len({s.get("recipe") for s in summaries}) > 1
     table = Table(title=f"{title}: comparison (baseline {baseline})" if title else None)
     for column in ("run", "protocol", f"t->{_fmt(target, '.2f')} (s)", "best acc",
                    "final acc", "speedup", "compute", "samples/s", "MB moved",
                    "staleness", "versions"):
         table.add_column(column, justify="left" if column in ("run", "protocol") else "right")
     for s in summaries:
+        name = label(s) if mixed else s["run"]
         if "error" in s:
-            table.add_row(s["run"], s["protocol"], f"[red]failed: {s['error']}[/red]")
+            table.add_row(name, s["protocol"], f"[red]failed: {s['error']}[/red]")
             continue
         ttt = s["time_to_target_s"]
-        speedup = base_ttt / ttt if base_ttt and ttt else None
         moved = (s["bytes_up"] + s["bytes_down"]) / 1e6
         table.add_row(
-            s["run"], s["protocol"], _fmt(ttt, ".1f"), _fmt(s["best_accuracy"]),
-            _fmt(s["final_accuracy"]), _fmt(speedup, ".2f", "x"),
+            name, s["protocol"], _fmt(ttt, ".1f"), _fmt(s["best_accuracy"]),
+            _fmt(s["final_accuracy"]), _fmt(speedup(s, base), ".2f", "x"),
             _fmt(s["compute_proportion"], ".2f"), _fmt(s["samples_per_s"], ".0f"),
             _fmt(moved, ".0f"), _fmt(s["mean_staleness"], ".2f"), _fmt(s["versions"], "d"))
     return table
 
 
 def find_runs(dirs: list[Path]) -> list[Path]:
-    """Run directories under `dirs` (a recipe, a timestamp or a run directory each)."""
+    """Run directories (holding events.jsonl and recipe.json) at or under `dirs`: a recipe,
+    a timestamp or a run directory each."""
     found: list[Path] = []
     for root in dirs:
-        candidates = [root] if (root / "recipe.json").exists() else sorted(
-            p.parent for p in root.rglob("recipe.json"))
-        found += [p for p in candidates if (p / "events.jsonl").exists() and p not in found]
+        runs = [e.parent for e in root.rglob("events.jsonl") if (e.parent / "recipe.json").exists()]
+        found += sorted((r for r in runs if r not in found), key=_recipe_order)
     return found
+
+
+def _recipe_order(run_dir: Path) -> tuple[str, int, str]:
+    """Runs of one timestamp in their recipe's order, then by name."""
+    path = run_dir.parent / "recipe.json"
+    names = [r.get("name") for r in json.loads(path.read_text()).get("runs", [])] \
+        if path.exists() else []
+    index = names.index(run_dir.name) if run_dir.name in names else len(names)
+    return str(run_dir.parent), index, run_dir.name
+
+
+CSV_FIELDS = ("recipe", "run", "protocol", "workers", "wall_s", "target_accuracy",
+              "time_to_target_s", "speedup", "best_accuracy", "final_accuracy",
+              "compute_proportion", "samples_per_s", "bytes_up", "bytes_down", "versions",
+              "mean_staleness", "max_staleness")
+
+
+def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
+    """The comparison table as CSV (one row per run; failed runs keep their error)."""
+    base = next((s for s in summaries if baseline in (s.get("run"), label(s))), None)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "error"])
+        writer.writeheader()
+        for s in summaries:
+            row = {k: s.get(k) for k in CSV_FIELDS}
+            row["speedup"] = speedup(s, base)
+            row["error"] = s.get("error")
+            writer.writerow(row)
+    return path
+
+
+def make_console() -> Console:
+    """A console that does not squeeze tables when output goes to a file or pipe."""
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 150)
+    return console
+
+
+def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str, out: Path,
+            console: Console, title: str = "") -> list[Path]:
+    """Print the comparison table; write it as CSV and, with matplotlib, the PNG plots."""
+    from asyncsync.plots import matplotlib_available, write_plots
+
+    console.print(comparison_table(summaries, baseline, title))
+    out.mkdir(parents=True, exist_ok=True)
+    files = [write_csv(summaries, baseline, out / "table.csv")]
+    done = [(d, s) for d, s in zip(run_dirs, summaries, strict=True) if "error" not in s]
+    if not matplotlib_available():
+        console.print('plots skipped: matplotlib is not installed (pip install -e ".[plot]")',
+                      markup=False)
+    elif done:
+        files += write_plots([d for d, _ in done], [s for _, s in done], out)
+    for path in files:
+        console.print(f"wrote {path}", highlight=False)
+    return files
+
+
+def recipe_baseline(run_dir: Path) -> str | None:
+    """The baseline named by the whole recipe written next to a run (its parent's)."""
+    path = run_dir.parent / "recipe.json"
+    if not path.exists():
+        return None
+    baseline = json.loads(path.read_text()).get("baseline")
+    return baseline if isinstance(baseline, str) else None

@@ -30,7 +30,7 @@ from asyncsync.metrics import JsonlLog
 from asyncsync.models import build_model
 from asyncsync.protocols.base import get_protocol
 from asyncsync.recipe import Recipe, RunSpec, load_recipe
-from asyncsync.report import comparison_table, summarize_run
+from asyncsync.report import publish, summarize_run
 from asyncsync.server import ParameterServer
 from asyncsync.transport.base import RequestRejected
 from asyncsync.transport.http_client import HttpTransport
@@ -190,7 +190,8 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
                 summary = {"run": spec.name, "protocol": spec.protocol.name, "error": str(exc)}
             summaries.append(summary)
             dashboard.finished(spec, index, summary)
-    dashboard.console.print(comparison_table(summaries, recipe.baseline, title=recipe.name))
+    publish([root / spec.name for spec in recipe.runs], summaries, recipe.baseline, root,
+            dashboard.console, title=recipe.name)
     dashboard.console.print(f"logs: {root}")
     return summaries
 

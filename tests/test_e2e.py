@@ -34,6 +34,8 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     assert re.search(r"\[bsp\] t=\d+s v=\d+ acc=", out), out  # plain progress lines
     (stamp,) = (logs / "quickstart").iterdir()
     assert json.loads((stamp / "recipe.json").read_text())["baseline"] == "bsp"
+    for name in ("table.csv", "accuracy.png", "compute_proportion.png", "timeline-bsp.png"):
+        assert (stamp / name).exists(), name
     for run, protocol in (("bsp", "bsp"), ("asp", "asp")):
         run_dir = stamp / run
         for name in ("recipe.json", "events.jsonl", "summary.json", "server.log",

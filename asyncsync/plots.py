@@ -1,0 +1,155 @@
+"""PNG plots of finished runs, from their logs (needs the `plot` extra: matplotlib).
+
+- ``accuracy.png``: test accuracy of the global model vs wall time, one line per run,
+  the target accuracy as a dashed line and each run's time to target as a dot.
+- ``compute_proportion.png``: compute proportion per worker, grouped by run.
+- ``timeline-<run>.png``: per worker, when it computed, communicated and waited.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from asyncsync.report import label, read_jsonl
+
+COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "wait": "#ff8c00"}
+TIMELINE_CYCLES = 20
+"""The timeline shows about this many iterations of the slowest worker, from 20% into the
+run (past start-up): enough to see the rhythm, few enough to stay legible."""
+
+
+def matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str]) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    target = next((s["target_accuracy"] for s in summaries if s.get("target_accuracy")), None)
+    for s, name in zip(summaries, names, strict=True):
+        points = s.get("evaluations") or []
+        if not points:
+            continue
+        times, accuracy = zip(*points, strict=True)
+        (line,) = ax.plot(times, accuracy, label=name, linewidth=1.6)
+        if s.get("time_to_target_s") is not None and target is not None:
+            ax.plot([s["time_to_target_s"]], [target], "o", color=line.get_color())
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1,
+                   label=f"target {target:g}")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Accuracy of the global model vs wall time")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
+                            names: list[str]) -> Path:
+    plt = _pyplot()
+    done = [(s, n) for s, n in zip(summaries, names, strict=True) if "error" not in s]
+    workers = max((len(s["compute_proportion_per_worker"]) for s, _ in done), default=1)
+    width = 0.8 / workers
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(done) + 2), 4.5))
+    for rank in range(workers):
+        xs = [i + (rank - (workers - 1) / 2) * width for i in range(len(done))]
+        values = [(s["compute_proportion_per_worker"][rank:rank + 1] or [None])[0] or 0.0
+                  for s, _ in done]
+        ax.bar(xs, values, width=width, label=f"worker {rank}")
+    ax.set_xticks(range(len(done)), [n for _, n in done], rotation=20, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("compute proportion")
+    ax.set_title("Time computing / wall time, per worker")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", ncol=min(workers, 4))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def timeline_window(logs: list[list[dict[str, Any]]]) -> tuple[float, float]:
+    """``(start, end)`` of the timeline from the workers' final totals."""
+    finals = [r for records in logs for r in records if r.get("ev") == "final"]
+    wall = max((f["wall_s"] for f in finals), default=10.0)
+    cycle = max((f["wall_s"] / f["steps"] for f in finals if f.get("steps")), default=0.5)
+    start = 0.2 * wall
+    return start, min(wall, start + max(1.0, TIMELINE_CYCLES * cycle))
+
+
+def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
+                   ) -> dict[str, list[tuple[float, float]]]:
+    """(start, duration) spans per kind from a worker's log that overlap the window.
+
+    A push transfers then waits for the server's answer; a pull waits (barrier) then
+    transfers the model.
+    """
+    spans: dict[str, list[tuple[float, float]]] = {k: [] for k in COLORS}
+    for r in records:
+        start, dur = r.get("t"), r.get("dur")
+        if start is None or dur is None or start > window[1] or start + dur < window[0]:
+            continue
+        if r.get("ev") == "compute":
+            spans["compute"].append((start, dur))
+        elif r.get("ev") in ("push", "pull", "query"):
+            wait = min(r.get("wait", 0.0), dur)
+            transfer = dur - wait
+            if r["ev"] == "pull":
+                spans["wait"].append((start, wait))
+                spans["communicate"].append((start + wait, transfer))
+            else:
+                spans["communicate"].append((start, transfer))
+                spans["wait"].append((start + transfer, wait))
+    return spans
+
+
+def plot_timeline(run_dir: Path, path: Path, name: str) -> Path:
+    plt = _pyplot()
+    logs = sorted(run_dir.glob("worker-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    records = [read_jsonl(log) for log in logs]
+    window = timeline_window(records)
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(logs) + 1.6))
+    for row, worker_records in enumerate(records):
+        for kind, spans in timeline_spans(worker_records, window).items():
+            if spans:
+                ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=COLORS[kind],
+                               label=kind if row == 0 else None)
+    ax.set_yticks(range(len(logs)), [f"worker {log.stem.split('-')[1]}" for log in logs])
+    ax.set_xlim(*window)
+    ax.set_xlabel("wall time (s)")
+    ax.set_title(f"{name}: computing, communicating and waiting")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize="small", ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path) -> list[Path]:
+    """All plots of these runs into `out`; returns the files written."""
+    mixed = len({s.get("recipe") for s in summaries}) > 1
+    names = [label(s) if mixed else s["run"] for s in summaries]
+    written = [plot_accuracy(summaries, out / "accuracy.png", names),
+               plot_compute_proportion(summaries, out / "compute_proportion.png", names)]
+    for run_dir, name in zip(run_dirs, names, strict=True):
+        file_name = "timeline-" + name.replace("/", "-") + ".png"
+        written.append(plot_timeline(run_dir, out / file_name, name))
+    return written

@@ -1,0 +1,77 @@
+"""Summaries, tables, CSV and plots rebuilt from log files alone."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from asyncsync import plots
+from asyncsync.report import find_runs, publish, summarize_run
+
+
+def fake_run(root: Path, recipe: str, name: str, protocol: str, accuracies: list[float],
+             compute_s: tuple[float, float] = (5.0, 8.0)) -> Path:
+    run_dir = root / recipe / "20260101-000000" / name
+    run_dir.mkdir(parents=True)
+    spec = {"name": name, "protocol": {"name": protocol}, "workers": 2,
+            "stop": {"target_accuracy": 0.5}}
+    (run_dir / "recipe.json").write_text(json.dumps({"name": recipe, "baseline": name,
+                                                     "runs": [spec]}))
+    events = [{"event": "eval", "t": 2.0 * i, "version": 3 * i, "accuracy": a, "loss": 1.0}
+              for i, a in enumerate(accuracies)]
+    events.append({"event": "stop", "t": 10.0, "versions": 30, "mean_staleness": 1.5})
+    (run_dir / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    for rank, busy in enumerate(compute_s):
+        records = [{"ev": "compute", "t": 1.0 * i, "dur": 0.5, "steps": 1, "samples": 8,
+                    "loss": 1.0} for i in range(10)]
+        records.append({"ev": "push", "t": 0.5, "dur": 0.3, "wait": 0.1, "up": 10, "down": 5})
+        records.append({"ev": "final", "steps": 10, "samples": 80, "compute_s": busy,
+                        "wall_s": 10.0, "bytes_up": 100, "bytes_down": 50})
+        lines = "\n".join(json.dumps(r) for r in records)
+        (run_dir / f"worker-{rank}.jsonl").write_text(lines + '\n{"ev": "comp')  # torn line
+    return run_dir
+
+
+def test_summary_from_logs(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path, "r", "fast", "asp", [0.1, 0.4, 0.6, 0.55])
+    summary = summarize_run(run_dir)
+    assert summary["time_to_target_s"] == 4.0
+    assert summary["best_accuracy"] == 0.6 and summary["final_accuracy"] == 0.55
+    assert summary["compute_proportion_per_worker"] == [0.5, 0.8]
+    assert summary["compute_proportion"] == 0.65
+    assert summary["samples_per_s"] == 16.0
+    assert summary["bytes_up"] == 200 and summary["versions"] == 30
+
+
+def test_report_across_recipes_writes_csv_and_plots(tmp_path: Path) -> None:
+    slow = fake_run(tmp_path, "a", "slow", "bsp", [0.1, 0.2, 0.3, 0.5])
+    fast = fake_run(tmp_path, "b", "fast", "asp", [0.1, 0.5, 0.6])
+    runs = find_runs([tmp_path / "a", fast])
+    assert runs == [slow, fast]
+    console = Console(record=True, width=200)
+    files = publish(runs, [summarize_run(r) for r in runs], "a/slow", tmp_path / "out",
+                    console)
+    text = console.export_text()
+    assert "a/slow" in text and "b/fast" in text and "3.00x" in text
+    rows = list(csv.DictReader((tmp_path / "out" / "table.csv").open()))
+    assert [r["run"] for r in rows] == ["slow", "fast"]
+    assert float(rows[1]["speedup"]) == 3.0
+    names = {f.name for f in files}
+    assert {"table.csv", "accuracy.png", "compute_proportion.png", "timeline-a-slow.png",
+            "timeline-b-fast.png"} <= names
+    assert all(f.stat().st_size > 1000 for f in files if f.suffix == ".png")
+
+
+def test_report_without_matplotlib_prints_the_table_and_a_hint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plots, "matplotlib_available", lambda: False)
+    run_dir = fake_run(tmp_path, "r", "only", "bsp", [0.2, 0.6])
+    console = Console(record=True, width=200)
+    files = publish([run_dir], [summarize_run(run_dir)], "only", tmp_path / "out", console)
+    assert [f.name for f in files] == ["table.csv"]
+    text = console.export_text()
+    assert "only" in text and 'pip install -e ".[plot]"' in text
