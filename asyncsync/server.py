@@ -249,10 +249,11 @@ class ServerCore:
         if self.store.stopping:
             return
         self.store.stop()
+        stopped_at = round(self.elapsed(), 3)
         if self.evaluator is not None and self.t0 is not None:
             await self.evaluate()
         stale = self.store.staleness
-        self.events.write({"event": "stop", "t": round(self.elapsed(), 3),
+        self.events.write({"event": "stop", "t": stopped_at,
                            "versions": self.store.version, "updates": stale.count,
                            "mean_staleness": stale.mean, "max_staleness": stale.maximum})
         self.stopped = True

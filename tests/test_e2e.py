@@ -48,7 +48,7 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
         assert summary["versions"] > 10
         assert len(summary["compute_proportion_per_worker"]) == 3
         assert 0 < summary["compute_proportion"] <= 1
-        assert 5.5 <= summary["wall_s"] <= 8
+        assert 5.9 <= summary["wall_s"] <= 7.5  # the 6 s budget, checked every 50 ms
     bsp = json.loads((stamp / "bsp" / "summary.json").read_text())
     asp = json.loads((stamp / "asp" / "summary.json").read_text())
     assert bsp["mean_staleness"] == 0
