@@ -215,22 +215,28 @@ class ServerCore:
         self.events.write({"event": "start", "t": 0.0, "protocol": self.protocol.name,
                            "workers": len(self.workers)})
         self._all_joined.set()
-        self._tasks.append(asyncio.create_task(self._control_loop()))
+        self._tasks.append(asyncio.create_task(self._budget()))
+        if self.evaluator is not None:
+            self._tasks.append(asyncio.create_task(self._evaluations()))
 
-    async def _control_loop(self) -> None:
-        """Evaluate every `eval_interval_s` and stop at the time budget or the target."""
+    async def _budget(self) -> None:
+        """Stop the run when its time budget is spent."""
+        if self.time_s is not None:
+            await asyncio.sleep(self.time_s)
+            await self.stop()
+
+    async def _evaluations(self) -> None:
+        """Evaluate every `eval_interval_s`; stop at the target when asked to."""
+        assert self.t0 is not None
         next_eval = 0.0
         while not self.store.stopping:
-            if self.time_s is not None and self.elapsed() >= self.time_s:
-                break
-            if self.evaluator is not None and self.elapsed() >= next_eval:
-                point = await self.evaluate()
-                next_eval += self.eval_interval_s
-                if (self.stop_at_target and self.target_accuracy is not None
-                        and point.accuracy >= self.target_accuracy):
-                    break
-            await asyncio.sleep(0.05)
-        await self.stop()
+            point = await self.evaluate()
+            if (self.stop_at_target and self.target_accuracy is not None
+                    and point.accuracy >= self.target_accuracy):
+                await self.stop()
+                return
+            next_eval += self.eval_interval_s
+            await asyncio.sleep(max(0.0, next_eval - self.elapsed()))
 
     async def evaluate(self) -> EvalPoint:
         """Evaluate the current global model in the evaluation thread and log it."""

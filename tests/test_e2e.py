@@ -44,7 +44,7 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary.keys() >= SUMMARY_FIELDS
         assert summary["protocol"] == protocol and summary["workers"] == 3
-        assert summary["best_accuracy"] > 0.3, summary  # chance is 0.1
+        assert summary["best_accuracy"] > 0.2, summary  # chance is 0.1
         assert summary["versions"] > 10
         assert len(summary["compute_proportion_per_worker"]) == 3
         assert 0 < summary["compute_proportion"] <= 1
