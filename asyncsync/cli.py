@@ -1,16 +1,20 @@
-"""Command line: ``asyncsync run | check | protocols | report | server | worker``."""
+"""Command line: ``asyncsync run | check | protocols | report | server | worker | launch``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
 
 from asyncsync.data import DatasetMissing
+from asyncsync.launch import DEFAULT_PORT, from_environ
 from asyncsync.protocols import PROTOCOLS
 from asyncsync.recipe import Recipe, RunSpec, load_recipe
 from asyncsync.report import find_runs, make_console, publish, recipe_baseline, summarize_run
@@ -45,20 +49,30 @@ def _parser() -> argparse.ArgumentParser:
                         help="where to write table.csv and plots (default: the first DIR)")
 
     for name, text in (("server", "start the parameter server of one run"),
-                       ("worker", "start one worker of one run")):
+                       ("worker", "start one worker of one run"),
+                       ("launch", "start this task's node from RANK/WORLD_SIZE/MASTER_ADDR "
+                                  "(torchrun) or SLURM_PROCID/SLURM_NTASKS: rank 0 serves")):
         node = sub.add_parser(name, help=text)
         node.add_argument("--recipe", type=Path, required=True)
         node.add_argument("--run", default=None, help="run name (needed if several)")
         node.add_argument("--run-id", default=None, help="shared id of this run's nodes")
         node.add_argument("--log-dir", type=Path, default=None)
         if name == "server":
-            node.add_argument("--host", default="127.0.0.1")
-            node.add_argument("--port", type=int, default=8470)
+            node.add_argument("--host", default="127.0.0.1",
+                              help="address to listen on (default 127.0.0.1)")
+            node.add_argument("--port", type=int, default=None,
+                              help=f"default: MASTER_PORT or {DEFAULT_PORT}")
+        if name == "worker":
+            node.add_argument("--server", default=None,
+                              help="the server's URL (default: from MASTER_ADDR/MASTER_PORT)")
+            node.add_argument("--rank", type=int, default=None,
+                              help="worker rank (default: launcher's global rank - 1)")
+        if name in ("server", "launch"):
             node.add_argument("--port-file", type=Path, default=None,
                               help="write the bound port here once listening")
-        else:
-            node.add_argument("--server", required=True, help="the server's URL")
-            node.add_argument("--rank", type=int, required=True)
+        if name in ("worker", "launch"):
+            node.add_argument("--bind", default=None,
+                              help="local address to connect from (e.g. 127.0.0.3)")
     return parser
 
 
@@ -70,13 +84,13 @@ def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
     return recipe.runs[0]
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
     from asyncsync.runner import build_server
 
     recipe = load_recipe(args.recipe)
     spec = _pick_run(recipe, args.run)
     server = build_server(spec, args.run_id or f"{recipe.name}/{spec.name}", args.log_dir,
-                          args.host, args.port)
+                          host, port)
     url = await server.start()
     if args.port_file:
         tmp = args.port_file.with_suffix(".tmp")
@@ -90,16 +104,40 @@ async def _serve(args: argparse.Namespace) -> None:
         await server.close()
 
 
-async def _work(args: argparse.Namespace) -> None:
+async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
     from asyncsync.runner import build_worker
 
     recipe = load_recipe(args.recipe)
     spec = _pick_run(recipe, args.run)
-    worker = build_worker(spec, args.rank, args.server,
-                          args.run_id or f"{recipe.name}/{spec.name}", args.log_dir)
+    worker = build_worker(spec, rank, url, args.run_id or f"{recipe.name}/{spec.name}",
+                          args.log_dir, local_addr=args.bind)
     final = await worker.run()
-    print(f"worker {args.rank} done: {final['steps']} steps, {final['samples']} samples",
+    print(f"worker {rank} done: {final['steps']} steps, {final['samples']} samples",
           flush=True)
+
+
+def _node(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    """The coroutine of a server, worker or launch command, with launcher defaults."""
+    env = from_environ(os.environ)
+    if args.command == "server":
+        port = args.port if args.port is not None else env.master_port
+        return _serve(args, args.host, port)
+    if args.command == "worker":
+        url, rank = args.server or env.server_url, args.rank
+        rank = env.worker_rank if rank is None else rank
+        if url is None or rank is None:
+            raise ConfigError("worker needs --server and --rank (or MASTER_ADDR and RANK)")
+        return _work(args, url, rank)
+    if env.rank is None or env.master_addr is None:
+        raise ConfigError("launch needs RANK (or SLURM_PROCID) and MASTER_ADDR")
+    spec = _pick_run(load_recipe(args.recipe), args.run)
+    if env.world_size is not None and env.world_size != spec.workers + 1:
+        raise ConfigError(f"WORLD_SIZE={env.world_size}, but run {spec.name!r} needs "
+                          f"{spec.workers} workers + 1 server = {spec.workers + 1} tasks")
+    if env.rank == 0:
+        return _serve(args, env.master_addr, env.master_port)
+    assert env.server_url is not None and env.worker_rank is not None
+    return _work(args, env.server_url, env.worker_rank)
 
 
 def _protocols(console: Console) -> None:
@@ -137,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             publish(run_dirs, summaries, baseline, args.out or args.dirs[0], console)
         else:
             torch.set_num_threads(1)
-            asyncio.run(_serve(args) if args.command == "server" else _work(args))
+            asyncio.run(_node(args))
     except (ConfigError, DatasetMissing) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2

@@ -64,7 +64,7 @@ def build_server(spec: RunSpec, run_id: str, log_dir: Path | None, host: str = "
 
 
 def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
-                 log_dir: Path | None) -> Worker:
+                 log_dir: Path | None, local_addr: str | None = None) -> Worker:
     """Worker `rank` of one run, as the CLI's ``worker`` command starts it."""
     if not 0 <= rank < spec.workers:
         raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
@@ -77,7 +77,7 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         protocol_params=spec.protocol.params, run_id=run_id, lr=spec.optim.lr,
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
         batch_size=spec.data.batch_size, slowdown=spec.compute_profile(rank), device=spec.device,
-        link=spec.network.link(rank),
+        link=spec.network.link(rank), local_addr=local_addr,
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 
 
@@ -141,7 +141,7 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
 async def _watch(spec: RunSpec, url: str, run_id: str, nodes: list[_Node],
                  dashboard: Dashboard, index: int) -> None:
     """Poll the server's status for the dashboard until the server process exits."""
-    status_client = HttpTransport(url, numel=0, timeout_s=5.0)
+    status_client = HttpTransport(url, numel=0, timeout_s=5.0, connect_timeout_s=0.0)
     server = nodes[0]
     deadline = time.monotonic() + STARTUP_S + spec.stop.time_s + 60.0
     try:

@@ -177,6 +177,7 @@ class Worker:
         max_steps: stop after this many local steps (None: until the server stops).
         link: emulated bandwidth/latency of this worker's link (HTTP transport only;
             give a `LocalTransport` its own `Link`).
+        local_addr: the local address to connect from (HTTP transport only).
         log_path: a JSONL file for this worker's spans and totals.
     """
 
@@ -199,6 +200,7 @@ class Worker:
         device: str = "auto",
         max_steps: int | None = None,
         link: LinkSpec | None = None,
+        local_addr: str | None = None,
         log_path: Path | None = None,
     ) -> None:
         if batch_size < 1:
@@ -214,7 +216,8 @@ class Worker:
         self.trainer = Trainer(model, source, lr, momentum, weight_decay, slowdown=slowdown,
                                device=device, **extra)
         shaped = Link(link, seed=rank) if link is not None and link.shaped else None
-        self.transport = (HttpTransport(server, self.trainer.numel, link=shaped)
+        self.transport = (HttpTransport(server, self.trainer.numel, link=shaped,
+                                        local_addr=local_addr)
                           if isinstance(server, str) else server)
         self.metrics = WorkerMetrics(JsonlLog(log_path))
         self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.metrics,

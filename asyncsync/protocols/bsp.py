@@ -42,6 +42,11 @@ class BspServer(ServerRule):
         self._contributors: list[tuple[int, int]] = []
 
     async def on_push(self, push: Push) -> dict[str, Any]:
+        async with self.store.lock:  # accumulation awaits a thread: serialize pushes
+            await self._accumulate(push)
+        return {}
+
+    async def _accumulate(self, push: Push) -> None:
         version = self.store.version
         if push.base_version != version:
             raise WireError(409, f"gradient of version {push.base_version}, "
@@ -56,7 +61,6 @@ class BspServer(ServerRule):
             mean = await self.store.compute(torch.div, self._sum, self.store.workers)
             contributors, self._sum, self._contributors = self._contributors, None, []
             await self.store.apply_gradient(mean, contributors)
-        return {}
 
     async def on_pull(self, pull: Pull) -> Reply:
         await self.store.wait_for(lambda: self.store.version > pull.base_version, pull.worker)

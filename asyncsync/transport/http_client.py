@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import aiohttp
@@ -29,22 +31,47 @@ class HttpTransport:
         numel: the model's length: a reply vector may have at most this many elements.
         timeout_s: total time allowed for one request, held waits included.
         link: an emulated link that paces the real bytes in both directions.
+        local_addr: the local address to connect from (default: the system's choice).
+        connect_timeout_s: how long to keep retrying a server that cannot be reached.
     """
 
     def __init__(self, url: str, numel: int, timeout_s: float = 600.0,
-                 link: Link | None = None) -> None:
+                 link: Link | None = None, local_addr: str | None = None,
+                 connect_timeout_s: float = 60.0) -> None:
         self.url = url.rstrip("/")
+        self.connect_timeout_s = connect_timeout_s
         self.limits = Limits(numel)
         self.link = link
         self.bytes_up = 0
         self.bytes_down = 0
+        connector = aiohttp.TCPConnector(local_addr=(local_addr, 0) if local_addr else None)
         self._session = aiohttp.ClientSession(
+            connector=connector,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
             headers={"Content-Type": CONTENT_TYPE},
         )
 
     async def request(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
+    ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """Send one request; retry with backoff while the server cannot be reached.
+
+        Only connection failures are retried (the request never arrived, so a retry
+        cannot apply it twice), for up to `connect_timeout_s` seconds.
+        """
+        deadline = time.monotonic() + self.connect_timeout_s
+        backoff = 0.1
+        while True:
+            try:
+                return await self._request_once(op, header, vector)
+            except aiohttp.ClientConnectorError:
+                if time.monotonic() + backoff > deadline:
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 2.0)
+
+    async def _request_once(
+        self, op: str, header: dict[str, Any], vector: torch.Tensor | None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         head = encode_header(header, vector)
         size = frame_size(head, vector)
