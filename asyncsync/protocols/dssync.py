@@ -1,0 +1,174 @@
+"""DS-Sync: divide-and-shuffle synchronization, parameter averaging within small groups.
+
+Every iteration each worker averages its parameters (and BatchNorm statistics: the whole
+flat vector) with the members of its group only, then takes one local step; its optimizer
+state stays local. Groups of size k (default 2) partition the workers and every iteration
+uses a new partition, so information still spreads to every worker within a few
+iterations, while no step ever waits for all N workers.
+
+Worker: push its model for iteration t, pull its group's mean, adopt it, one local step.
+Server: only the rendezvous. It keeps each worker's iteration count, waits for the k
+members of the worker's group of that iteration and answers each of them with their mean.
+Every completed group is a version, whose vector is the mean of the workers' latest models
+(the one that is evaluated); the commit records the group's members as its contributions.
+
+**(choice)** Partitions: for N = 4 and k = 2, the official code's alternation {0,1}{2,3} /
+{0,3}{1,2}; otherwise consecutive chunks of a random permutation of the ranks seeded by
+(seed, iteration), the same on every node. When k does not divide N the last group is
+smaller (a group of one just keeps its model); k larger than N means one group of all.
+
+Reference: W. Wang, C. Zhang, L. Yang, K. Chen, K. Tan, "Addressing Network Bottlenecks
+with Divide-and-Shuffle Synchronization for Distributed DNN Training", IEEE INFOCOM 2022.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, WorkerLoop, register
+from asyncsync.schema import check_fields, option
+from asyncsync.wire import WireError
+
+if TYPE_CHECKING:
+    from asyncsync.server import ParameterStore
+    from asyncsync.worker import WorkerContext
+
+Group = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DsSyncParams:
+    """Parameters of DS-Sync."""
+
+    group_size: int = option(2, lambda v: v >= 2, "must be >= 2",
+                             "k: workers per group (the last group may be smaller)")
+    seed: int = option(0, lambda v: v >= 0, "must be >= 0",
+                       "seed of the per-iteration random partitions")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def partition(iteration: int, workers: int, size: int, seed: int) -> list[Group]:
+    """The groups of `iteration`: disjoint, sorted, covering ``range(workers)``."""
+    if workers == 4 and size == 2:
+        return [(0, 1), (2, 3)] if iteration % 2 == 0 else [(0, 3), (1, 2)]
+    order = list(range(workers))
+    random.Random(f"dssync:{seed}:{iteration}").shuffle(order)
+    return [tuple(sorted(order[i : i + size])) for i in range(0, workers, size)]
+
+
+@dataclass(frozen=True)
+class GroupAverage:
+    """One completed group: its iteration, members, the version it made, and the workers
+    that had not yet pushed for that iteration when it completed."""
+
+    iteration: int
+    members: Group
+    version: int
+    behind: Group
+
+
+class DsSyncServer(ServerRule):
+    """The rendezvous of each iteration's groups; the global vector is the workers' mean.
+
+    Attributes:
+        averages: every completed group average, in commit order.
+    """
+
+    push_kinds = frozenset({"model"})
+
+    def __init__(self, params: DsSyncParams, store: ParameterStore) -> None:
+        super().__init__(params, store)
+        self.averages: list[GroupAverage] = []
+        self._pushed = [0] * store.workers
+        self._latest = [store.w] * store.workers
+        self._slots: dict[tuple[int, Group], dict[int, Push]] = {}
+        self._results: dict[int, tuple[int, torch.Tensor, int]] = {}
+
+    def group_of(self, worker: int, iteration: int) -> Group:
+        """The members of `worker`'s group at `iteration`."""
+        size = min(self.params.group_size, self.store.workers)
+        groups = partition(iteration, self.store.workers, size, self.params.seed)
+        return next(group for group in groups if worker in group)
+
+    def _iteration(self, meta: dict[str, Any], expected: int) -> int:
+        iteration = meta.get("iteration")
+        if iteration != expected or isinstance(iteration, bool):
+            raise WireError(409, f"iteration {iteration!r} in meta, but the server expects "
+                                 f"{expected}")
+        return expected
+
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        iteration = self._iteration(push.meta, self._pushed[push.worker])
+        members = self.group_of(push.worker, iteration)
+        slot = self._slots.setdefault((iteration, members), {})
+        slot[push.worker] = push
+        self._pushed[push.worker] += 1
+        if len(slot) == len(members):
+            del self._slots[iteration, members]
+            await self._average(iteration, members, slot)
+        return {"iteration": iteration, "group": list(members)}
+
+    async def _average(self, iteration: int, members: Group, pushes: dict[int, Push]) -> None:
+        """Answer the members with their mean; fold it into the mean of the latest models."""
+        vectors = [pushes[m].vector for m in members]
+        old = [self._latest[m] for m in members]
+        scale = 1.0 / self.store.workers
+
+        def mean_and_consensus(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            mean = torch.stack(vectors).mean(dim=0)
+            change = torch.zeros_like(w)
+            for previous in old:
+                change.add_(mean).sub_(previous)
+            return mean, w.add(change, alpha=scale)
+
+        async with self.store.lock:
+            mean, consensus = await self.store.compute(mean_and_consensus, self.store.w)
+            version = self.store.version + 1
+            behind = tuple(j for j, count in enumerate(self._pushed) if count <= iteration)
+            for m in members:
+                self._latest[m] = mean
+                self._results[m] = (iteration, mean, version)
+            self.averages.append(GroupAverage(iteration, members, version, behind))
+            self.store.commit(consensus, [(m, pushes[m].base_version) for m in members])
+
+    async def on_pull(self, pull: Pull) -> Reply:
+        """Wait for the worker's group of its last pushed iteration; answer with its mean."""
+        if self._pushed[pull.worker] == 0:
+            raise WireError(409, f"worker {pull.worker} pulls before its first push")
+        iteration = self._iteration(pull.meta, self._pushed[pull.worker] - 1)
+
+        def ready() -> bool:
+            result = self._results.get(pull.worker)
+            return result is not None and result[0] == iteration
+
+        await self.store.wait_for(ready, pull.worker)
+        _, mean, version = self._results[pull.worker]
+        return Reply(meta={"iteration": iteration,
+                           "group": list(self.group_of(pull.worker, iteration))},
+                     vector=mean, version=version)
+
+
+class DsSyncWorker(WorkerLoop):
+    """Push the model, adopt the group's mean, one local step."""
+
+    async def run(self, ctx: WorkerContext) -> None:
+        iteration, steps, samples = 0, 0, 0
+        while True:
+            model = await ctx.in_thread(ctx.trainer.vector_copy)
+            meta = {"iteration": iteration}
+            await ctx.push("model", model, steps=steps, samples=samples, meta=meta)
+            mean, version, _ = await ctx.pull(meta=meta)
+            await ctx.adopt(mean, version)
+            steps, samples = 1, (await ctx.steps(1)).samples
+            iteration += 1
+
+
+DSSYNC = register(Protocol("dssync", "divide-and-shuffle: average with a new small group "
+                                     "every iteration", DsSyncParams, DsSyncServer,
+                           DsSyncWorker))

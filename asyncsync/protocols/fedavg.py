@@ -1,0 +1,53 @@
+"""FedAvg: federated averaging, local SGD weighted by samples with client sampling.
+
+Local SGD (see `asyncsync.protocols.local_sgd`) with two changes, made by overriding its
+server's hooks: a round's participants are ``m = max(1, round(C * N))`` workers sampled
+without replacement (seeded by ``(seed, version)``, so a run is reproducible), and the
+deltas are weighted by their sample counts, ``w <- w + sum_i (n_i / n) delta_i`` with
+``n = sum_i n_i`` over the participants. Workers not sampled for a round stay idle until a
+round includes them. With C = 1 (the default) every worker trains in every round.
+
+Reference: H. B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas,
+"Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from asyncsync.protocols.base import Protocol, Push, register
+from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer, LocalSgdWorker
+from asyncsync.schema import option
+from asyncsync.wire import WireError
+
+
+@dataclass(frozen=True)
+class FedAvgParams(LocalSgdParams):
+    """Parameters of FedAvg (local SGD's, plus client sampling)."""
+
+    fraction: float = option(1.0, lambda v: 0 < v <= 1, "must be in (0, 1]",
+                             "C: fraction of the workers sampled for each round")
+    seed: int = option(0, help="seed of the client sampling")
+
+
+class FedAvgServer(LocalSgdServer):
+    """Local SGD's rounds over a sampled fraction of workers, weighted by samples."""
+
+    def participants(self, version: int) -> frozenset[int]:
+        """``max(1, round(C * N))`` workers, drawn afresh for each round."""
+        workers = self.store.workers
+        count = max(1, round(self.params.fraction * workers))
+        rng = random.Random(self.params.seed * 1_000_003 + version)
+        return frozenset(rng.sample(range(workers), count))
+
+    def weight(self, push: Push) -> float:
+        """A delta counts in proportion to the samples it was trained on."""
+        if push.samples < 1:
+            raise WireError(422, "fedavg weights deltas by samples: 'samples' must be >= 1")
+        return float(push.samples)
+
+
+FEDAVG = register(Protocol("fedavg", "federated averaging: sampled clients, H local steps, "
+                                     "deltas weighted by samples",
+                           FedAvgParams, FedAvgServer, LocalSgdWorker))

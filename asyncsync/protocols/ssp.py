@@ -1,0 +1,91 @@
+"""SSP: stale synchronous parallel (bounded staleness).
+
+Each worker i has a clock c_i, the number of iterations it has completed (gradients the
+server has applied for it). Worker: pull the current model, compute a gradient, push it,
+repeat. Server: apply each gradient on arrival, ``w <- opt_step(w, g)``, version += 1, and
+advance the pusher's clock; a pull, which starts the worker's next iteration, is held while
+``c_i - min_j c_j > s``. With s = 0 no worker starts iteration k + 1 before every worker
+finished iteration k (BSP's pattern); with a large s nobody ever waits (ASP).
+
+Workers that left the run no longer count in ``min_j c_j``. A push from a worker whose
+clock is beyond the bound (it did not pass the pull gate) is rejected.
+
+Reference: Q. Ho, J. Cipar, H. Cui, J. K. Kim, S. Lee, P. B. Gibbons, G. A. Gibson,
+G. R. Ganger, E. P. Xing, "More Effective Distributed ML via a Stale Synchronous Parallel
+Parameter Server", NIPS 2013.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, WorkerLoop, register
+from asyncsync.schema import check_fields, option
+from asyncsync.wire import WireError
+
+if TYPE_CHECKING:
+    from asyncsync.server import ParameterStore
+    from asyncsync.worker import WorkerContext
+
+
+@dataclass(frozen=True)
+class SspParams:
+    """Parameters of SSP."""
+
+    staleness: int = option(3, lambda v: v >= 0, "must be >= 0",
+                            "s: the largest clock gap to the slowest worker")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+class SspServer(ServerRule):
+    """Apply gradients on arrival; hold a pull while its worker is more than s clocks ahead."""
+
+    push_kinds = frozenset({"gradient"})
+
+    def __init__(self, params: SspParams, store: ParameterStore) -> None:
+        super().__init__(params, store)
+        self.bound = params.staleness
+        self.clocks = [0] * store.workers
+        self._active = set(range(store.workers))
+
+    def gap(self, worker: int) -> int:
+        """How many clocks `worker` is ahead of the slowest worker still in the run."""
+        slowest = min((self.clocks[j] for j in self._active), default=self.clocks[worker])
+        return self.clocks[worker] - slowest
+
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        async with self.store.lock:
+            gap = self.gap(push.worker)
+            if gap > self.bound:
+                raise WireError(409, f"worker {push.worker} is {gap} clocks ahead of the "
+                                     f"slowest (bound {self.bound}); pull before computing")
+            await self.store.apply_gradient(push.vector, [(push.worker, push.base_version)])
+            self.clocks[push.worker] += 1
+            self.store.notify()
+        return {"clock": self.clocks[push.worker]}
+
+    async def on_pull(self, pull: Pull) -> Reply:
+        await self.store.wait_for(lambda: self.gap(pull.worker) <= self.bound, pull.worker)
+        return self.store.current()
+
+    def on_leave(self, worker: int) -> None:
+        self._active.discard(worker)
+        self.store.notify()
+
+
+class SspWorker(WorkerLoop):
+    """Pull (the staleness gate), compute a gradient, push."""
+
+    async def run(self, ctx: WorkerContext) -> None:
+        while True:
+            vector, version, _ = await ctx.pull()
+            await ctx.adopt(vector, version)
+            result, grad = await ctx.gradient()
+            await ctx.push("gradient", grad, steps=1, samples=result.samples)
+
+
+SSP = register(Protocol("ssp", "stale synchronous parallel: async SGD, clock gap at most s",
+                        SspParams, SspServer, SspWorker))

@@ -1,0 +1,191 @@
+"""LB-BSP: batch re-sizing makes workers finish together; the step uses the global batch."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asyncsync.optim import FlatSGD
+from asyncsync.protocols.base import Pull, Push
+from asyncsync.protocols.lbbsp import LbbspParams, LbbspServer, apportion
+from asyncsync.server import ParameterStore, ServerCore, build_core
+from asyncsync.trainer import BatchSource, FlatModule
+from asyncsync.transport.local import LocalTransport
+from asyncsync.wire import WireError
+from asyncsync.worker import Worker
+from tests.helpers import run_http, tiny_data, tiny_model
+
+
+def batch_gradient(module: FlatModule, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The gradient of the mean cross-entropy of one batch, as a flat vector."""
+    module.grad.zero_()
+    torch.autograd.backward(F.cross_entropy(module.module(x), y))
+    return module.grad.clone()
+
+
+async def push_round(rule: LbbspServer, version: int, grads: list[torch.Tensor],
+                     sizes: list[int], seconds: list[float]) -> None:
+    for rank, (grad, size, t) in enumerate(zip(grads, sizes, seconds, strict=True)):
+        await rule.on_push(Push(rank, version, "gradient", grad, 1, size, {"compute_s": t}))
+
+
+async def test_step_is_the_global_batch_gradient_and_sizes_follow_speed() -> None:
+    x, y = tiny_data()
+    module = FlatModule(tiny_model(), torch.device("cpu"))
+    store = ParameterStore(module.flat.detach().clone(), 3, FlatSGD(0.1))
+    rule = LbbspServer(LbbspParams(), store)
+    sizes = [5, 11, 16]  # first batches: X = 32 is inferred from them
+    for version in range(2):
+        w = store.w
+        module.flat.data.copy_(w)
+        bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
+        parts = [(x[a:b], y[a:b]) for a, b in itertools.pairwise(bounds)]
+        grads = [batch_gradient(module, *part) for part in parts]
+        union = batch_gradient(module, x[: bounds[-1]], y[: bounds[-1]])
+        # measured speeds 1 : 2 : 4 samples/s
+        await push_round(rule, version, grads, sizes, [s / v for s, v in zip(sizes, [1, 2, 4],
+                                                                               strict=True)])
+        assert store.version == version + 1
+        assert torch.allclose(store.w, w - 0.1 * union, atol=1e-6)
+        # the plain mean of the three gradients (BSP) is a different step
+        assert not torch.allclose(store.w, w - 0.1 * sum(grads) / 3, atol=1e-4)
+        replies = [await rule.on_pull(Pull(rank, version)) for rank in range(3)]
+        sizes = [reply.meta["batch_size"] for reply in replies]
+        assert sum(sizes) == 32
+        assert sizes == [5, 9, 18]  # 32 * (1, 2, 4) / 7, rounded to sum to 32
+
+
+async def test_pushes_that_break_the_assignment_are_rejected() -> None:
+    store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
+    rule = LbbspServer(LbbspParams(global_batch=20), store)
+    bad: list[tuple[dict[str, Any], int]] = [
+        ({}, 10), ({"compute_s": 0.0}, 10), ({"compute_s": "1"}, 10), ({"compute_s": 0.1}, 11)]
+    for meta, samples in bad:
+        with pytest.raises(WireError) as err:
+            await rule.on_push(Push(0, 0, "gradient", torch.ones(10), 1, samples, meta))
+        assert err.value.status in (400, 409)
+    assert store.version == 0
+    # nothing of the rejected pushes was kept: two valid pushes complete the barrier
+    await push_round(rule, 0, [torch.ones(10), torch.ones(10)], [10, 10], [0.1, 0.1])
+    assert store.version == 1
+    assert torch.allclose(store.w, torch.full((10,), -0.1))
+
+
+async def test_damping_halves_the_step_when_an_adjustment_reverses() -> None:
+    store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
+    rule = LbbspServer(LbbspParams(global_batch=64, smoothing=0.0), store)
+    grads = [torch.zeros(10), torch.zeros(10)]
+    assert rule.batches == [32, 32]
+    await push_round(rule, 0, grads, [32, 32], [32 / 3, 32.0])  # speeds 3 : 1
+    assert rule.batches == [48, 16]  # first move: all the way to the target
+    await push_round(rule, 1, grads, [48, 16], [48.0, 16.0])  # speeds 1 : 1, target 32 : 32
+    assert rule.gains == [0.5, 0.5]
+    assert rule.batches == [40, 24]  # reversal: half the way
+    await push_round(rule, 2, grads, [40, 24], [40.0, 24.0])  # same direction again
+    assert rule.gains == [0.75, 0.75]
+    assert rule.batches == [34, 30]
+
+
+def test_apportion_respects_bounds_and_total() -> None:
+    assert apportion(112, [4.0, 2.0, 1.0], 1, 112) == [64, 32, 16]
+    assert apportion(100, [1.0, 1.0, 1.0], 1, 100) == [34, 33, 33]
+    assert apportion(30, [100.0, 1.0, 1.0], 5, 18) == [18, 6, 6]
+
+
+def sleepy_batches(per_sample_s: float, seed: int) -> BatchSource:
+    """Batches whose cost is proportional to their size (a scripted per-sample slowdown)."""
+    x, y = tiny_data()
+    gen = torch.Generator().manual_seed(seed)
+
+    def next_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(size * per_sample_s)
+        idx = torch.randint(len(y), (size,), generator=gen)
+        return x[idx], y[idx]
+
+    return next_batch
+
+
+async def run_sleepy(factors: list[float], params: LbbspParams, time_s: float,
+                     monkeypatch: pytest.MonkeyPatch
+                     ) -> tuple[ServerCore, list[tuple[int, int, int, float]]]:
+    """Workers costing 1 ms x factor per sample; returns the core and every accepted push
+    as ``(version, worker, samples, compute_s)``."""
+    x, y = tiny_data()
+    core = build_core(tiny_model(), "lbbsp", len(factors), protocol_params=params, lr=0.1,
+                      time_s=time_s, test_data=(x, y), eval_interval_s=0.5)
+    rule = core.rule
+    assert isinstance(rule, LbbspServer)
+    pushes: list[tuple[int, int, int, float]] = []
+    original = rule.on_push
+
+    async def recording(push: Push) -> dict[str, Any]:
+        reply = await original(push)
+        pushes.append((push.base_version, push.worker, push.samples, push.meta["compute_s"]))
+        return reply
+
+    monkeypatch.setattr(rule, "on_push", recording)
+    workers = [Worker(rank, LocalTransport(core), tiny_model(),
+                      sleepy_batches(0.001 * factor, rank), "lbbsp", protocol_params=params,
+                      lr=0.1) for rank, factor in enumerate(factors)]
+    await asyncio.gather(*(w.run() for w in workers))
+    await core.close()
+    return core, pushes
+
+
+async def test_static_slowdowns_1_2_4_converge_to_equal_finish_times(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    params = LbbspParams(global_batch=112)
+    core, pushes = await run_sleepy([1.0, 2.0, 4.0], params, 2.5, monkeypatch)
+    versions = core.store.version
+    assert versions >= 15
+    rounds: dict[int, dict[int, tuple[int, float]]] = {}
+    for version, worker, samples, seconds in pushes:
+        rounds.setdefault(version, {})[worker] = (samples, seconds)
+    for commit in core.store.commits:
+        assert sorted(w for w, _ in commit.contributions) == [0, 1, 2]
+        assert sum(s for s, _ in rounds[commit.version - 1].values()) == 112
+
+    def spread(version: int) -> float:
+        times = [t for _, t in rounds[version].values()]
+        return (max(times) - min(times)) / max(times)
+
+    # equal batches at first: the 4x slower worker took about 4x as long
+    assert spread(0) > 0.4
+    last = range(versions - 10, versions)
+    # sizes settled at the balanced 64 : 32 : 16 (+- noise of the measured speeds)
+    sizes = [[rounds[v][w][0] for w in range(3)] for v in last]
+    for w, ideal in enumerate([64, 32, 16]):
+        assert abs(statistics.median(row[w] for row in sizes) - ideal) <= 3, sizes
+    assert statistics.median(spread(v) for v in last) < 0.1
+    per_worker = [statistics.median(rounds[v][w][1] for v in last) for w in range(3)]
+    assert (max(per_worker) - min(per_worker)) / max(per_worker) < 0.1, per_worker
+
+
+def test_bad_params_name_the_parameter() -> None:
+    cases: list[tuple[str, Any]] = [("global_batch", -1), ("min_batch", 0),
+                                    ("max_batch", -1), ("smoothing", 1.0)]
+    for key, value in cases:
+        with pytest.raises(ValueError, match=rf"^{key}:"):
+            LbbspParams(**{key: value})
+    with pytest.raises(ValueError, match=r"^max_batch:"):
+        LbbspParams(min_batch=8, max_batch=4)
+    store = ParameterStore(torch.zeros(4), 3, FlatSGD(0.1))
+    with pytest.raises(ValueError, match=r"^global_batch:"):
+        LbbspServer(LbbspParams(global_batch=5, min_batch=2), store)
+
+
+async def test_lbbsp_over_http() -> None:
+    core, finals = await run_http("lbbsp", workers=3, params=LbbspParams(global_batch=48),
+                                  time_s=1.0)
+    assert core.store.version > 5
+    assert all(len(c.contributions) == 3 for c in core.store.commits)
+    assert all(f["steps"] > 5 and f["bytes_up"] > 0 for f in finals)
+    assert sum(f["samples"] for f in finals) >= 48 * core.store.version
+    assert core.evals and core.evals[-1].accuracy > 0.5
