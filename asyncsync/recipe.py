@@ -264,9 +264,11 @@ def _apply_override(defaults: dict[str, Any], item: str) -> None:
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `over` into `base`; a table with a ``name`` (a protocol, a compute
+    profile) replaces the default one whole instead of mixing keys with it."""
     out = copy.deepcopy(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "protocol":
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and "name" not in value:
             out[key] = _merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)

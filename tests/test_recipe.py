@@ -97,3 +97,19 @@ def test_malformed_recipes_name_the_key(tmp_path: Path, text: str, message: str)
     with pytest.raises(ConfigError) as err:
         load_recipe(write(tmp_path, text))
     assert message in str(err.value)
+
+
+def test_named_tables_replace_the_default_whole(tmp_path: Path) -> None:
+    text = BASE.replace("[defaults.stop]", "[defaults.compute]\nprofile = { name = 'moving', "
+                        "factor = 3.0, dwell_s = 2.0 }\n[defaults.stop]")
+    text += "compute = { profile = { name = 'periodic', worker = 1 } }\n"
+    a, b = load_recipe(write(tmp_path, text)).runs
+    assert a.compute.profile["name"] == "moving"
+    assert b.compute.profile == {"name": "periodic", "worker": 1}
+
+
+@pytest.mark.parametrize("path", sorted((QUICKSTART.parent).glob("*.toml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_recipe_is_valid(path: Path) -> None:
+    recipe = load_recipe(path)
+    assert recipe.runs and recipe.baseline in [r.name for r in recipe.runs]
