@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from asyncsync.hetero.network import LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams, get_protocol
 from asyncsync.schema import ConfigError, from_mapping, option
+
+TOKEN_ENV = "ASYNCSYNC_TOKEN"
 
 
 def _positive(value: float) -> bool:
@@ -153,6 +156,8 @@ class RunSpec:
     workers: int = option(4, _positive, "must be > 0")
     seed: int = 0
     device: str = option("cpu", help="auto | cpu | cuda | cuda:i")
+    token: str = option("", help="shared bearer token of the run's nodes; the environment "
+                                 "variable ASYNCSYNC_TOKEN takes precedence")
     stop: StopSpec = field(default_factory=StopSpec)
     model: ModelSpec = field(default_factory=ModelSpec)
     data: DataSpec = field(default_factory=DataSpec)
@@ -165,9 +170,15 @@ class RunSpec:
         return self.compute.build(rank, self.workers, self.seed)
 
     def as_table(self) -> dict[str, Any]:
+        """The resolved run as plain data, the token left out (it never goes to logs)."""
         table = dataclasses.asdict(self)
         table["protocol"] = self.protocol.as_table()
+        table["token"] = ""
         return table
+
+    def resolved_token(self) -> str | None:
+        """ASYNCSYNC_TOKEN if set, else the recipe's token, else None (no auth)."""
+        return os.environ.get(TOKEN_ENV) or self.token or None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Each node is started through the public CLI (``asyncsync server`` / ``asyncsync worker``)
 with one torch thread, so the runner exercises exactly what a multi-machine launch does.
-Every run writes ``logs/<recipe>/<timestamp>/<run>/``: ``recipe.json`` (the resolved run),
+The nodes of a run share a bearer token (the recipe's or ASYNCSYNC_TOKEN, else a random
+one per run) passed through the environment, never on a command line or in the logs. Every
+run writes ``logs/<recipe>/<timestamp>/<run>/``: ``recipe.json`` (the resolved run),
 ``events.jsonl`` (server: start, evaluations, stop), ``worker-<rank>.jsonl`` (spans and
 totals), the nodes' console output (``*.log``) and ``summary.json``.
 """
@@ -29,7 +31,7 @@ from asyncsync.hetero.partition import partition
 from asyncsync.metrics import JsonlLog
 from asyncsync.models import build_model
 from asyncsync.protocols.base import get_protocol
-from asyncsync.recipe import Recipe, RunSpec, load_recipe
+from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import publish, summarize_run
 from asyncsync.server import ParameterServer
 from asyncsync.transport.base import RequestRejected
@@ -56,7 +58,8 @@ def build_server(spec: RunSpec, run_id: str, log_dir: Path | None, host: str = "
     events = JsonlLog(log_dir / "events.jsonl" if log_dir else None)
     return ParameterServer(
         _model(spec, data), get_protocol(spec.protocol.name), spec.workers, host=host,
-        port=port, protocol_params=spec.protocol.params, run_id=run_id, lr=spec.optim.lr,
+        port=port, token=spec.resolved_token(), protocol_params=spec.protocol.params,
+        run_id=run_id, lr=spec.optim.lr,
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
         test_data=(data.test_x, data.test_y), eval_interval_s=spec.eval.interval_s,
         time_s=spec.stop.time_s, target_accuracy=spec.stop.target_accuracy,
@@ -77,7 +80,7 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         protocol_params=spec.protocol.params, run_id=run_id, lr=spec.optim.lr,
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
         batch_size=spec.data.batch_size, slowdown=spec.compute_profile(rank), device=spec.device,
-        link=spec.network.link(rank), local_addr=local_addr,
+        link=spec.network.link(rank), local_addr=local_addr, token=spec.resolved_token(),
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 
 
@@ -88,9 +91,9 @@ class _Node:
     output: IO[bytes]
 
 
-def _spawn(name: str, args: list[str], run_dir: Path) -> _Node:
+def _spawn(name: str, args: list[str], run_dir: Path, token: str) -> _Node:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", TOKEN_ENV: token}
     output = (run_dir / f"{name}.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "asyncsync", *args], stdout=output,
                                stderr=subprocess.STDOUT, env=env)
@@ -121,16 +124,17 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
     common = ["--recipe", str(recipe_file), "--run", spec.name, "--run-id", run_id,
               "--log-dir", str(run_dir)]
     port_file = run_dir / "server.port"
+    token = spec.resolved_token() or secrets.token_urlsafe(16)  # never written to logs
     server = _spawn("server", ["server", *common, "--port", "0", "--port-file",
-                               str(port_file)], run_dir)
+                               str(port_file)], run_dir, token)
     nodes = [server]
     try:
         port = await _wait_for_port(port_file, server, STARTUP_S)
         url = f"http://127.0.0.1:{port}"
         nodes += [_spawn(f"worker-{rank}", ["worker", *common, "--server", url,
-                                            "--rank", str(rank)], run_dir)
+                                            "--rank", str(rank)], run_dir, token)
                   for rank in range(spec.workers)]
-        await _watch(spec, url, run_id, nodes, dashboard, index)
+        await _watch(spec, url, run_id, token, nodes, dashboard, index)
     finally:
         await _reap(nodes)
     summary = summarize_run(run_dir)
@@ -138,10 +142,11 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
     return summary
 
 
-async def _watch(spec: RunSpec, url: str, run_id: str, nodes: list[_Node],
+async def _watch(spec: RunSpec, url: str, run_id: str, token: str, nodes: list[_Node],
                  dashboard: Dashboard, index: int) -> None:
     """Poll the server's status for the dashboard until the server process exits."""
-    status_client = HttpTransport(url, numel=0, timeout_s=5.0, connect_timeout_s=0.0)
+    status_client = HttpTransport(url, numel=0, timeout_s=5.0, connect_timeout_s=0.0,
+                                  token=token)
     server = nodes[0]
     deadline = time.monotonic() + STARTUP_S + spec.stop.time_s + 60.0
     try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import ipaddress
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from asyncsync.transport.http_server import make_app
 from asyncsync.wire import Limits, WireError, require, require_count
 
 T = TypeVar("T")
+LOG = logging.getLogger("asyncsync.server")
 OPS = ("join", "push", "pull", "query", "leave", "status", "stop")
 Evaluator = Callable[[torch.Tensor], tuple[float, float]]
 
@@ -454,18 +457,31 @@ def build_core(
                       evaluator=evaluator, **options)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ParameterServer:
     """A `ServerCore` served over HTTP on an aiohttp `AppRunner` (for embedding and the CLI).
 
     Binds to 127.0.0.1 unless `host` says otherwise; port 0 picks a free port (see `url`).
-    Other keyword arguments go to `build_core`.
+    With a `token`, every request must carry it as a bearer token; listening beyond
+    loopback without one logs a warning. Other keyword arguments go to `build_core`.
     """
 
     def __init__(self, model: nn.Module, protocol: str | Protocol, workers: int, *,
-                 host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
+                 host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 **options: Any) -> None:
         self.core = build_core(model, protocol, workers, **options)
         self.host = host
         self.port = port
+        self.token = token
         self._runner: web.AppRunner | None = None
 
     @property
@@ -474,7 +490,10 @@ class ParameterServer:
 
     async def start(self) -> str:
         """Start listening; returns the base URL."""
-        self._runner = web.AppRunner(make_app(self.core), access_log=None)
+        if self.token is None and not is_loopback(self.host):
+            LOG.warning("listening on %s without a token: anyone who can reach it may push "
+                        "updates (set ASYNCSYNC_TOKEN)", self.host)
+        self._runner = web.AppRunner(make_app(self.core, self.token), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

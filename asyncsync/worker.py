@@ -178,6 +178,7 @@ class Worker:
         link: emulated bandwidth/latency of this worker's link (HTTP transport only;
             give a `LocalTransport` its own `Link`).
         local_addr: the local address to connect from (HTTP transport only).
+        token: the server's bearer token (HTTP transport only).
         log_path: a JSONL file for this worker's spans and totals.
     """
 
@@ -201,6 +202,7 @@ class Worker:
         max_steps: int | None = None,
         link: LinkSpec | None = None,
         local_addr: str | None = None,
+        token: str | None = None,
         log_path: Path | None = None,
     ) -> None:
         if batch_size < 1:
@@ -217,7 +219,7 @@ class Worker:
                                device=device, **extra)
         shaped = Link(link, seed=rank) if link is not None and link.shaped else None
         self.transport = (HttpTransport(server, self.trainer.numel, link=shaped,
-                                        local_addr=local_addr)
+                                        local_addr=local_addr, token=token)
                           if isinstance(server, str) else server)
         self.metrics = WorkerMetrics(JsonlLog(log_path))
         self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.metrics,
@@ -237,9 +239,9 @@ class Worker:
         except RunStopped:
             pass
         finally:
+            final = self.metrics.final()  # totals of the run, before the leave request
             with contextlib.suppress(Exception):  # the server may be gone; leaving is best effort
                 await ctx.request("leave", {}, None, None)
-            final = self.metrics.final()
             self.metrics.log.close()
             ctx.close()
             await self.transport.close()

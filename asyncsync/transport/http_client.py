@@ -33,11 +33,12 @@ class HttpTransport:
         link: an emulated link that paces the real bytes in both directions.
         local_addr: the local address to connect from (default: the system's choice).
         connect_timeout_s: how long to keep retrying a server that cannot be reached.
+        token: sent as ``Authorization: Bearer <token>`` when given.
     """
 
     def __init__(self, url: str, numel: int, timeout_s: float = 600.0,
                  link: Link | None = None, local_addr: str | None = None,
-                 connect_timeout_s: float = 60.0) -> None:
+                 connect_timeout_s: float = 60.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
         self.limits = Limits(numel)
@@ -48,7 +49,8 @@ class HttpTransport:
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
-            headers={"Content-Type": CONTENT_TYPE},
+            headers={"Content-Type": CONTENT_TYPE,
+                     **({"Authorization": f"Bearer {token}"} if token else {})},
         )
 
     async def request(

@@ -2,14 +2,17 @@
 
 Request bodies are streamed into a preallocated tensor under a limit derived from the model
 size; replies are streamed from the tensor the store holds (no copy). Every `WireError`
-becomes a 4xx with a one-line ``text/plain`` reason.
+becomes a 4xx with a one-line ``text/plain`` reason. With a token, every request must carry
+``Authorization: Bearer <token>`` (compared in constant time) or gets a 401.
 """
 
 from __future__ import annotations
 
+import hmac
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from asyncsync.wire import (
     CONTENT_TYPE,
@@ -61,9 +64,25 @@ async def handle(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def make_app(core: ServerCore) -> web.Application:
-    """The application serving `core` under ``/v1/{op}``."""
-    app = web.Application(client_max_size=core.limits.max_body_bytes)
+def bearer_auth(token: str) -> Middleware:
+    """Refuse (401) every request without ``Authorization: Bearer <token>``."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return web.Response(status=401, text="missing or wrong bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return check
+
+
+def make_app(core: ServerCore, token: str | None = None) -> web.Application:
+    """The application serving `core` under ``/v1/{op}``, behind a bearer token if given."""
+    middlewares = [bearer_auth(token)] if token else []
+    app = web.Application(client_max_size=core.limits.max_body_bytes, middlewares=middlewares)
     app[CORE] = core
     app.router.add_post("/v1/{op}", handle)
     return app

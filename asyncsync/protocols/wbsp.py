@@ -1,0 +1,143 @@
+"""WBSP: worker-busy synchronous parallel; fast workers keep training instead of waiting.
+
+Worker: after every local SGD step, push the delta since its last push. The push reply says
+whether a new global model may be pulled; if so, pull it and continue from it, otherwise
+keep training from the local model.
+
+Server: add each delta on arrival to a working model, ``w <- w + delta / N``. The working
+model becomes a new pullable version (version += 1) only when the slowest worker pushes a
+new step, so every worker pulls the same consistent global models while the fast ones
+contribute several steps per version. A push is answered ``pull = true`` when a version
+newer than the pusher's base version exists.
+
+Choices: the slowest worker is detected dynamically as the one with the lowest recent step
+rate: the server keeps, per worker, an exponentially weighted moving average (weight
+``rate_smoothing`` on the newest value) of the seconds per step between its consecutive
+pushes; a worker without an estimate yet (fewer than two pushes) counts as slowest, and
+workers that left are ignored. ``slow_worker`` fixes the slowest by rank instead, as the
+official code does.
+
+Reference: D. Yang, B. Hu, A. Liu, A.-L. Jin, K. L. Yeung, Y. You, "WBSP: Addressing
+stragglers in distributed machine learning with worker-busy synchronous parallel",
+Parallel Computing 121, 103092, 2024.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncsync.protocols.base import Protocol, Push, ServerRule, WorkerLoop, register
+from asyncsync.protocols.nbsync import split_progress
+from asyncsync.schema import check_fields, option
+from asyncsync.wire import WireError
+
+if TYPE_CHECKING:
+    from asyncsync.server import ParameterStore
+    from asyncsync.worker import WorkerContext
+
+
+@dataclass(frozen=True)
+class WbspParams:
+    """WBSP's parameters (shared by wbsp_opt)."""
+
+    slow_worker: int | None = option(None, lambda v: v is None or v >= 0, "must be >= 0",
+                                     "rank of the slowest worker (default: detected from "
+                                     "step rates)")
+    rate_smoothing: float = option(0.5, lambda v: 0 < v <= 1, "must be in (0, 1]",
+                                   "weight of the newest step time in the slowest-worker "
+                                   "estimate")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class PushRecord:
+    """One push as the server saw it: who, how many steps, and whether it made a version."""
+
+    worker: int
+    steps: int
+    published: bool
+
+
+class WbspServer(ServerRule):
+    """Deltas accumulate on arrival; the slowest worker's pushes publish versions.
+
+    Attributes:
+        pushes: every accepted push, in arrival order.
+    """
+
+    push_kinds = frozenset({"delta"})
+
+    def __init__(self, params: WbspParams, store: ParameterStore) -> None:
+        if params.slow_worker is not None and params.slow_worker >= store.workers:
+            raise ValueError(f"slow_worker: must be a rank below {store.workers}, "
+                             f"got {params.slow_worker}")
+        super().__init__(params, store)
+        self.slow_worker = params.slow_worker
+        self.smoothing = params.rate_smoothing
+        self.pushes: list[PushRecord] = []
+        self._working = store.w
+        self._pending: list[tuple[int, int]] = []
+        self._last_push: list[float | None] = [None] * store.workers
+        self._step_s: list[float] = [math.inf] * store.workers
+        self._left: set[int] = set()
+
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        if push.steps < 1:
+            raise WireError(400, "a delta must carry at least one step")
+        arrived = time.monotonic()
+        n = self.store.workers
+        async with self.store.lock:
+            working = self._working
+            self._working = await self.store.compute(lambda: working + push.vector / n)
+            self._pending.append((push.worker, push.base_version))
+            self._measure(push.worker, push.steps, arrived)
+            publish = self._is_slowest(push.worker)
+            if publish:
+                pending, self._pending = self._pending, []
+                self.store.commit(self._working, pending)
+            self.pushes.append(PushRecord(push.worker, push.steps, publish))
+            return {"pull": self.store.version > push.base_version}
+
+    def _measure(self, worker: int, steps: int, now: float) -> None:
+        """Update the worker's moving average of seconds per step."""
+        last = self._last_push[worker]
+        self._last_push[worker] = now
+        if last is None:
+            return
+        step_s = (now - last) / steps
+        old = self._step_s[worker]
+        self._step_s[worker] = step_s if math.isinf(old) else (
+            (1 - self.smoothing) * old + self.smoothing * step_s)
+
+    def _is_slowest(self, worker: int) -> bool:
+        if self.slow_worker is not None:
+            return worker == self.slow_worker
+        present = [s for rank, s in enumerate(self._step_s) if rank not in self._left]
+        return self._step_s[worker] >= max(present, default=0.0)
+
+    def on_leave(self, worker: int) -> None:
+        self._left.add(worker)
+
+
+class WbspWorker(WorkerLoop):
+    """One local step, push its delta, pull when the server says a new version is ready."""
+
+    async def run(self, ctx: WorkerContext) -> None:
+        last = await ctx.in_thread(ctx.trainer.vector_copy)
+        while True:
+            result = await ctx.steps(1)
+            delta, last = await ctx.in_thread(split_progress, ctx.trainer, last)
+            reply = await ctx.push("delta", delta, steps=1, samples=result.samples)
+            if reply.get("pull"):
+                last, version, _ = await ctx.pull()
+                await ctx.adopt(last, version)
+
+
+WBSP = register(Protocol("wbsp", "worker-busy sync: fast workers push every step and keep "
+                                 "training; the slowest worker's pushes make versions",
+                         WbspParams, WbspServer, WbspWorker))

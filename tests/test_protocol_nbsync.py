@@ -1,0 +1,111 @@
+"""NBSync: computation never waits for a slow link, and each delta holds one sync's steps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import torch
+
+from asyncsync.hetero.network import LinkSpec
+from asyncsync.protocols.nbsync import NbsyncParams
+from asyncsync.trainer import StepResult, Trainer
+from asyncsync.worker import WorkerContext
+from tests.helpers import run_http, run_local
+
+# pulling the model (~0.8 kB with its header) takes ~0.55 s, over three 0.15 s steps;
+# pushing a delta (~1 kB with the request header) ~0.17 s
+SLOW_LINK = LinkSpec(uplink_mbps=0.05, downlink_mbps=0.012, latency_ms=5)
+
+
+async def test_slow_link_compute_never_waits_and_deltas_hold_one_sync(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    increments: dict[Trainer, list[torch.Tensor]] = defaultdict(list)
+    pushes: dict[int, list[tuple[int, int, torch.Tensor]]] = defaultdict(list)
+    pushed_at: dict[int, list[float]] = defaultdict(list)
+    pulled_at: dict[int, list[float]] = defaultdict(list)
+    trainers: dict[int, Trainer] = {}
+    local_step = Trainer.local_step
+    push, pull = WorkerContext.push, WorkerContext.pull
+
+    def recording_step(self: Trainer, batch_size: int) -> StepResult:
+        before = self.vector_copy()
+        result = local_step(self, batch_size)
+        increments[self].append(self.vector_copy() - before)
+        return result
+
+    async def recording_push(self: WorkerContext, kind: str, vector: torch.Tensor,
+                             steps: int, samples: int, **kw: Any) -> dict[str, Any]:
+        # steps finished when this push left, as the worker's own counter has them
+        trainers[self.rank] = self.trainer
+        pushes[self.rank].append((self.metrics.stats.steps, steps, vector.clone()))
+        pushed_at[self.rank].append(time.monotonic())
+        return await push(self, kind, vector, steps, samples, **kw)
+
+    async def recording_pull(self: WorkerContext, **kw: Any) -> tuple[torch.Tensor, int,
+                                                                      dict[str, Any]]:
+        reply = await pull(self, **kw)
+        pulled_at[self.rank].append(time.monotonic())
+        return reply
+
+    monkeypatch.setattr(Trainer, "local_step", recording_step)
+    monkeypatch.setattr(WorkerContext, "push", recording_push)
+    monkeypatch.setattr(WorkerContext, "pull", recording_pull)
+    delays = [0.15, 0.15, 0.4]
+    core, finals = await run_local("nbsync", delays, time_s=4.5, link=SLOW_LINK)
+
+    proportions = [f["compute_s"] / f["wall_s"] for f in finals]
+    assert min(proportions) > 0.9, proportions
+    assert core.store.version >= 3
+    for commit in core.store.commits:  # synchronous rounds: one delta per worker
+        assert sorted(w for w, _ in commit.contributions) == [0, 1, 2]
+    assert len(pushes) == 3
+    for rank, sent in pushes.items():
+        done = 0
+        for finished, steps, delta in sent:
+            # the delta is exactly the steps made since the previous push left, i.e. while
+            # the previous synchronization was in flight (the first: the first step)
+            assert steps == finished - done >= 1
+            expected = torch.stack(increments[trainers[rank]][done:finished]).sum(0)
+            torch.testing.assert_close(delta, expected, rtol=1e-5, atol=1e-6)
+            done = finished
+        # each next push leaves at the first step boundary after the previous sync ended
+        for synced, sent_at in zip(pulled_at[rank], pushed_at[rank][1:], strict=False):
+            assert 0 <= sent_at - synced <= 1.5 * delays[rank] + 0.1
+        # a sync outlasts several local steps, so the fast workers' deltas hold several
+        if rank < 2:
+            assert sum(s for _, s, _ in sent[1:]) >= 2.5 * (len(sent) - 1), (
+                rank, [s for _, s, _ in sent])
+
+
+async def test_stopping_with_a_sync_in_flight_leaks_no_task() -> None:
+    core, finals = await run_local("nbsync", [0.01, 0.05], max_steps=5, link=SLOW_LINK)
+    # worker 0 hit its step budget while its first push was still on the wire
+    assert finals[0]["steps"] == 5
+    assert core.store.version == 0
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+async def test_async_server_mode_applies_each_delta_on_arrival() -> None:
+    core, finals = await run_local("nbsync", [0.0, 0.005, 0.02],
+                                   params=NbsyncParams(server_mode="async"), time_s=1.0)
+    assert core.store.version >= 20
+    assert all(len(c.contributions) == 1 for c in core.store.commits)
+    assert sum(core.store.blocked_s.values()) == 0.0  # nobody waits for a round
+    assert core.store.staleness.count == core.store.version
+    assert finals[0]["steps"] > 2 * finals[2]["steps"]
+
+
+def test_bad_params_name_the_parameter() -> None:
+    with pytest.raises(ValueError, match="server_mode"):
+        NbsyncParams(server_mode="lazy")
+
+
+async def test_nbsync_over_http() -> None:
+    core, finals = await run_http("nbsync", workers=3, time_s=1.0)
+    assert core.store.version > 3
+    assert all(f["steps"] > 5 and f["bytes_up"] > 0 for f in finals)
+    assert core.evals and core.evals[-1].accuracy > 0.5
