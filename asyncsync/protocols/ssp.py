@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, WorkerLoop, register
+from asyncsync.protocols.asp import AspWorker
+from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, register
 from asyncsync.schema import check_fields, option
 from asyncsync.wire import WireError
 
 if TYPE_CHECKING:
     from asyncsync.server import ParameterStore
-    from asyncsync.worker import WorkerContext
 
 
 @dataclass(frozen=True)
@@ -76,16 +76,5 @@ class SspServer(ServerRule):
         self.store.notify()
 
 
-class SspWorker(WorkerLoop):
-    """Pull (the staleness gate), compute a gradient, push."""
-
-    async def run(self, ctx: WorkerContext) -> None:
-        while True:
-            vector, version, _ = await ctx.pull()
-            await ctx.adopt(vector, version)
-            result, grad = await ctx.gradient()
-            await ctx.push("gradient", grad, steps=1, samples=result.samples)
-
-
 SSP = register(Protocol("ssp", "stale synchronous parallel: async SGD, clock gap at most s",
-                        SspParams, SspServer, SspWorker))
+                        SspParams, SspServer, AspWorker))
