@@ -19,6 +19,7 @@ from asyncsync.protocols import PROTOCOLS
 from asyncsync.recipe import Recipe, RunSpec, load_recipe
 from asyncsync.report import find_runs, make_console, publish, recipe_baseline, summarize_run
 from asyncsync.schema import ConfigError, describe
+from asyncsync.server import CheckpointError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
             node.add_argument("--rank", type=int, default=None,
                               help="worker rank (default: launcher's global rank - 1)")
         if name in ("server", "launch"):
+            node.add_argument("--resume", action="store_true",
+                              help="continue from the checkpoint in --log-dir")
             node.add_argument("--port-file", type=Path, default=None,
                               help="write the bound port here once listening")
         if name in ("worker", "launch"):
@@ -85,12 +88,16 @@ def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
 
 
 async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
-    from asyncsync.runner import build_server
+    from asyncsync.runner import build_server, checkpoint_file
 
     recipe = load_recipe(args.recipe)
     spec = _pick_run(recipe, args.run)
     server = build_server(spec, args.run_id or f"{recipe.name}/{spec.name}", args.log_dir,
                           host, port)
+    if args.resume:
+        if args.log_dir is None:
+            raise ConfigError("--resume needs --log-dir (where the checkpoint is)")
+        server.core.resume(checkpoint_file(args.log_dir))
     url = await server.start()
     if args.port_file:
         tmp = args.port_file.with_suffix(".tmp")
@@ -176,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             torch.set_num_threads(1)
             asyncio.run(_node(args))
-    except (ConfigError, DatasetMissing) as exc:
+    except (ConfigError, DatasetMissing, CheckpointError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
     except KeyboardInterrupt:

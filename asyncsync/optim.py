@@ -28,16 +28,17 @@ class FlatSGD:
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.nesterov = nesterov
-        self._buffer: torch.Tensor | None = None
+        self.momentum_buffer: torch.Tensor | None = None
+        """The momentum state (None before the first step or without momentum)."""
 
     def update(self, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """The step for gradient `g` at point `w` (momentum state advances)."""
         if self.weight_decay:
             g = g + self.weight_decay * w
         if self.momentum:
-            if self._buffer is None:
-                self._buffer = g.clone()
+            if self.momentum_buffer is None:
+                self.momentum_buffer = g.clone()
             else:
-                self._buffer.mul_(self.momentum).add_(g)
-            g = g + self.momentum * self._buffer if self.nesterov else self._buffer
+                self.momentum_buffer.mul_(self.momentum).add_(g)
+            g = g + self.momentum * self.momentum_buffer if self.nesterov else self.momentum_buffer
         return self.lr * g

@@ -139,6 +139,23 @@ class EvalSpec:
 
 
 @dataclass(frozen=True)
+class FaultSpec:
+    """Failure handling: when a silent worker is dropped, heartbeats, checkpoints."""
+
+    worker_timeout_s: float = option(30.0, _positive, "must be > 0",
+                                     "drop a worker not heard from for this long")
+    heartbeat_s: float = option(2.0, _positive, "must be > 0",
+                                "seconds between a worker's heartbeats")
+    checkpoint_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
+                                 "server checkpoint period (0 = off)")
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_s >= self.worker_timeout_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be below "
+                             f"worker_timeout_s ({self.worker_timeout_s})")
+
+
+@dataclass(frozen=True)
 class ProtocolSpec:
     name: str
     params: Any
@@ -165,6 +182,7 @@ class RunSpec:
     compute: ComputeSpec = field(default_factory=ComputeSpec)
     network: NetworkSpec = field(default_factory=NetworkSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
+    fault: FaultSpec = field(default_factory=FaultSpec)
 
     def compute_profile(self, rank: int) -> ComputeProfile:
         return self.compute.build(rank, self.workers, self.seed)

@@ -63,7 +63,15 @@ def build_server(spec: RunSpec, run_id: str, log_dir: Path | None, host: str = "
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
         test_data=(data.test_x, data.test_y), eval_interval_s=spec.eval.interval_s,
         time_s=spec.stop.time_s, target_accuracy=spec.stop.target_accuracy,
-        stop_at_target=spec.stop.stop_at_target, events=events)
+        stop_at_target=spec.stop.stop_at_target, events=events,
+        worker_timeout_s=spec.fault.worker_timeout_s,
+        checkpoint_path=checkpoint_file(log_dir) if spec.fault.checkpoint_s and log_dir
+        else None, checkpoint_s=spec.fault.checkpoint_s or 10.0)
+
+
+def checkpoint_file(log_dir: Path) -> Path:
+    """Where a run's server keeps its checkpoint."""
+    return log_dir / "checkpoint.npz"
 
 
 def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
@@ -81,6 +89,7 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
         batch_size=spec.data.batch_size, slowdown=spec.compute_profile(rank), device=spec.device,
         link=spec.network.link(rank), local_addr=local_addr, token=spec.resolved_token(),
+        heartbeat_s=spec.fault.heartbeat_s,
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 
 

@@ -15,12 +15,15 @@ import copy
 import ipaddress
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from aiohttp import web
 from torch import nn
@@ -34,8 +37,14 @@ from asyncsync.wire import Limits, WireError, require, require_count
 
 T = TypeVar("T")
 LOG = logging.getLogger("asyncsync.server")
-OPS = ("join", "push", "pull", "query", "leave", "status", "stop")
+NONFINITE_WARN_AT = frozenset({3, 10, 100, 1000})
+"""Counts of refused non-finite pushes at which the server warns about a worker."""
+OPS = ("join", "push", "pull", "query", "heartbeat", "leave", "status", "stop")
 Evaluator = Callable[[torch.Tensor], tuple[float, float]]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable or belongs to another run or model."""
 
 
 class Stopped(Exception):
@@ -69,7 +78,11 @@ class StalenessStats:
 
 
 class ParameterStore:
-    """The global vector and its versions; the only way a rule changes the model."""
+    """The global vector and its versions; the only way a rule changes the model.
+
+    ``live`` holds the ranks currently in the run (joined, not left or lost); barriers
+    count these rather than ``workers``, the configured size.
+    """
 
     def __init__(self, vector: torch.Tensor, workers: int, optimizer: FlatSGD,
                  num_params: int | None = None) -> None:
@@ -82,6 +95,7 @@ class ParameterStore:
         self.stopping = False
         self.commits: list[Commit] = []
         self.staleness = StalenessStats()
+        self.live: set[int] = set()
         self.waiting: set[int] = set()
         self.blocked_s: dict[int, float] = {}
         self._changed = asyncio.Event()
@@ -153,6 +167,9 @@ class WorkerRecord:
 
     joined: bool = False
     left: bool = False
+    lost: int = 0
+    nonfinite: int = 0
+    last_seen: float = 0.0
     state: str = "starting"
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -183,11 +200,18 @@ class ServerCore:
         target_accuracy: float | None = None,
         stop_at_target: bool = False,
         events: JsonlLog | None = None,
+        worker_timeout_s: float | None = 30.0,
+        checkpoint_path: Path | None = None,
+        checkpoint_s: float = 10.0,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if eval_interval_s <= 0:
             raise ValueError(f"eval_interval_s must be > 0, got {eval_interval_s}")
+        if worker_timeout_s is not None and worker_timeout_s <= 0:
+            raise ValueError(f"worker_timeout_s must be > 0, got {worker_timeout_s}")
+        if checkpoint_s <= 0:
+            raise ValueError(f"checkpoint_s must be > 0, got {checkpoint_s}")
         self.protocol = protocol
         self.run_id = run_id
         self.store = ParameterStore(vector.detach().to("cpu", copy=True).contiguous(),
@@ -201,6 +225,9 @@ class ServerCore:
         self.target_accuracy = target_accuracy
         self.stop_at_target = stop_at_target
         self.events = events or JsonlLog(None)
+        self.worker_timeout_s = worker_timeout_s
+        self.checkpoint_path = checkpoint_path
+        self.checkpoint_s = checkpoint_s
         self.evals: list[EvalPoint] = []
         self.t0: float | None = None
         self.stopped = False
@@ -213,20 +240,87 @@ class ServerCore:
     def elapsed(self) -> float:
         return 0.0 if self.t0 is None else time.monotonic() - self.t0
 
-    def _start(self) -> None:
-        self.t0 = time.monotonic()
-        self.events.write({"event": "start", "t": 0.0, "protocol": self.protocol.name,
-                           "workers": len(self.workers)})
+    def _start(self, elapsed: float = 0.0) -> None:
+        """Start the clock (at `elapsed` seconds when resuming) and the run's tasks."""
+        self.t0 = time.monotonic() - elapsed
+        if not elapsed:
+            self.events.write({"event": "start", "t": 0.0, "protocol": self.protocol.name,
+                               "workers": len(self.workers)})
         self._all_joined.set()
         self._tasks.append(asyncio.create_task(self._budget()))
         if self.evaluator is not None:
             self._tasks.append(asyncio.create_task(self._evaluations()))
+        if self.worker_timeout_s is not None:
+            self._tasks.append(asyncio.create_task(self._monitor(self.worker_timeout_s)))
+        if self.checkpoint_path is not None:
+            self._tasks.append(asyncio.create_task(self._checkpoints()))
 
     async def _budget(self) -> None:
         """Stop the run when its time budget is spent."""
         if self.time_s is not None:
-            await asyncio.sleep(self.time_s)
+            await asyncio.sleep(max(0.0, self.time_s - self.elapsed()))
             await self.stop()
+
+    async def _monitor(self, timeout_s: float) -> None:
+        """Drop live workers not heard from (requests or heartbeats) for `timeout_s`."""
+        while not self.store.stopping:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            now = time.monotonic()
+            for rank in sorted(self.store.live):
+                record = self.workers[rank]
+                if now - record.last_seen > timeout_s:
+                    record.lost += 1
+                    record.state = "lost"
+                    self.events.write({"event": "worker_lost", "t": round(self.elapsed(), 3),
+                                       "worker": rank, "silent_s": round(now - record.last_seen,
+                                                                         3)})
+                    await self._drop(rank)
+
+    async def _drop(self, worker: int) -> None:
+        """Take `worker` out of the live set and let the rule finish rounds without it."""
+        self.store.live.discard(worker)
+        await self.rule.on_leave(worker)
+        self.store.notify()
+        self._check_finished()
+
+    async def _checkpoints(self) -> None:
+        while not self.store.stopping:
+            await asyncio.sleep(self.checkpoint_s)
+            if not self.store.stopping:
+                await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        """Write model, version, optimizer and rule state atomically (write, then rename)."""
+        assert self.checkpoint_path is not None
+        async with self.store.lock:
+            arrays = {"w": self.store.w, "version": torch.tensor(self.store.version),
+                      "elapsed": torch.tensor(self.elapsed(), dtype=torch.float64)}
+            if self.store.optimizer.momentum_buffer is not None:
+                arrays["momentum"] = self.store.optimizer.momentum_buffer.clone()
+            arrays.update({f"rule.{k}": v.clone() for k, v in self.rule.state_dict().items()})
+        await asyncio.to_thread(save_checkpoint, self.checkpoint_path, self.run_id, arrays)
+        self.events.write({"event": "checkpoint", "t": round(self.elapsed(), 3),
+                           "version": int(arrays["version"])})
+
+    def resume(self, path: Path) -> None:
+        """Continue from a checkpoint: model, version, optimizer, rule state and clock.
+
+        Call before serving; workers then rejoin (no start barrier).
+        """
+        arrays = load_checkpoint(path, self.run_id)
+        if arrays["w"].shape != self.store.w.shape:
+            raise CheckpointError(f"checkpoint {path} holds {arrays['w'].numel()} parameters, "
+                             f"the model has {self.store.w.numel()}")
+        self.store.w = arrays["w"]
+        self.store.version = int(arrays["version"])
+        if "momentum" in arrays:
+            self.store.optimizer.momentum_buffer = arrays["momentum"]
+        self.rule.load_state_dict({k.removeprefix("rule."): v for k, v in arrays.items()
+                                   if k.startswith("rule.")})
+        elapsed = float(arrays["elapsed"])
+        self.events.write({"event": "resume", "t": round(elapsed, 3),
+                           "version": self.store.version})
+        self._start(elapsed)
 
     async def _evaluations(self) -> None:
         """Evaluate every `eval_interval_s`; stop at the target when asked to."""
@@ -261,6 +355,8 @@ class ServerCore:
         stopped_at = round(self.elapsed(), 3)
         if self.evaluator is not None and self.t0 is not None:
             await self.evaluate()
+        if self.checkpoint_path is not None and self.t0 is not None:
+            await self.checkpoint()
         stale = self.store.staleness
         self.events.write({"event": "stop", "t": stopped_at,
                            "versions": self.store.version, "updates": stale.count,
@@ -269,7 +365,7 @@ class ServerCore:
         self._check_finished()
 
     def _check_finished(self) -> None:
-        if self.stopped and all(w.left or not w.joined for w in self.workers):
+        if self.stopped and not self.store.live:
             self.finished.set()
 
     async def close(self) -> None:
@@ -311,16 +407,22 @@ class ServerCore:
             raise WireError(403, f"unknown worker {worker}: this run has ranks "
                                  f"0..{len(self.workers) - 1}")
         record = self.workers[worker]
-        if op != "join" and not record.joined:
-            raise WireError(403, f"worker {worker} has not joined")
+        if op != "join" and worker not in self.store.live:
+            if self.store.stopping:
+                return {"stop": True}, None
+            raise WireError(410, f"worker {worker} is not in the run (not joined, left or "
+                                 f"dropped after a timeout): join first")
         meta = header.get("meta", {})
         if not isinstance(meta, dict):
             raise WireError(400, "field 'meta' must be a map")
+        record.last_seen = time.monotonic()
         self._take_stats(record, header.get("stats"))
         if self.store.stopping:
             if op == "leave":
-                self._leave(worker)
+                await self._leave(worker)
             return {"stop": True}, None
+        if op == "heartbeat":
+            return {"meta": {}, "stop": False}, None
         started = time.monotonic()
         record.state = {"push": "pushing", "pull": "pulling"}.get(op, record.state)
         try:
@@ -328,7 +430,8 @@ class ServerCore:
         except Stopped:
             return {"stop": True}, None
         finally:
-            if not record.left:
+            record.last_seen = time.monotonic()
+            if worker in self.store.live:
                 record.state = "computing"
         reply.meta["held_s"] = round(time.monotonic() - started, 6)
         out: dict[str, Any] = {"meta": reply.meta, "stop": False}
@@ -341,7 +444,7 @@ class ServerCore:
         if op == "join":
             return await self._join(worker)
         if op == "leave":
-            self._leave(worker)
+            await self._leave(worker)
             return Reply()
         if op == "query":
             return Reply(meta=await self.rule.on_query(worker, meta))
@@ -361,29 +464,49 @@ class ServerCore:
             raise WireError(409, f"base version {base_version} is ahead of the server's "
                                  f"{self.store.version}")
         if not await self.store.compute(lambda: bool(torch.isfinite(vector).all())):
+            self._report_nonfinite(worker)
             raise WireError(422, "non-finite values (NaN or Inf) in the pushed tensor")
         return Reply(meta=await self.rule.on_push(push))
 
+    def _report_nonfinite(self, worker: int) -> None:
+        """Count a refused NaN/Inf push; warn when a worker keeps sending them."""
+        record = self.workers[worker]
+        record.nonfinite += 1
+        self.events.write({"event": "nonfinite_push", "t": round(self.elapsed(), 3),
+                           "worker": worker, "count": record.nonfinite})
+        if record.nonfinite in NONFINITE_WARN_AT:
+            LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
+                        "training has probably diverged", worker, record.nonfinite)
+
     async def _join(self, worker: int) -> Reply:
-        self.workers[worker].joined = True
-        self.workers[worker].left = False
-        if self.t0 is None and all(w.joined for w in self.workers):
+        """First joins wait for everyone (the start barrier); later ones rejoin at once."""
+        record = self.workers[worker]
+        rejoin = self.t0 is not None
+        if rejoin and worker in self.store.live:  # it restarted before being dropped
+            await self._drop(worker)
+        record.joined, record.left = True, False
+        self.store.live.add(worker)
+        if rejoin:
+            await self.rule.on_join(worker)
+            self.store.notify()
+        elif all(w.joined for w in self.workers):
             self._start()
         while not self._all_joined.is_set():
             if self.store.stopping:
                 raise Stopped
             await self._all_joined.wait()
-        self.events.write({"event": "join", "t": round(self.elapsed(), 3), "worker": worker})
+        self.events.write({"event": "rejoin" if rejoin else "join",
+                           "t": round(self.elapsed(), 3), "worker": worker,
+                           "version": self.store.version})
         reply = self.store.current()
         reply.meta["workers"] = len(self.workers)
         return reply
 
-    def _leave(self, worker: int) -> None:
+    async def _leave(self, worker: int) -> None:
         record = self.workers[worker]
         record.left = True
         record.state = "left"
-        self.rule.on_leave(worker)
-        self._check_finished()
+        await self._drop(worker)
 
     @staticmethod
     def _take_stats(record: WorkerRecord, stats: object) -> None:
@@ -410,6 +533,8 @@ class ServerCore:
                 "loss": stats.get("loss", math.nan),
                 "factor": stats.get("factor", 1.0),
                 "overruns": int(stats.get("overruns", 0)),
+                "nonfinite": record.nonfinite,
+                "lost": record.lost,
             })
         return {
             "protocol": self.protocol.name, "run_id": self.run_id,
@@ -420,6 +545,28 @@ class ServerCore:
             "best_accuracy": max((p.accuracy for p in self.evals), default=None),
             "workers": workers,
         }
+
+
+def save_checkpoint(path: Path, run_id: str, arrays: dict[str, torch.Tensor]) -> None:
+    """Write tensors as an uncompressed ``.npz`` (no pickle), atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    named: dict[str, Any] = {k: v.numpy() for k, v in arrays.items()}
+    with tmp.open("wb") as handle:
+        np.savez(handle, run_id=np.array(run_id), **named)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, run_id: str) -> dict[str, torch.Tensor]:
+    """Read a checkpoint written by `save_checkpoint` for the same run."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: torch.from_numpy(data[k].copy()) for k in data.files if k != "run_id"}
+            saved_run = str(data["run_id"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    if saved_run != run_id:
+        raise CheckpointError(f"checkpoint {path} belongs to run {saved_run!r}, not {run_id!r}")
+    return arrays
 
 
 def make_evaluator(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor) -> Evaluator:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import torch
 from torch import nn
 
@@ -22,7 +23,7 @@ from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.metrics import JsonlLog, WorkerMetrics
 from asyncsync.protocols.base import Protocol, get_protocol
 from asyncsync.trainer import BatchSource, LossFn, StepResult, Trainer
-from asyncsync.transport.base import Transport
+from asyncsync.transport.base import RequestRejected, Transport
 from asyncsync.transport.http_client import HttpTransport
 
 T = TypeVar("T")
@@ -179,6 +180,8 @@ class Worker:
             give a `LocalTransport` its own `Link`).
         local_addr: the local address to connect from (HTTP transport only).
         token: the server's bearer token (HTTP transport only).
+        heartbeat_s: seconds between heartbeats (keep well under the server's timeout).
+        max_rejoins: give up after rejoining this many times.
         log_path: a JSONL file for this worker's spans and totals.
     """
 
@@ -203,10 +206,16 @@ class Worker:
         link: LinkSpec | None = None,
         local_addr: str | None = None,
         token: str | None = None,
+        heartbeat_s: float = 2.0,
+        max_rejoins: int = 20,
         log_path: Path | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if heartbeat_s <= 0:
+            raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s}")
+        self.heartbeat_s = heartbeat_s
+        self.max_rejoins = max_rejoins
         self.rank = rank
         self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
         self.protocol_params = (self.protocol.params() if protocol_params is None
@@ -226,16 +235,32 @@ class Worker:
                                  batch_size, max_steps)
 
     async def run(self) -> dict[str, Any]:
-        """Join, run the protocol's loop until the run stops, leave; returns final totals."""
+        """Join, run the protocol's loop until the run stops, leave; returns final totals.
+
+        Heartbeats go out every `heartbeat_s` beside the loop. When the server no longer
+        counts this worker (410: dropped after a timeout, or the server restarted from a
+        checkpoint) or the connection breaks mid-request, the worker rejoins, adopts the
+        current global model and restarts its loop, at most `max_rejoins` times.
+        """
         ctx = self.ctx
+        rejoins = 0
         try:
-            reply, vector = await ctx.request("join", {}, None, None)
-            assert vector is not None, "join reply carried no model"
-            ctx.workers = int(reply.get("meta", {}).get("workers", 1))
-            await ctx.adopt(vector, int(reply["version"]))
+            await self._join()
             self.metrics.start()
             self.trainer.slowdown.start()
-            await self.protocol.worker(self.protocol_params).run(ctx)
+            while True:
+                try:
+                    await self._session()
+                except (RequestRejected, aiohttp.ClientError, ConnectionError) as exc:
+                    if isinstance(exc, RequestRejected) and exc.status != 410:
+                        raise
+                    rejoins += 1
+                    if rejoins > self.max_rejoins:
+                        raise
+                    self.metrics.log.write({"ev": "rejoin", "t": round(self.metrics.now(), 4),
+                                            "reason": str(exc)[:200]})
+                    await asyncio.sleep(min(0.1 * 2**rejoins, 2.0))
+                    await self._join()
         except RunStopped:
             pass
         finally:
@@ -246,3 +271,32 @@ class Worker:
             ctx.close()
             await self.transport.close()
         return final
+
+    async def _join(self) -> None:
+        reply, vector = await self.ctx.request("join", {}, None, None)
+        if vector is None:
+            raise RuntimeError("join reply carried no model")
+        self.ctx.workers = int(reply.get("meta", {}).get("workers", 1))
+        await self.ctx.adopt(vector, int(reply["version"]))
+
+    async def _session(self) -> None:
+        """The protocol's loop beside the heartbeats, until either ends or fails."""
+        loop = asyncio.create_task(self.protocol.worker(self.protocol_params).run(self.ctx))
+        beats = asyncio.create_task(self._heartbeats())
+        try:
+            done, _ = await asyncio.wait({loop, beats}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in (loop, beats):
+                task.cancel()
+            await asyncio.gather(loop, beats, return_exceptions=True)
+
+    async def _heartbeats(self) -> None:
+        """Tell the server this worker is alive, also while it computes or waits."""
+        header = {"worker": self.rank, "run_id": self.ctx.run_id}
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            reply, _ = await self.transport.request("heartbeat", header)
+            if reply.get("stop"):
+                raise RunStopped

@@ -3,6 +3,7 @@ reason, and the global model and version stay exactly as they were."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -127,6 +128,7 @@ async def test_every_bad_request_is_refused_and_changes_nothing(
         assert "\n" not in text.strip(), f"{name}: reason is not one line"
         assert server.core.store.version == 0, name
         assert torch.equal(server.core.store.w, before), name
+    assert server.core.workers[0].nonfinite == 2  # the NaN and the Inf pushes are counted
     # The same server accepts a well-formed push, so the checks above could have failed.
     resp = await post(session, server.url, "push",
                       body(push_header(), torch.full((numel,), 0.01)))
@@ -141,11 +143,25 @@ async def test_push_before_join_is_refused() -> None:
         async with aiohttp.ClientSession() as session:
             resp = await post(session, server.url, "push",
                               body(push_header(), torch.zeros(numel)))
-            assert resp.status == 403
-            assert "has not joined" in await resp.text()
+            assert resp.status == 410
+            assert "not in the run" in await resp.text()
         assert server.core.store.version == 0
 
 
 async def test_server_listens_on_loopback_by_default() -> None:
     async with ParameterServer(tiny_model(), "asp", workers=1) as server:
         assert server.url.startswith("http://127.0.0.1:")
+
+
+async def test_a_worker_that_keeps_sending_nan_is_reported(
+    live: tuple[ParameterServer, aiohttp.ClientSession, int], caplog: pytest.LogCaptureFixture,
+) -> None:
+    server, session, numel = live
+    nan = torch.full((numel,), math.nan)
+    with caplog.at_level(logging.WARNING, logger="asyncsync.server"):
+        for _ in range(3):
+            resp = await post(session, server.url, "push", body(push_header(), nan))
+            assert resp.status == 422
+    assert "worker 0 has sent 3 non-finite updates" in caplog.text
+    assert server.core.status()["workers"][0]["nonfinite"] == 3
+    assert server.core.store.version == 0

@@ -3,9 +3,11 @@
 A protocol is two halves in one module:
 
 - `ServerRule` decides what the server does with each push and when a pull may be
-  answered (barriers, staleness bounds, groups). It mutates the global model only through
-  the `ParameterStore` it is given, which replaces the vector on each commit (never in
-  place), so a rejected or half-read request can never change it.
+  answered (barriers, staleness bounds, groups). It mutates the global model only
+  through the `ParameterStore` it is given, which replaces the vector on each commit
+  (never in place), so a rejected or half-read request can never change it. Membership
+  can change during a run (a worker crashes and is dropped after a timeout, or rejoins):
+  barriers count ``store.live``, and `on_leave` / `on_join` adjust rounds in flight.
 - `WorkerLoop` is one coroutine deciding how local computation and communication
   interleave. It talks to the server only through its `WorkerContext`, which raises
   `RunStopped` when the run ends.
@@ -102,8 +104,23 @@ class ServerRule(ABC):
         """Protocol-specific control messages; none by default."""
         raise WireError(400, "this protocol takes no queries")
 
-    def on_leave(self, worker: int) -> None:  # noqa: B027 (optional hook)
-        """A worker left the run; rules with barriers may stop counting it."""
+    async def on_leave(self, worker: int) -> None:  # noqa: B027 (optional hook)
+        """A worker left the run or was lost (``store.live`` no longer holds it).
+
+        Rules with barriers stop counting it here and complete a round that now has
+        every live member's contribution.
+        """
+
+    async def on_join(self, worker: int) -> None:  # noqa: B027 (optional hook)
+        """A worker (re)joined a running run (``store.live`` holds it again); it starts
+        from the current global model and version."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Rule state worth a checkpoint (e.g. an outer optimizer's momentum)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027
+        """Restore what `state_dict` returned."""
 
 
 class WorkerLoop(ABC):

@@ -71,7 +71,7 @@ class SspServer(ServerRule):
         await self.store.wait_for(lambda: self.gap(pull.worker) <= self.bound, pull.worker)
         return self.store.current()
 
-    def on_leave(self, worker: int) -> None:
+    async def on_leave(self, worker: int) -> None:
         self._active.discard(worker)
         self.store.notify()
 

@@ -120,7 +120,7 @@ class WbspServer(ServerRule):
         present = [s for rank, s in enumerate(self._step_s) if rank not in self._left]
         return self._step_s[worker] >= max(present, default=0.0)
 
-    def on_leave(self, worker: int) -> None:
+    async def on_leave(self, worker: int) -> None:
         self._left.add(worker)
 
 

@@ -1,0 +1,131 @@
+"""Shared pieces of the benchmarks: a server process with instrumentation, and helpers.
+
+The server runs the real `ParameterServer` (aiohttp app, framing, validation, finite
+check) with a "sink" protocol that accepts gradients without applying them, so transport
+costs are measured without optimizer work. Its `query` operation reports the event loop's
+lag (a 10 ms heartbeat task) and the process's peak resident memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from asyncsync.protocols.base import NoParams, Protocol, Push, ServerRule, WorkerLoop
+from asyncsync.server import ParameterServer
+from asyncsync.transport.http_client import HttpTransport
+
+RUN = "bench"
+
+
+def rss_bytes(field: str) -> int:
+    """VmRSS or VmHWM of this process, from /proc (Linux)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+class LagMonitor:
+    """Measures how late a 10 ms periodic task wakes up (event-loop lag)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.recording = False
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            expected = loop.time() + 0.01
+            await asyncio.sleep(0.01)
+            if self.recording:
+                self.samples.append(max(0.0, loop.time() - expected))
+
+
+class SinkRule(ServerRule):
+    """Accepts gradients and drops them; `query` drives the instrumentation."""
+
+    push_kinds = frozenset({"gradient"})
+    monitor = LagMonitor()
+    rss_before = 0
+
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        return {}
+
+    async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
+        cmd = meta.get("cmd")
+        if cmd == "record":
+            SinkRule.monitor.samples = []
+            SinkRule.monitor.recording = True
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+                handle.write("5")  # reset VmHWM to the current RSS
+            SinkRule.rss_before = rss_bytes("VmRSS")
+            return {}
+        if cmd == "report":
+            SinkRule.monitor.recording = False
+            lags = sorted(SinkRule.monitor.samples) or [0.0]
+            return {"p50_ms": 1000 * lags[len(lags) // 2],
+                    "p99_ms": 1000 * lags[min(len(lags) - 1, int(0.99 * len(lags)))],
+                    "peak_extra_bytes": rss_bytes("VmHWM") - SinkRule.rss_before}
+        return {}
+
+
+class IdleLoop(WorkerLoop):
+    async def run(self, ctx: Any) -> None:
+        raise NotImplementedError("benchmark clients drive the transport directly")
+
+
+SINK = Protocol("bench-sink", "benchmark sink", NoParams, SinkRule, IdleLoop)
+
+
+def serve(numel: int, workers: int, port: Any, done: Any) -> None:
+    """Server process body: serve a model of `numel` floats until `done` is set."""
+    torch.set_num_threads(1)
+
+    async def main() -> None:
+        model = torch.nn.Linear(numel, 1, bias=False)
+        server = ParameterServer(model, SINK, workers, run_id=RUN, worker_timeout_s=None)
+        await server.start()
+        monitor = asyncio.create_task(SinkRule.monitor.run())
+        port.value = server.port
+        while not done.is_set():
+            await asyncio.sleep(0.05)
+        monitor.cancel()
+        await server.close()
+
+    asyncio.run(main())
+
+
+def start_server(numel: int, workers: int = 1) -> tuple[mp.process.BaseProcess, int, Any]:
+    """Start `serve` in a spawned process; returns (process, port, done event)."""
+    ctx = mp.get_context("spawn")
+    port = ctx.Value("i", 0)
+    done = ctx.Event()
+    proc = ctx.Process(target=serve, args=(numel, workers, port, done))
+    proc.start()
+    while port.value == 0:
+        if not proc.is_alive():
+            raise RuntimeError("benchmark server failed to start")
+        time.sleep(0.05)
+    return proc, int(port.value), done
+
+
+async def joined_client(port: int, numel: int, rank: int) -> HttpTransport:
+    client = HttpTransport(f"http://127.0.0.1:{port}", numel)
+    await client.request("join", {"worker": rank, "run_id": RUN})
+    return client
+
+
+def push_header(rank: int) -> dict[str, Any]:
+    return {"worker": rank, "run_id": RUN, "base_version": 0, "kind": "gradient",
+            "steps": 1, "samples": 1}
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

@@ -1,0 +1,96 @@
+"""Overhead benchmark: one worker under bsp through asyncsync vs a plain PyTorch loop.
+
+Run: ``.venv/bin/python bench/overhead.py`` (about 1 minute on 2 cores).
+
+Both train the same cnn on the same synthetic data with the same batch and SGD settings,
+one torch thread each. The asyncsync side is a real `ParameterServer` (HTTP on loopback,
+separate process) and one `Worker`: each step computes a gradient, pushes it, the server
+applies the SGD step, and the worker pulls and adopts the new model. Prints steps/s of
+both and their ratio (target: at least 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from asyncsync.data import BatchSampler, synthetic
+from asyncsync.models import build_model
+from asyncsync.server import ParameterServer
+from asyncsync.worker import Worker
+
+BATCH = 32
+LR = 0.05
+
+
+def plain_loop(seconds: float) -> float:
+    """Steps/s of a plain PyTorch training loop."""
+    data = synthetic(seed=0)
+    torch.manual_seed(0)
+    model = build_model("cnn", data.input_shape, data.num_classes, {})
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    sampler = BatchSampler(data, torch.arange(len(data.train_y)), seed=0)
+    steps, began = 0, time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        x, y = sampler.next(BATCH)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        steps += 1
+    return steps / (time.perf_counter() - began)
+
+
+def serve(seconds: float, port: Any) -> None:
+    torch.set_num_threads(1)
+
+    async def main() -> None:
+        data = synthetic(seed=0)
+        torch.manual_seed(0)
+        model = build_model("cnn", data.input_shape, data.num_classes, {})
+        async with ParameterServer(model, "bsp", 1, lr=LR, time_s=seconds) as server:
+            port.value = server.port
+            await server.wait_finished()
+
+    asyncio.run(main())
+
+
+async def asyncsync_loop(seconds: float) -> float:
+    """Steps/s of one bsp worker against a server process."""
+    ctx = mp.get_context("spawn")
+    port = ctx.Value("i", 0)
+    proc = ctx.Process(target=serve, args=(seconds, port))
+    proc.start()
+    while port.value == 0:
+        await asyncio.sleep(0.05)
+    data = synthetic(seed=0)
+    model = build_model("cnn", data.input_shape, data.num_classes, {})
+    sampler = BatchSampler(data, torch.arange(len(data.train_y)), seed=0)
+    worker = Worker(0, f"http://127.0.0.1:{port.value}", model, sampler.next, "bsp",
+                    lr=LR, batch_size=BATCH, device="cpu")
+    final = await worker.run()
+    await asyncio.to_thread(proc.join)
+    return float(final["steps"]) / float(final["wall_s"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    plain = plain_loop(args.seconds)
+    ours = asyncio.run(asyncsync_loop(args.seconds))
+    plain_again = plain_loop(args.seconds / 2)  # the machine is shared: bracket the run
+    reference = (plain + plain_again) / 2
+    print(f"plain PyTorch loop: {plain:.1f} and {plain_again:.1f} steps/s")
+    print(f"asyncsync bsp, 1 worker over HTTP: {ours:.1f} steps/s")
+    print(f"ratio: {ours / reference:.2f} (target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()

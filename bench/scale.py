@@ -1,0 +1,96 @@
+"""Scale benchmark: one server, 8 to 64 workers pushing a tiny model as fast as they can.
+
+Run: ``.venv/bin/python bench/scale.py`` (about 1 minute on 2 cores).
+
+Workers are coroutines spread over 4 client processes (64 full worker processes would
+not fit in memory here; the server cannot tell the difference: each has its own HTTP
+connection and rank). Each pushes a gradient and pulls the model in a loop, under asp
+semantics on the server's side (the benchmark sink accepts every push). Prints pushes/s
+the server sustains, errors, and the server's event-loop lag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import time
+from typing import Any
+
+import torch
+from benchlib import RUN, joined_client, push_header, start_server
+
+NUMEL = 10_000
+CLIENT_PROCESSES = 4
+
+
+def client_process(port: int, ranks: list[int], seconds: float, start: Any,
+                   counts: Any) -> None:
+    torch.set_num_threads(1)
+
+    async def one(rank: int) -> tuple[int, int]:
+        client = await joined_client(port, NUMEL, rank)
+        vector = torch.full((NUMEL,), 1e-3)
+        pushes = errors = 0
+        await asyncio.to_thread(start.wait)
+        stop_at = time.monotonic() + seconds
+        while time.monotonic() < stop_at:
+            try:
+                await client.request("push", push_header(rank), vector)
+                await client.request("pull", {"worker": rank, "run_id": RUN,
+                                              "base_version": 0})
+                pushes += 1
+            except Exception:  # counted, not hidden: the benchmark reports errors
+                errors += 1
+        await client.close()
+        return pushes, errors
+
+    async def main() -> None:
+        results = await asyncio.gather(*(one(rank) for rank in ranks))
+        with counts.get_lock():
+            counts[0] += sum(p for p, _ in results)
+            counts[1] += sum(e for _, e in results)
+
+    asyncio.run(main())
+
+
+async def measure(workers: int, seconds: float) -> tuple[float, int, dict[str, float]]:
+    proc, port, done = start_server(NUMEL, workers)
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    counts = ctx.Array("l", 2)
+    ranks = list(range(1, workers))
+    clients = [ctx.Process(target=client_process,
+                           args=(port, ranks[i::CLIENT_PROCESSES], seconds, start, counts))
+               for i in range(CLIENT_PROCESSES)]
+    for c in clients:
+        c.start()
+    control = await joined_client(port, NUMEL, 0)  # rank 0 reads the instrumentation
+    await control.request("query", {"worker": 0, "run_id": RUN, "meta": {"cmd": "record"}})
+    began = time.monotonic()
+    start.set()
+    for c in clients:
+        await asyncio.to_thread(c.join)
+    elapsed = time.monotonic() - began
+    reply, _ = await control.request("query", {"worker": 0, "run_id": RUN,
+                                               "meta": {"cmd": "report"}})
+    await control.close()
+    done.set()
+    proc.join()
+    return counts[0] / elapsed, int(counts[1]), dict(reply["meta"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    print(f"{'workers':>7} {'pushes/s':>9} {'errors':>6} {'lag p50 ms':>10} {'lag p99 ms':>10}")
+    for workers in args.workers:
+        rate, errors, lag = asyncio.run(measure(workers, args.seconds))
+        print(f"{workers:>7} {rate:>9.0f} {errors:>6} {lag['p50_ms']:>10.1f} "
+              f"{lag['p99_ms']:>10.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Crashes over real processes started through the CLI: a worker killed and restarted
+(bsp, wbsp), and the server killed and resumed from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RECIPE = """
+[defaults]
+workers = 3
+[defaults.stop]
+time_s = {time_s}
+[defaults.model]
+name = "mlp"
+[defaults.eval]
+interval_s = 0.5
+[defaults.fault]
+worker_timeout_s = 1.5
+heartbeat_s = 0.3
+checkpoint_s = {checkpoint_s}
+[[runs]]
+name = "faulty"
+protocol = "{protocol}"
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cluster:
+    """A server and workers of one run, each a separate `asyncsync` process."""
+
+    def __init__(self, tmp: Path, protocol: str, time_s: float, checkpoint_s: float = 0):
+        self.recipe = tmp / "faulty.toml"
+        self.recipe.write_text(RECIPE.format(protocol=protocol, time_s=time_s,
+                                             checkpoint_s=checkpoint_s))
+        self.logs = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> None:
+        out = (self.logs / f"{name}.out").open("ab")
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "asyncsync", *args, "--recipe", str(self.recipe),
+             "--log-dir", str(self.logs)], stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def server(self, *extra: str) -> None:
+        self.start("server", "server", "--port", str(self.port), *extra)
+
+    def worker(self, rank: int) -> None:
+        self.start(f"worker-{rank}", "worker", "--server", self.url, "--rank", str(rank))
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+
+    def events(self) -> list[dict[str, Any]]:
+        path = self.logs / "events.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def wait_for(self, predicate: Any, timeout_s: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for event in self.events():
+                if predicate(event):
+                    return event
+            time.sleep(0.1)
+        raise AssertionError(f"no such event; log: {self.events()[-5:]}")
+
+    def finish(self, timeout_s: float = 120.0) -> None:
+        for name, proc in self.procs.items():
+            if proc.returncode is None:
+                assert proc.wait(timeout=timeout_s) == 0, (self.logs / f"{name}.out").read_text()
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "wbsp"])
+def test_killed_worker_is_dropped_and_rejoins(tmp_path: Path, protocol: str) -> None:
+    cluster = Cluster(tmp_path, protocol, time_s=14)
+    try:
+        cluster.server()
+        for rank in range(3):
+            cluster.worker(rank)
+        at_kill = cluster.wait_for(lambda e: e["event"] == "eval" and e["t"] >= 3)
+        cluster.kill("worker-1")
+        lost = cluster.wait_for(lambda e: e["event"] == "worker_lost", timeout_s=20)
+        assert lost["worker"] == 1
+        # the others go on without it
+        cluster.wait_for(lambda e: e["event"] == "eval" and e["t"] > lost["t"] + 1
+                         and e["version"] > at_kill["version"] + 5)
+        cluster.worker(1)
+        back = cluster.wait_for(lambda e: e["event"] == "rejoin", timeout_s=30)
+        assert back["worker"] == 1
+        cluster.finish()
+    finally:
+        cluster.close()
+    events = cluster.events()
+    stop = next(e for e in events if e["event"] == "stop")
+    evals = [e for e in events if e["event"] == "eval"]
+    after = [e for e in evals if e["t"] > back["t"]]
+    assert after and after[-1]["version"] > back["version"]
+    assert max(e["accuracy"] for e in after) > at_kill["accuracy"]
+    assert stop["versions"] > back["version"]
+
+
+def test_killed_server_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "bsp", time_s=12, checkpoint_s=0.5)
+    try:
+        cluster.server()
+        for rank in range(3):
+            cluster.worker(rank)
+        cluster.wait_for(lambda e: e["event"] == "checkpoint" and e["t"] >= 3)
+        cluster.kill("server")
+        saved = [e for e in cluster.events() if e["event"] == "checkpoint"][-1]
+        cluster.server("--resume")
+        resumed = cluster.wait_for(lambda e: e["event"] == "resume")
+        assert resumed["version"] == saved["version"]  # no checkpointed version is lost
+        cluster.wait_for(lambda e: e["event"] == "rejoin", timeout_s=30)
+        cluster.finish()
+    finally:
+        cluster.close()
+    events = cluster.events()
+    stop = next(e for e in events if e["event"] == "stop")
+    assert stop["versions"] > saved["version"] + 5
+    assert stop["t"] >= 12  # the clock continued from the checkpoint
+    assert (tmp_path / "checkpoint.npz").exists()
+    assert not (tmp_path / "checkpoint.npz.tmp").exists()
