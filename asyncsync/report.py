@@ -75,11 +75,25 @@ def label(summary: dict[str, Any]) -> str:
     return f"{summary.get('recipe', '?')}/{summary['run']}"
 
 
-def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> float | None:
-    """Baseline's time to target / this run's (None when either did not reach it)."""
-    base_ttt = base.get("time_to_target_s") if base else None
+def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> tuple[float | None, bool]:
+    """Baseline's time to target / this run's, and whether that is only a lower bound.
+
+    When the baseline never reached the target, its time to target is at least its wall
+    time, so ``base wall / this run's time`` is a lower bound (flagged True). None when
+    this run did not reach the target.
+    """
     ttt = summary.get("time_to_target_s")
-    return base_ttt / ttt if base_ttt and ttt else None
+    if not base or not ttt:
+        return None, False
+    if base.get("time_to_target_s"):
+        return base["time_to_target_s"] / ttt, False
+    if base.get("wall_s"):
+        return base["wall_s"] / ttt, True
+    return None, False
+
+
+def _speedup_text(value: float | None, lower_bound: bool) -> str:
+    return (">=" if lower_bound else "") + _fmt(value, ".2f", "x")
 
 
 def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
@@ -108,7 +122,7 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
         moved = (s["bytes_up"] + s["bytes_down"]) / 1e6
         table.add_row(
             name, s["protocol"], _fmt(ttt, ".1f"), _fmt(s["best_accuracy"]),
-            _fmt(s["final_accuracy"]), _fmt(speedup(s, base), ".2f", "x"),
+            _fmt(s["final_accuracy"]), _speedup_text(*speedup(s, base)),
             _fmt(s["compute_proportion"], ".2f"), _fmt(s["samples_per_s"], ".0f"),
             _fmt(moved, ".0f"), _fmt(s["mean_staleness"], ".2f"), _fmt(s["versions"], "d"))
     return table
@@ -134,7 +148,8 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, str]:
 
 
 CSV_FIELDS = ("recipe", "run", "protocol", "workers", "wall_s", "target_accuracy",
-              "time_to_target_s", "speedup", "best_accuracy", "final_accuracy",
+              "time_to_target_s", "speedup", "speedup_is_lower_bound", "best_accuracy",
+              "final_accuracy",
               "compute_proportion", "samples_per_s", "bytes_up", "bytes_down", "versions",
               "mean_staleness", "max_staleness")
 
@@ -147,7 +162,7 @@ def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pat
         writer.writeheader()
         for s in summaries:
             row = {k: s.get(k) for k in CSV_FIELDS}
-            row["speedup"] = speedup(s, base)
+            row["speedup"], row["speedup_is_lower_bound"] = speedup(s, base)
             row["error"] = s.get("error")
             writer.writerow(row)
     return path

@@ -75,3 +75,16 @@ def test_report_without_matplotlib_prints_the_table_and_a_hint(
     assert [f.name for f in files] == ["table.csv"]
     text = console.export_text()
     assert "only" in text and 'pip install -e ".[plot]"' in text
+
+
+def test_speedup_is_a_lower_bound_when_the_baseline_never_reaches_the_target(
+        tmp_path: Path) -> None:
+    base = fake_run(tmp_path, "r", "slow", "bsp", [0.1, 0.2, 0.3])  # never 0.5; wall 10 s
+    fast = fake_run(tmp_path, "q", "fast", "asp", [0.1, 0.2, 0.6])  # 0.5 reached at 4 s
+    console = Console(record=True, width=200)
+    publish([base, fast], [summarize_run(base), summarize_run(fast)], "r/slow",
+            tmp_path / "out", console)
+    assert ">=2.50x" in console.export_text()
+    rows = list(csv.DictReader((tmp_path / "out" / "table.csv").open()))
+    assert rows[1]["speedup"] == "2.5" and rows[1]["speedup_is_lower_bound"] == "True"
+    assert rows[0]["speedup"] == ""
