@@ -29,6 +29,12 @@ from asyncsync.transport.http_client import HttpTransport
 T = TypeVar("T")
 
 
+RESYNC_STATUSES = frozenset({409, 410})
+"""Refusals after which a worker rejoins and restarts its loop: 410, the server no longer
+counts it (dropped after a timeout, or restarted); 409, its request no longer fits the
+round (e.g. it raced a membership change)."""
+
+
 class RunStopped(Exception):
     """The run is over (the server said stop, or the worker reached `max_steps`)."""
 
@@ -239,8 +245,9 @@ class Worker:
 
         Heartbeats go out every `heartbeat_s` beside the loop. When the server no longer
         counts this worker (410: dropped after a timeout, or the server restarted from a
-        checkpoint) or the connection breaks mid-request, the worker rejoins, adopts the
-        current global model and restarts its loop, at most `max_rejoins` times.
+        checkpoint), refuses a request as out of step with the round (409), or the
+        connection breaks mid-request, the worker rejoins, adopts the current global model
+        and restarts its loop, at most `max_rejoins` times.
         """
         ctx = self.ctx
         rejoins = 0
@@ -252,7 +259,7 @@ class Worker:
                 try:
                     await self._session()
                 except (RequestRejected, aiohttp.ClientError, ConnectionError) as exc:
-                    if isinstance(exc, RequestRejected) and exc.status != 410:
+                    if isinstance(exc, RequestRejected) and exc.status not in RESYNC_STATUSES:
                         raise
                     rejoins += 1
                     if rejoins > self.max_rejoins:
@@ -280,13 +287,20 @@ class Worker:
         await self.ctx.adopt(vector, int(reply["version"]))
 
     async def _session(self) -> None:
-        """The protocol's loop beside the heartbeats, until either ends or fails."""
+        """The protocol's loop beside the heartbeats, until the loop ends or either fails.
+
+        A heartbeat answered with ``stop`` only ends the heartbeats: the loop finishes the
+        computation in progress and learns of the stop from its own next request, so no
+        computed work goes unaccounted.
+        """
         loop = asyncio.create_task(self.protocol.worker(self.protocol_params).run(self.ctx))
         beats = asyncio.create_task(self._heartbeats())
         try:
-            done, _ = await asyncio.wait({loop, beats}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
+            await asyncio.wait({loop, beats}, return_when=asyncio.FIRST_COMPLETED)
+            if beats.done() and not loop.done():
+                beats.result()  # a failed heartbeat (e.g. 410) ends the session
+                await loop
+            loop.result()
         finally:
             for task in (loop, beats):
                 task.cancel()
@@ -299,4 +313,4 @@ class Worker:
             await asyncio.sleep(self.heartbeat_s)
             reply, _ = await self.transport.request("heartbeat", header)
             if reply.get("stop"):
-                raise RunStopped
+                return

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from asyncsync.hetero.compute import StepDelay
 from asyncsync.hetero.network import Link, LinkSpec
-from asyncsync.server import ParameterServer, ServerCore, build_core
+from asyncsync.server import Commit, ParameterServer, ServerCore, build_core
 from asyncsync.trainer import BatchSource
 from asyncsync.transport.local import LocalTransport
 from asyncsync.worker import Worker
@@ -90,3 +93,106 @@ async def run_http(protocol: str, workers: int = 3, *, params: Any = None,
     finally:
         await server.close()
     return server.core, list(finals)
+
+
+class CuttableTransport(LocalTransport):
+    """A `LocalTransport` that can be cut, like the socket of a crashed process: every
+    request then fails (so a worker being killed sends no leave)."""
+
+    cut = False
+
+    async def request(
+        self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
+    ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        if self.cut:
+            raise ConnectionError("the worker crashed")
+        return await super().request(op, header, vector)
+
+
+@dataclass
+class CrashRun:
+    """What `run_crash_and_rejoin` observed: the version when the loss was seen, and the one
+    when the fresh worker was started (no later commit is older than its rejoin)."""
+
+    core: ServerCore
+    victim: int
+    lost_at: int
+    restarted_at: int
+
+    def between(self, first: int, last: int) -> list[Commit]:
+        """The commits of versions ``first..last``."""
+        return [c for c in self.core.store.commits if first <= c.version <= last]
+
+
+def ranks(commit: Commit) -> set[int]:
+    """The workers that contributed to `commit`."""
+    return {worker for worker, _ in commit.contributions}
+
+
+async def _until(ready: Callable[[], bool], what: str, timeout_s: float,
+                 tasks: list[asyncio.Task[dict[str, Any]]]) -> None:
+    """Poll `ready`; fail with the error of a worker that failed, or after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise AssertionError(f"a worker failed while waiting for {what}") from (
+                    task.exception())
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def run_crash_and_rejoin(
+    protocol: str,
+    delays: list[float],
+    victim: int,
+    *,
+    params: Any = None,
+    before: int = 3,
+    after: int = 3,
+    timeout_s: float = 15.0,
+) -> CrashRun:
+    """Kill worker `victim` mid-run, let the server drop it, then start a fresh worker with
+    its rank and wait until a commit includes it again.
+
+    In process, with a 0.5 s worker timeout and 0.1 s heartbeats. The victim is killed
+    after `before` versions: its transport is cut and its `Worker.run` task cancelled, so it
+    sends neither a leave nor heartbeats. The fresh worker starts once the server has
+    logged the loss and made `after` more versions. Each phase must finish within
+    `timeout_s` (an `AssertionError` names the phase that did not).
+    """
+    x, y = tiny_data()
+    core = build_core(tiny_model(), protocol, len(delays), protocol_params=params, lr=0.1,
+                      worker_timeout_s=0.5)
+
+    def start(rank: int, transport: LocalTransport) -> asyncio.Task[dict[str, Any]]:
+        worker = Worker(rank, transport, tiny_model(), batches_of(x, y, rank), protocol,
+                        protocol_params=params, lr=0.1, batch_size=16,
+                        slowdown=StepDelay(delays[rank]), heartbeat_s=0.1)
+        return asyncio.create_task(worker.run())
+
+    transports = [CuttableTransport(core) for _ in delays]
+    tasks = [start(rank, transport) for rank, transport in enumerate(transports)]
+    store = core.store
+    try:
+        await _until(lambda: store.version >= before, f"{before} versions", timeout_s, tasks)
+        transports[victim].cut = True
+        tasks[victim].cancel()
+        await asyncio.gather(tasks[victim], return_exceptions=True)
+        await _until(lambda: core.workers[victim].lost > 0, "the loss", timeout_s, tasks)
+        lost_at = store.version
+        await _until(lambda: store.version >= lost_at + after,
+                     f"{after} versions after the loss", timeout_s, tasks)
+        restarted_at = store.version
+        tasks[victim] = start(victim, LocalTransport(core))
+        await _until(lambda: victim in store.live, "the rejoin", timeout_s, tasks)
+        await _until(lambda: any(victim in ranks(c) for c in store.commits[restarted_at:]),
+                     "a commit including the rejoined worker", timeout_s, tasks)
+    finally:
+        await core.stop()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        await core.close()
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    assert not errors, errors
+    return CrashRun(core, victim, lost_at, restarted_at)

@@ -66,13 +66,15 @@ class FakeContext:
     """A `WorkerContext` stand-in: each local step adds 1 to every element and takes 1 ms;
     pull `n` answers ``reply(n, meta)`` at version n + 1, once `lag` more local steps have
     run (so a loop that waits for its own pull before stepping never gets an answer); the
-    `fail_push`-th push raises `RunStopped`; stepping past `max_steps` raises `RunStopped`."""
+    `fail_push`-th push raises `RunStopped`; stepping past `max_steps` raises `RunStopped`;
+    a query answers that the exchange schedule stands at `start_step`."""
 
     numel: int
     max_steps: int
     reply: Callable[[int, dict[str, Any]], torch.Tensor]
     lag: int = 0
     fail_push: int | None = None
+    start_step: int = 0
     done: int = 0
     version: int = 0
     rank: int = 0
@@ -96,6 +98,10 @@ class FakeContext:
             self.trainer.flat.add_(1)
             self.done += 1
         return StepResult(0.5, 16 * count, 0.001 * count)
+
+    async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Where the exchange schedule stands (what streaming DiLoCo asks at its start)."""
+        return {"step": self.start_step}
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
@@ -126,7 +132,10 @@ class FakeContext:
 
 
 def make_store(vector: torch.Tensor, workers: int) -> ParameterStore:
-    return ParameterStore(vector, workers, FlatSGD(0.1))
+    """A store whose `workers` ranks are all in the run."""
+    store = ParameterStore(vector, workers, FlatSGD(0.1))
+    store.live.update(range(workers))
+    return store
 
 
 async def outer_round(rule: DilocoServer, grads: list[torch.Tensor],

@@ -50,6 +50,7 @@ def test_four_workers_alternate_as_the_official_code() -> None:
 
 async def test_each_group_average_involves_exactly_its_members() -> None:
     store = ParameterStore(torch.zeros(3), 4, FlatSGD(0.1))
+    store.live.update(range(4))
     rule = DsSyncServer(DsSyncParams(), store)
     models = [torch.full((3,), float(2 ** i)) for i in range(4)]  # 1, 2, 4, 8
 

@@ -27,7 +27,9 @@ class Clock:
 async def test_oracle_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     monkeypatch.setattr("asyncsync.protocols.esync.time.monotonic", clock)
-    rule = EsyncServer(EsyncParams(eps=0.5), ParameterStore(torch.zeros(4), 3, FlatSGD(0.1)))
+    store = ParameterStore(torch.zeros(4), 3, FlatSGD(0.1))
+    store.live.update(range(3))
+    rule = EsyncServer(EsyncParams(eps=0.5), store)
     for worker in range(3):  # everyone starts a step
         assert await rule.on_query(worker, {"k": 0}) == {"sync": False}
     # worker 0 (1 s steps) finished one: worker 2 has not, so the slowest is unknown

@@ -17,6 +17,7 @@ async def test_round_weights_deltas_by_samples() -> None:
     gen = torch.Generator().manual_seed(2)
     w0 = torch.randn(40, generator=gen)
     store = ParameterStore(w0, 3, FlatSGD(0.1))
+    store.live.update(range(3))
     rule = FedAvgServer(FedAvgParams(), store)
     deltas = [torch.randn(40, generator=gen) for _ in range(3)]
     with pytest.raises(WireError) as err:
@@ -43,7 +44,7 @@ async def test_each_round_trains_exactly_its_sampled_clients() -> None:
     for commit in commits:
         ranks = frozenset(w for w, _ in commit.contributions)
         assert len(ranks) == len(commit.contributions) == 2, commit
-        assert ranks == rule.participants(commit.version - 1), commit
+        assert ranks == rule.participants(commit.version - 1, range(4)), commit
         assert all(base == commit.version - 1 for _, base in commit.contributions), commit
         chosen.append(ranks)
     assert len(set(chosen)) >= 3

@@ -40,6 +40,7 @@ async def test_step_is_the_global_batch_gradient_and_sizes_follow_speed() -> Non
     x, y = tiny_data()
     module = FlatModule(tiny_model(), torch.device("cpu"))
     store = ParameterStore(module.flat.detach().clone(), 3, FlatSGD(0.1))
+    store.live.update(range(3))
     rule = LbbspServer(LbbspParams(), store)
     sizes = [5, 11, 16]  # first batches: X = 32 is inferred from them
     for version in range(2):
@@ -64,6 +65,7 @@ async def test_step_is_the_global_batch_gradient_and_sizes_follow_speed() -> Non
 
 async def test_pushes_that_break_the_assignment_are_rejected() -> None:
     store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
+    store.live.update(range(2))
     rule = LbbspServer(LbbspParams(global_batch=20), store)
     bad: list[tuple[dict[str, Any], int]] = [
         ({}, 10), ({"compute_s": 0.0}, 10), ({"compute_s": "1"}, 10), ({"compute_s": 0.1}, 11)]
@@ -80,17 +82,18 @@ async def test_pushes_that_break_the_assignment_are_rejected() -> None:
 
 async def test_damping_halves_the_step_when_an_adjustment_reverses() -> None:
     store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
+    store.live.update(range(2))
     rule = LbbspServer(LbbspParams(global_batch=64, smoothing=0.0), store)
     grads = [torch.zeros(10), torch.zeros(10)]
-    assert rule.batches == [32, 32]
+    assert rule.batches == {0: 32, 1: 32}
     await push_round(rule, 0, grads, [32, 32], [32 / 3, 32.0])  # speeds 3 : 1
-    assert rule.batches == [48, 16]  # first move: all the way to the target
+    assert rule.batches == {0: 48, 1: 16}  # first move: all the way to the target
     await push_round(rule, 1, grads, [48, 16], [48.0, 16.0])  # speeds 1 : 1, target 32 : 32
     assert rule.gains == [0.5, 0.5]
-    assert rule.batches == [40, 24]  # reversal: half the way
+    assert rule.batches == {0: 40, 1: 24}  # reversal: half the way
     await push_round(rule, 2, grads, [40, 24], [40.0, 24.0])  # same direction again
     assert rule.gains == [0.75, 0.75]
-    assert rule.batches == [34, 30]
+    assert rule.batches == {0: 34, 1: 30}
 
 
 def test_apportion_respects_bounds_and_total() -> None:

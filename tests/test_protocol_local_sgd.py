@@ -19,6 +19,7 @@ async def test_round_adds_the_mean_delta_and_releases_pulls_when_complete() -> N
     gen = torch.Generator().manual_seed(1)
     w0 = torch.randn(50, generator=gen)
     store = ParameterStore(w0, 3, FlatSGD(0.1))
+    store.live.update(range(3))
     rule = LocalSgdServer(LocalSgdParams(local_steps=4), store)
     deltas = [torch.randn(50, generator=gen) for _ in range(3)]
 

@@ -83,9 +83,10 @@ async def test_slow_link_compute_never_waits_and_deltas_hold_one_sync(
 
 async def test_stopping_with_a_sync_in_flight_leaks_no_task() -> None:
     core, finals = await run_local("nbsync", [0.01, 0.05], max_steps=5, link=SLOW_LINK)
-    # worker 0 hit its step budget while its first push was still on the wire
+    # worker 0 hit its step budget while its first push was still on the wire (it left, so
+    # worker 1's delta may have made a round alone)
     assert finals[0]["steps"] == 5
-    assert core.store.version == 0
+    assert all(worker != 0 for c in core.store.commits for worker, _ in c.contributions)
     assert asyncio.all_tasks() == {asyncio.current_task()}
 
 

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 
 
 class AspServer(ServerRule):
-    """Apply every gradient as it arrives; pulls are answered at once."""
+    """Apply every gradient as it arrives; pulls are answered at once.
+
+    Nobody waits for anybody, so membership changes need no handling: a lost worker just
+    stops contributing, and a rejoined one continues from the model it joined with.
+    """
 
     push_kinds = frozenset({"gradient"})
 

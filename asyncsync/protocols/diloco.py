@@ -2,14 +2,18 @@
 
 Worker: starting from the global model ``w``, run H local (inner) SGD steps, push the
 pseudo-gradient ``g_i = w - w_i``, pull the next global model and adopt it. Server: when
-all N pseudo-gradients of a round are in, ``w <- w - outer.update(w, mean_i g_i)`` where
+the pseudo-gradients of every live worker are in, ``w <- w - outer.update(w, mean_i g_i)``
+where
 ``outer`` is SGD with Nesterov momentum (lr 0.7, momentum 0.9), version += 1, and the pulls
 are released. Outer momentum 0 gives plain outer SGD (lr 1 is then local SGD's averaging).
 The inner optimizer is the worker's local SGD (the paper uses AdamW).
 
-The round barrier is `RoundServer`: one vector per worker per round of each *fragment* of
-the model (DiLoCo has one fragment, the whole vector); Overlap Local SGD and Streaming
-DiLoCo reuse it with their own `RoundServer.combine`.
+The round barrier is `RoundServer`: one vector per live worker per round of each
+*fragment* of the model (DiLoCo has one fragment, the whole vector); Overlap Local SGD and
+Streaming DiLoCo reuse it with their own `RoundServer.combine`. A lost worker's vectors
+in open rounds are withdrawn and the rounds close with the others'; a rejoined worker
+takes part in the rounds still open, starting from the global model it joined with. The
+outer optimizer's momentum is part of the server's checkpoint.
 
 Reference: A. Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language
 Models", arXiv:2311.08105, 2023.
@@ -17,6 +21,7 @@ Models", arXiv:2311.08105, 2023.
 
 from __future__ import annotations
 
+import asyncio
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +30,7 @@ import torch
 
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, WorkerLoop, register
+from asyncsync.protocols.bsp import average
 from asyncsync.schema import check_fields, option
 from asyncsync.wire import WireError
 
@@ -58,11 +64,19 @@ class RoundRecord:
 
 
 class RoundServer(ServerRule):
-    """A barrier per fragment: each round takes one vector per worker, then `combine`s.
+    """A barrier per fragment: each round takes one vector per live worker, then `combine`s.
 
     Fragments are contiguous slices of the flat vector (`fragments`); a request names its
     fragment in ``meta["fragment"]`` (default 0). A pull waits for the round of the
     worker's last push of that fragment and answers with that fragment of ``w``.
+
+    Membership: when a worker leaves or is lost, its vectors in open rounds are withdrawn
+    and every round whose live workers have all pushed closes (unless the run is stopping).
+    A rejoined worker's next
+    push of a fragment belongs to that fragment's open round, which waits for it; a push
+    based on a version older than the one its worker last joined at comes from before the
+    rejoin and is refused (409). A push or a leave is processed to its end even if its
+    request is cancelled, and a join waits for a round being committed.
 
     Attributes:
         rounds: every completed round, in commit order.
@@ -75,9 +89,9 @@ class RoundServer(ServerRule):
         self.bounds = self.fragments()
         self.rounds: list[RoundRecord] = []
         self._pending: list[dict[int, Push]] = [{} for _ in self.bounds]
-        self._open = [0] * len(self.bounds)
-        self._done = [0] * len(self.bounds)
+        self._done = [0] * len(self.bounds)  # closed rounds: the number of the open one
         self._pushed_round: dict[tuple[int, int], int] = {}
+        self._joined: dict[int, int] = {}
 
     def fragments(self) -> list[tuple[int, int]]:
         """The ``(start, stop)`` slices of the flat vector; one, the whole, by default."""
@@ -104,37 +118,42 @@ class RoundServer(ServerRule):
 
     async def on_push(self, push: Push) -> dict[str, Any]:
         fragment = self.fragment_of(push.meta)
-        pending = self._pending[fragment]
-        number = self._open[fragment]
-        if push.worker in pending:
-            raise WireError(409, f"worker {push.worker} already pushed fragment {fragment} "
-                                 f"for round {number}")
-        pending[push.worker] = push
-        self._pushed_round[fragment, push.worker] = number
-        if len(pending) == self.store.workers:
-            self._pending[fragment] = {}
-            self._open[fragment] += 1
-            await self._close_round(fragment, number, pending)
+        return await asyncio.shield(self._push(fragment, push))
+
+    async def _push(self, fragment: int, push: Push) -> dict[str, Any]:
+        async with self.store.lock:
+            pending = self._pending[fragment]
+            number = self._done[fragment]
+            joined = self._joined.get(push.worker, 0)
+            if push.base_version < joined:
+                raise WireError(409, f"push based on version {push.base_version}, before "
+                                     f"worker {push.worker} rejoined at version {joined}")
+            if push.worker in pending:
+                raise WireError(409, f"worker {push.worker} already pushed fragment "
+                                     f"{fragment} for round {number}")
+            pending[push.worker] = push
+            self._pushed_round[fragment, push.worker] = number
+            await self._close_if_complete(fragment)
         return {"fragment": fragment, "round": number}
 
-    async def _close_round(self, fragment: int, number: int, pushes: dict[int, Push]) -> None:
+    async def _close_if_complete(self, fragment: int) -> None:
+        """Close the fragment's open round if every live worker has pushed (under the lock)."""
+        pushes = self._pending[fragment]
+        if not pushes or not pushes.keys() >= self.store.live:
+            return
         start, stop = self.bounds[fragment]
         vectors = [pushes[worker].vector for worker in sorted(pushes)]
 
         def merged(w: torch.Tensor) -> torch.Tensor:
-            mean = vectors[0].clone()
-            for vector in vectors[1:]:
-                mean.add_(vector)
-            mean.div_(len(vectors))
-            part = self.combine(fragment, w[start:stop], mean)
+            part = self.combine(fragment, w[start:stop], average(vectors))
             return torch.cat([w[:start], part, w[stop:]])
 
-        async with self.store.lock:
-            new = await self.store.compute(merged, self.store.w)
-            self._done[fragment] += 1
-            self.rounds.append(RoundRecord(fragment, number, self.store.version + 1))
-            self.store.commit(new, [(worker, pushes[worker].base_version)
-                                    for worker in sorted(pushes)])
+        new = await self.store.compute(merged, self.store.w)
+        self.rounds.append(RoundRecord(fragment, self._done[fragment], self.store.version + 1))
+        self._pending[fragment] = {}
+        self._done[fragment] += 1
+        self.store.commit(new, [(worker, pushes[worker].base_version)
+                                for worker in sorted(pushes)])
 
     async def on_pull(self, pull: Pull) -> Reply:
         fragment = self.fragment_of(pull.meta)
@@ -147,9 +166,28 @@ class RoundServer(ServerRule):
         return Reply(meta={"fragment": fragment, "round": number},
                      vector=self.store.w[start:stop], version=self.store.version)
 
+    async def on_leave(self, worker: int) -> None:
+        if not self.store.stopping:  # once the run stops, no round is completed
+            await asyncio.shield(self._leave(worker))
+
+    async def _leave(self, worker: int) -> None:
+        async with self.store.lock:
+            for fragment, pending in enumerate(self._pending):
+                if pending.pop(worker, None) is not None:
+                    del self._pushed_round[fragment, worker]
+                await self._close_if_complete(fragment)
+
+    async def on_join(self, worker: int) -> None:
+        async with self.store.lock:
+            self._joined[worker] = self.store.version
+
 
 class DilocoServer(RoundServer):
-    """Outer Nesterov SGD on the mean pseudo-gradient, with momentum per fragment."""
+    """Outer Nesterov SGD on the mean pseudo-gradient, with momentum per fragment.
+
+    Lost and rejoining workers are handled by `RoundServer`; the outer momentum buffers are
+    the rule's checkpoint state.
+    """
 
     def __init__(self, params: DilocoParams, store: ParameterStore) -> None:
         super().__init__(params, store)
@@ -158,6 +196,23 @@ class DilocoServer(RoundServer):
 
     def combine(self, fragment: int, current: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         return current - self.outer[fragment].update(current, mean)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The outer momentum buffer of each fragment that has one."""
+        return {f"outer.{fragment}.momentum": outer.momentum_buffer
+                for fragment, outer in enumerate(self.outer)
+                if outer.momentum_buffer is not None}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for fragment, outer in enumerate(self.outer):
+            buffer = state.get(f"outer.{fragment}.momentum")
+            if buffer is not None:
+                start, stop = self.bounds[fragment]
+                if buffer.shape != (stop - start,):
+                    raise ValueError(f"outer momentum of fragment {fragment} has shape "
+                                     f"{tuple(buffer.shape)}, the fragment {stop - start} "
+                                     "elements")
+                outer.momentum_buffer = buffer.clone()
 
 
 def pseudo_gradient(trainer: Trainer, anchor: torch.Tensor, start: int,

@@ -9,8 +9,16 @@ iterations, while no step ever waits for all N workers.
 Worker: push its model for iteration t, pull its group's mean, adopt it, one local step.
 Server: only the rendezvous. It keeps each worker's iteration count, waits for the k
 members of the worker's group of that iteration and answers each of them with their mean.
-Every completed group is a version, whose vector is the mean of the workers' latest models
-(the one that is evaluated); the commit records the group's members as its contributions.
+Every completed group is a version, whose vector is the mean of the live workers' latest
+models (the one that is evaluated); the commit records the group's members as its
+contributions. A worker starting its loop asks the server for its iteration (a query).
+
+Membership: a group waits only for its members that are live and in the run at that
+iteration. When a worker is lost, its pushes still waiting for a group are withdrawn and
+every group that now has all its expected members completes with them (a group of one
+keeps its model); once the run is stopping, leaving workers complete no group. A rejoined
+worker starts at the first iteration nobody has pushed yet, from the current global model;
+groups of earlier iterations do not wait for it.
 
 **(choice)** Partitions: for N = 4 and k = 2, the official code's alternation {0,1}{2,3} /
 {0,3}{1,2}; otherwise consecutive chunks of a random permutation of the ranks seeded by
@@ -23,6 +31,7 @@ with Divide-and-Shuffle Synchronization for Distributed DNN Training", IEEE INFO
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, WorkerLoop, register
+from asyncsync.protocols.bsp import average
 from asyncsync.schema import check_fields, option
 from asyncsync.wire import WireError
 
@@ -64,8 +74,9 @@ def partition(iteration: int, workers: int, size: int, seed: int) -> list[Group]
 
 @dataclass(frozen=True)
 class GroupAverage:
-    """One completed group: its iteration, members, the version it made, and the workers
-    that had not yet pushed for that iteration when it completed."""
+    """One completed group: its iteration, the members whose models were averaged, the
+    version it made, and the live workers that had not yet pushed for that iteration when
+    it completed."""
 
     iteration: int
     members: Group
@@ -74,7 +85,8 @@ class GroupAverage:
 
 
 class DsSyncServer(ServerRule):
-    """The rendezvous of each iteration's groups; the global vector is the workers' mean.
+    """The rendezvous of each iteration's groups; the global vector is the live workers'
+    mean (see the module's notes on lost and rejoining workers).
 
     Attributes:
         averages: every completed group average, in commit order.
@@ -85,16 +97,22 @@ class DsSyncServer(ServerRule):
     def __init__(self, params: DsSyncParams, store: ParameterStore) -> None:
         super().__init__(params, store)
         self.averages: list[GroupAverage] = []
-        self._pushed = [0] * store.workers
+        self._pushed = [0] * store.workers  # the next iteration of each worker
+        self._start = [0] * store.workers  # each worker's first iteration since it joined
         self._latest = [store.w] * store.workers
+        self._averaged: frozenset[int] = frozenset()  # whose latest models ``w`` averages
         self._slots: dict[tuple[int, Group], dict[int, Push]] = {}
-        self._results: dict[int, tuple[int, torch.Tensor, int]] = {}
+        self._results: dict[int, tuple[int, torch.Tensor, int, Group]] = {}
 
     def group_of(self, worker: int, iteration: int) -> Group:
         """The members of `worker`'s group at `iteration`."""
         size = min(self.params.group_size, self.store.workers)
         groups = partition(iteration, self.store.workers, size, self.params.seed)
         return next(group for group in groups if worker in group)
+
+    def expected(self, iteration: int, group: Group) -> set[int]:
+        """The members of `group` that its average at `iteration` waits for."""
+        return {m for m in group if m in self.store.live and self._start[m] <= iteration}
 
     def _iteration(self, meta: dict[str, Any], expected: int) -> int:
         iteration = meta.get("iteration")
@@ -103,43 +121,64 @@ class DsSyncServer(ServerRule):
                                  f"{expected}")
         return expected
 
+    async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """The iteration the worker pushes next."""
+        return {"iteration": self._pushed[worker]}
+
     async def on_push(self, push: Push) -> dict[str, Any]:
-        iteration = self._iteration(push.meta, self._pushed[push.worker])
-        members = self.group_of(push.worker, iteration)
-        slot = self._slots.setdefault((iteration, members), {})
-        slot[push.worker] = push
-        self._pushed[push.worker] += 1
-        if len(slot) == len(members):
-            del self._slots[iteration, members]
-            await self._average(iteration, members, slot)
-        return {"iteration": iteration, "group": list(members)}
+        return await asyncio.shield(self._push(push))
 
-    async def _average(self, iteration: int, members: Group, pushes: dict[int, Push]) -> None:
-        """Answer the members with their mean; fold it into the mean of the latest models."""
-        vectors = [pushes[m].vector for m in members]
-        old = [self._latest[m] for m in members]
-        scale = 1.0 / self.store.workers
-
-        def mean_and_consensus(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            mean = torch.stack(vectors).mean(dim=0)
-            change = torch.zeros_like(w)
-            for previous in old:
-                change.add_(mean).sub_(previous)
-            return mean, w.add(change, alpha=scale)
-
+    async def _push(self, push: Push) -> dict[str, Any]:
         async with self.store.lock:
-            mean, consensus = await self.store.compute(mean_and_consensus, self.store.w)
-            version = self.store.version + 1
-            behind = tuple(j for j, count in enumerate(self._pushed) if count <= iteration)
+            iteration = self._iteration(push.meta, self._pushed[push.worker])
+            group = self.group_of(push.worker, iteration)
+            self._slots.setdefault((iteration, group), {})[push.worker] = push
+            self._pushed[push.worker] += 1
+            await self._settle(iteration, group)
+        return {"iteration": iteration, "group": list(group)}
+
+    async def _settle(self, iteration: int, group: Group) -> None:
+        """Average the slot of `group` at `iteration` if every expected member is in."""
+        slot = self._slots[iteration, group]
+        if not slot:
+            del self._slots[iteration, group]
+        elif slot.keys() >= self.expected(iteration, group):
+            await self._average(iteration, slot)
+            del self._slots[iteration, group]
+
+    async def _average(self, iteration: int, pushes: dict[int, Push]) -> None:
+        """Answer the members with their mean; fold it into the mean of the latest models."""
+        members = tuple(sorted(pushes))
+        vectors = [pushes[m].vector for m in members]
+        present = frozenset(self.store.live) or frozenset(members)
+        incremental = present == self._averaged
+        latest, w = list(self._latest), self.store.w
+
+        def mean_and_consensus() -> tuple[torch.Tensor, torch.Tensor]:
+            mean = average(vectors)
+            if incremental:
+                change = torch.zeros_like(w)
+                for m in members:
+                    if m in present:
+                        change.add_(mean).sub_(latest[m])
+                return mean, w.add(change, alpha=1.0 / len(present))
             for m in members:
-                self._latest[m] = mean
-                self._results[m] = (iteration, mean, version)
-            self.averages.append(GroupAverage(iteration, members, version, behind))
-            self.store.commit(consensus, [(m, pushes[m].base_version) for m in members])
+                latest[m] = mean
+            return mean, average([latest[j] for j in sorted(present)])
+
+        mean, consensus = await self.store.compute(mean_and_consensus)
+        version = self.store.version + 1
+        behind = tuple(j for j in sorted(self.store.live) if self._pushed[j] <= iteration)
+        for m in members:
+            self._latest[m] = mean
+            self._results[m] = (iteration, mean, version, members)
+        self._averaged = present
+        self.averages.append(GroupAverage(iteration, members, version, behind))
+        self.store.commit(consensus, [(m, pushes[m].base_version) for m in members])
 
     async def on_pull(self, pull: Pull) -> Reply:
         """Wait for the worker's group of its last pushed iteration; answer with its mean."""
-        if self._pushed[pull.worker] == 0:
+        if self._pushed[pull.worker] == self._start[pull.worker]:
             raise WireError(409, f"worker {pull.worker} pulls before its first push")
         iteration = self._iteration(pull.meta, self._pushed[pull.worker] - 1)
 
@@ -148,17 +187,33 @@ class DsSyncServer(ServerRule):
             return result is not None and result[0] == iteration
 
         await self.store.wait_for(ready, pull.worker)
-        _, mean, version = self._results[pull.worker]
-        return Reply(meta={"iteration": iteration,
-                           "group": list(self.group_of(pull.worker, iteration))},
+        _, mean, version, members = self._results[pull.worker]
+        return Reply(meta={"iteration": iteration, "group": list(members)},
                      vector=mean, version=version)
+
+    async def on_leave(self, worker: int) -> None:
+        if not self.store.stopping:  # once the run stops, no group is completed
+            await asyncio.shield(self._leave(worker))
+
+    async def _leave(self, worker: int) -> None:
+        async with self.store.lock:
+            for iteration, group in list(self._slots):
+                self._slots[iteration, group].pop(worker, None)
+                await self._settle(iteration, group)
+
+    async def on_join(self, worker: int) -> None:
+        async with self.store.lock:
+            self._start[worker] = self._pushed[worker] = max(self._pushed)
+            self._latest[worker] = self.store.w
+            self._averaged = frozenset()  # the next average recomputes the consensus
 
 
 class DsSyncWorker(WorkerLoop):
     """Push the model, adopt the group's mean, one local step."""
 
     async def run(self, ctx: WorkerContext) -> None:
-        iteration, steps, samples = 0, 0, 0
+        iteration = int((await ctx.query({}))["iteration"])
+        steps = samples = 0
         while True:
             model = await ctx.in_thread(ctx.trainer.vector_copy)
             meta = {"iteration": iteration}

@@ -10,14 +10,14 @@ long its last step took). The oracle's rule:
   slowest worker finishes its current step (zero once the slowest is at the barrier).
 
 Synchronization is a synchronous average of deltas with global learning rate 1: each worker
-pushes ``w_i - w`` (its local progress since it adopted ``w``), and once all N deltas of the
-round are in, ``w <- w + (1/N) sum_i delta_i``, version += 1, and everyone adopts ``w``. Fast
+pushes ``w_i - w`` (its local progress since it adopted ``w``), and once the deltas of every
+live worker are in, ``w <- w + mean_i delta_i``, version += 1, and everyone adopts ``w``. Fast
 workers thus do more local steps per round and nobody waits long at the barrier.
 
 Choices: eps is relative to the querying worker's own step time (``eps = 0.5`` means half a
 step of slack). The oracle keeps time on the server's clock: a step ends when the worker's
-query arrives, so worker clocks need not agree. Until every worker has reported a step
-time the slowest is unknown, and nobody is ready.
+query arrives, so worker clocks need not agree. Until every live worker has reported a
+step time the slowest is unknown, and nobody is ready.
 
 Reference: Z. Li, H. Zhou, T. Zhou, H. Yu, Z. Xu, G. Sun, "ESync: Accelerating Intra-Domain
 Federated Learning in Heterogeneous Data Centers", IEEE Transactions on Services Computing,
@@ -33,15 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asyncsync.protocols.base import (
-    Protocol,
-    Pull,
-    Push,
-    Reply,
-    ServerRule,
-    WorkerLoop,
-    register,
-)
+from asyncsync.protocols.base import Protocol, Push, WorkerLoop, register
+from asyncsync.protocols.bsp import BarrierServer, average, contributions
 from asyncsync.schema import check_fields, option
 from asyncsync.wire import WireError, require_count
 
@@ -71,8 +64,13 @@ class EsyncRound:
     wait_s: dict[int, float] = field(default_factory=dict)
 
 
-class EsyncServer(ServerRule):
-    """The state oracle and the synchronous barrier of deltas.
+class EsyncServer(BarrierServer):
+    """The state oracle and the synchronous barrier of deltas, over the live workers.
+
+    A lost worker's step time and step clock are forgotten, so the oracle picks the
+    slowest among the others, and its delta of the open round is withdrawn: the round
+    closes with the others' deltas. A rejoined worker has no step time until it reports
+    one, so nobody is ready before its first local step; the round waits for its delta.
 
     Attributes:
         rounds: every finished round, in order (what the tests and reports inspect).
@@ -87,10 +85,7 @@ class EsyncServer(ServerRule):
         workers = store.workers
         self._step_s: list[float | None] = [None] * workers
         self._step_began: list[float | None] = [None] * workers  # None: at the barrier
-        self._sum: torch.Tensor | None = None
-        self._contributions: list[tuple[int, int]] = []
         self._arrived: dict[int, float] = {}
-        self._steps: dict[int, int] = {}
 
     async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
         k = require_count(meta, "k")
@@ -103,59 +98,45 @@ class EsyncServer(ServerRule):
         now = time.monotonic()
         if step_s is not None:
             self._step_s[worker] = float(step_s)
-        ready = k > 0 and self._ready(worker, now)
+        ready = k > 0 and step_s is not None and self._ready(worker, float(step_s), now)
         self._step_began[worker] = None if ready else now
         return {"sync": ready}
 
-    def _ready(self, worker: int, now: float) -> bool:
-        """The oracle's rule for a worker that has made at least one step this round."""
-        times = [c for c in self._step_s if c is not None]
-        if len(times) < len(self._step_s):
-            return False  # someone has not finished a step yet: the slowest is unknown
-        mine = times[worker]
-        slowest = max(range(len(times)), key=times.__getitem__)
+    def _ready(self, worker: int, mine: float, now: float) -> bool:
+        """The oracle's rule for a worker that has made at least one step this round and
+        whose last step took `mine` seconds."""
+        times = {worker: mine}
+        for rank in self.store.live:
+            step_s = self._step_s[rank]
+            if step_s is None:
+                return False  # someone has not finished a step yet: the slowest is unknown
+            times[rank] = step_s
+        slowest = max(times, key=times.__getitem__)
         if mine >= times[slowest]:
             return True
         began = self._step_began[slowest]
         left = 0.0 if began is None else max(0.0, began + times[slowest] - now)
         return mine * (1 + self.eps) > left
 
-    async def on_push(self, push: Push) -> dict[str, Any]:
-        arrived = time.monotonic()
-        n = self.store.workers
-        async with self.store.lock:
-            version = self.store.version
-            if push.base_version != version:
-                raise WireError(409, f"delta of version {push.base_version}, "
-                                     f"but the round is at version {version}")
-            if push.worker in self._arrived:
-                raise WireError(409, f"worker {push.worker} already pushed in this round")
-            total = push.vector if self._sum is None else await self.store.compute(
-                torch.add, self._sum, push.vector)
-            new = (await self.store.compute(lambda: self.store.w + total / n)
-                   if len(self._arrived) + 1 == n else None)
-            # nothing awaits from here on: a request cancelled above changed nothing
-            self._sum = total
-            self._contributions.append((push.worker, push.base_version))
-            self._arrived[push.worker] = arrived
-            self._steps[push.worker] = push.steps
-            if new is not None:
-                self._finish_round(new)
-        return {}
+    def take(self, push: Push) -> None:
+        self._arrived[push.worker] = time.monotonic()
 
-    def _finish_round(self, new: torch.Tensor) -> None:
+    def left(self, worker: int) -> None:
+        self._arrived.pop(worker, None)
+        self._step_s[worker] = self._step_began[worker] = None
+
+    async def close_round(self, pushes: dict[int, Push]) -> None:
         """Commit ``w + mean delta``, record the round, restart every worker's step clock."""
+        w = self.store.w
+        deltas = [push.vector for push in pushes.values()]
+        new = await self.store.compute(lambda: w + average(deltas))
         now = time.monotonic()
-        self.store.commit(new, self._contributions)
+        self.store.commit(new, contributions(pushes))
         self.rounds.append(EsyncRound(
-            self.store.version, dict(self._steps),
-            {worker: now - t for worker, t in self._arrived.items()}))
-        self._sum, self._contributions, self._arrived, self._steps = None, [], {}, {}
+            self.store.version, {worker: push.steps for worker, push in pushes.items()},
+            {worker: now - self._arrived[worker] for worker in pushes}))
+        self._arrived = {}
         self._step_began = [now] * self.store.workers
-
-    async def on_pull(self, pull: Pull) -> Reply:
-        await self.store.wait_for(lambda: self.store.version > pull.base_version, pull.worker)
-        return self.store.current()
 
 
 def _progress(trainer: Trainer, anchor: torch.Tensor) -> torch.Tensor:

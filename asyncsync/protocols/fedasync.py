@@ -67,7 +67,11 @@ class FedAsyncParams:
 
 
 class FedAsyncServer(ServerRule):
-    """Mix each pushed model into ``w`` on arrival, weighted by alpha * s(staleness)."""
+    """Mix each pushed model into ``w`` on arrival, weighted by alpha * s(staleness).
+
+    Nobody waits for anybody, so membership changes need no handling: a lost worker just
+    stops contributing, and a rejoined one continues from the model it joined with.
+    """
 
     push_kinds = frozenset({"model"})
 

@@ -1,11 +1,16 @@
 """FedAvg: federated averaging, local SGD weighted by samples with client sampling.
 
 Local SGD (see `asyncsync.protocols.local_sgd`) with two changes, made by overriding its
-server's hooks: a round's participants are ``m = max(1, round(C * N))`` workers sampled
-without replacement (seeded by ``(seed, version)``, so a run is reproducible), and the
-deltas are weighted by their sample counts, ``w <- w + sum_i (n_i / n) delta_i`` with
-``n = sum_i n_i`` over the participants. Workers not sampled for a round stay idle until a
-round includes them. With C = 1 (the default) every worker trains in every round.
+server's hooks: a round's participants are ``m = max(1, round(C * n))`` of the n live
+workers, sampled without replacement (seeded by ``(seed, version)``, so a run is
+reproducible), and the deltas are weighted by their sample counts,
+``w <- w + sum_i (n_i / n) delta_i`` with ``n = sum_i n_i`` over the round's deltas. Workers
+not sampled for a round stay idle until a round includes them. With C = 1 (the default)
+every live worker trains in every round.
+
+Membership is local SGD's: a lost participant's delta is withdrawn and the round closes
+with the others' (it is drawn again if no participant is left); a rejoined worker joins
+the open round when C = 1, otherwise it waits until a round samples it.
 
 Reference: H. B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas,
 "Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017.
@@ -14,6 +19,7 @@ Reference: H. B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas,
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from asyncsync.protocols.base import Protocol, Push, register
@@ -27,19 +33,19 @@ class FedAvgParams(LocalSgdParams):
     """Parameters of FedAvg (local SGD's, plus client sampling)."""
 
     fraction: float = option(1.0, lambda v: 0 < v <= 1, "must be in (0, 1]",
-                             "C: fraction of the workers sampled for each round")
+                             "C: fraction of the live workers sampled for each round")
     seed: int = option(0, help="seed of the client sampling")
 
 
 class FedAvgServer(LocalSgdServer):
-    """Local SGD's rounds over a sampled fraction of workers, weighted by samples."""
+    """Local SGD's rounds over a sampled fraction of the live workers, weighted by samples."""
 
-    def participants(self, version: int) -> frozenset[int]:
-        """``max(1, round(C * N))`` workers, drawn afresh for each round."""
-        workers = self.store.workers
-        count = max(1, round(self.params.fraction * workers))
+    def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
+        """``max(1, round(C * n))`` of the n `candidates`, drawn afresh for each round."""
+        pool = sorted(candidates)
+        count = min(len(pool), max(1, round(self.params.fraction * len(pool))))
         rng = random.Random(self.params.seed * 1_000_003 + version)
-        return frozenset(rng.sample(range(workers), count))
+        return frozenset(rng.sample(pool, count))
 
     def weight(self, push: Push) -> float:
         """A delta counts in proportion to the samples it was trained on."""

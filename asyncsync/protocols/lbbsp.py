@@ -2,11 +2,14 @@
 
 BSP with a barrier every iteration, but worker i computes its gradient on its own batch of
 x_i samples, re-sized at each barrier so that all workers finish together while the global
-batch ``X = sum_i x_i`` stays fixed. Server: when all N gradients of the version are in,
-``w <- opt_step(w, sum_i (x_i / X) g_i)`` (with mean-reduced losses this is exactly the
-gradient of the union of the N batches), version += 1; then it assigns the next sizes,
-which the pull replies carry as ``meta["batch_size"]``. Workers push their measured compute
-time of the batch in ``meta["compute_s"]`` and must use the size they were assigned.
+batch ``X = sum_i x_i`` stays fixed. Server: when the gradients of every live worker are
+in, ``w <- opt_step(w, sum_i (x_i / X) g_i)`` with X the round's samples (with mean-reduced
+losses this is exactly the gradient of the union of the batches), version += 1; then it
+assigns the next sizes, which the pull replies carry as ``meta["batch_size"]``. A worker
+starting its loop asks for its size with a query (none before the first assignment, when
+``global_batch`` is 0: it then uses its default batch size). Workers push their measured
+compute time of the batch in ``meta["compute_s"]`` and must use the size they were
+assigned.
 
 Batch sizing, per barrier:
 
@@ -21,7 +24,13 @@ Batch sizing, per barrier:
    so that a later change of speed is still tracked). The moved sizes are re-rounded to sum to X.
 
 X is ``global_batch``, or when that is 0 the sum of the workers' first batches (each its
-default batch size, clamped to the bounds).
+default batch size, clamped to the bounds). It is split among the live workers (within the
+bounds: fewer workers may not be able to hold all of X).
+
+Membership: a lost worker's gradient of the open round is withdrawn and the step is taken
+with the others' (their samples make that round's global batch); the next assignment
+splits X among the live workers. A rejoined worker is measured afresh: for the open round
+it gets an equal share of X, and the round waits for its gradient.
 
 Reference: C. Chen, Q. Weng, W. Wang, B. Li, B. Li, "Semi-Dynamic Load Balancing:
 Efficient Distributed Learning in Non-Dedicated Environments", ACM SoCC 2020.
@@ -34,9 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, WorkerLoop, register
+from asyncsync.protocols.base import Protocol, Pull, Push, Reply, WorkerLoop, register
+from asyncsync.protocols.bsp import BarrierServer, average, contributions
 from asyncsync.schema import check_fields, option
 from asyncsync.wire import WireError
 
@@ -70,11 +78,8 @@ class LbbspParams:
         """The batch bounds of one worker when the global batch is `total`."""
         return self.min_batch, self.max_batch or total
 
-    def first_batch(self, workers: int, rank: int, default: int) -> int:
-        """The batch a worker uses before any assignment."""
-        if self.global_batch:
-            low, high = self.bounds(self.global_batch)
-            return apportion(self.global_batch, [1.0] * workers, low, high)[rank]
+    def first_batch(self, default: int) -> int:
+        """The batch a worker uses before any assignment: `default`, within the bounds."""
         size = max(default, self.min_batch)
         return min(size, self.max_batch) if self.max_batch else size
 
@@ -99,8 +104,16 @@ def apportion(total: int, weights: Sequence[float], low: int, high: int) -> list
     return sizes
 
 
-class LbbspServer(ServerRule):
-    """Per-iteration barrier; sample-weighted gradient step; batch re-sizing at the barrier."""
+class LbbspServer(BarrierServer):
+    """Per-iteration barrier over the live workers; sample-weighted gradient step; batch
+    re-sizing at the barrier (see the module's notes on lost and rejoining workers).
+
+    Attributes:
+        batches: each worker's assigned batch size (empty before the first assignment
+            when ``global_batch`` is 0).
+        speeds: each worker's estimated speed in samples/s (0: not measured yet).
+        gains: each worker's damping gain.
+    """
 
     push_kinds = frozenset({"gradient"})
 
@@ -109,36 +122,26 @@ class LbbspServer(ServerRule):
         n = store.workers
         total = params.global_batch
         self.total = total or None
-        self.batches: list[int] | None = None
+        self.batches: dict[int, int] = {}
         if total:
             low, high = params.bounds(total)
             if not n * low <= total <= n * high:
                 raise ValueError(f"global_batch: {total} samples cannot be split among {n} "
                                  f"workers with batches in [{low}, {high}]")
-            self.batches = apportion(total, [1.0] * n, low, high)
+            self.batches = dict(enumerate(apportion(total, [1.0] * n, low, high)))
         self.speeds: list[float] = [0.0] * n
         self.gains = [1.0] * n
         self._directions = [0] * n
-        self._sum: torch.Tensor | None = None
-        self._pushed: list[tuple[int, int]] = []
-        self._samples: dict[int, int] = {}
-        self._seconds: dict[int, float] = {}
 
-    def _check(self, push: Push) -> float:
-        """Validate a push against the barrier and the assignment; returns its compute time."""
-        version = self.store.version
-        if push.base_version != version:
-            raise WireError(409, f"gradient of version {push.base_version}, "
-                                 f"but the barrier is at version {version}")
-        if push.worker in self._samples:
-            raise WireError(409, f"worker {push.worker} already pushed for version {version}")
+    def take(self, push: Push) -> None:
+        """Check the push's compute time and batch size against the assignment."""
         seconds = push.meta.get("compute_s")
         if (not isinstance(seconds, int | float) or isinstance(seconds, bool)
                 or not math.isfinite(seconds) or seconds <= 0):
             raise WireError(400, "lbbsp needs meta 'compute_s': the batch's compute time "
                                  "in seconds, a finite number > 0")
-        if self.batches is not None:
-            assigned = self.batches[push.worker]
+        assigned = self.batches.get(push.worker)
+        if assigned is not None:
             if push.samples != assigned:
                 raise WireError(409, f"worker {push.worker} pushed a batch of {push.samples} "
                                      f"samples but was assigned {assigned}")
@@ -147,51 +150,43 @@ class LbbspServer(ServerRule):
             if not low <= push.samples <= high:
                 raise WireError(409, f"first batch of {push.samples} samples is outside "
                                      f"[{low}, {high}]")
-        return float(seconds)
 
-    async def on_push(self, push: Push) -> dict[str, Any]:
-        async with self.store.lock:
-            seconds = self._check(push)
-            total, samples = self._sum, float(push.samples)
+    def joined(self, worker: int) -> None:
+        self.speeds[worker], self.gains[worker], self._directions[worker] = 0.0, 1.0, 0
+        if self.total is not None:
+            low, high = self.params.bounds(self.total)
+            self.batches[worker] = min(max(self.total // len(self.store.live), low), high)
 
-            def accumulate() -> torch.Tensor:
-                if total is None:
-                    return push.vector * samples
-                return total.add_(push.vector, alpha=samples)
-
-            self._sum = await self.store.compute(accumulate)
-            self._pushed.append((push.worker, push.base_version))
-            self._samples[push.worker] = push.samples
-            self._seconds[push.worker] = seconds
-            if len(self._pushed) == self.store.workers:
-                await self._step()
-        return {}
-
-    async def _step(self) -> None:
+    async def close_round(self, pushes: dict[int, Push]) -> None:
         """Apply the sample-weighted mean gradient, then assign the next batch sizes."""
-        n = self.store.workers
-        weighted, pushed = self._sum, self._pushed
-        samples = [self._samples[i] for i in range(n)]
-        seconds = [self._seconds[i] for i in range(n)]
-        self._sum, self._pushed, self._samples, self._seconds = None, [], {}, {}
-        assert weighted is not None
-        total = self.total = self.total or sum(samples)
-        mean = await self.store.compute(torch.div, weighted, total)
-        self._resize(samples, seconds)
-        await self.store.apply_gradient(mean, pushed)
+        gradients = [push.vector for push in pushes.values()]
+        samples = {worker: push.samples for worker, push in pushes.items()}
+        mean = await self.store.compute(average, gradients, list(samples.values()))
+        await self.store.apply_gradient(mean, contributions(pushes))
+        self.total = self.total or sum(samples.values())
+        self._resize(samples, {worker: float(push.meta["compute_s"])
+                               for worker, push in pushes.items()})
 
-    def _resize(self, samples: list[int], seconds: list[float]) -> None:
-        """Update the speed estimates and move each batch towards its balanced size."""
+    def _resize(self, samples: dict[int, int], seconds: dict[int, float]) -> None:
+        """Update the measured workers' speed estimates and move each live worker's batch
+        towards its balanced size."""
         assert self.total is not None
         beta = self.params.smoothing
-        for i, (x, t) in enumerate(zip(samples, seconds, strict=True)):
-            measured = x / t
+        for i, x in samples.items():
+            measured = x / seconds[i]
             self.speeds[i] = measured if self.speeds[i] == 0 else (
                 beta * self.speeds[i] + (1 - beta) * measured)
+        members = sorted(self.store.live)
+        if not members:
+            return
+        known = [self.speeds[i] for i in members if self.speeds[i] > 0]
+        unknown = sum(known) / len(known) if known else 1.0  # an equal share
         low, high = self.params.bounds(self.total)
-        targets = apportion(self.total, self.speeds, low, high)
+        total = min(max(self.total, len(members) * low), len(members) * high)
+        targets = apportion(total, [self.speeds[i] or unknown for i in members], low, high)
         moved = []
-        for i, (x, target) in enumerate(zip(samples, targets, strict=True)):
+        for i, target in zip(members, targets, strict=True):
+            x = samples.get(i, target)
             direction = (target > x) - (target < x)
             if direction and direction == -self._directions[i]:
                 self.gains[i] = max(self.gains[i] / 2, MIN_GAIN)
@@ -200,28 +195,33 @@ class LbbspServer(ServerRule):
             if direction:
                 self._directions[i] = direction
             moved.append(x + self.gains[i] * (target - x))
-        self.batches = apportion(self.total, moved, low, high)
+        self.batches.update(zip(members, apportion(total, moved, low, high), strict=True))
 
     async def on_pull(self, pull: Pull) -> Reply:
-        await self.store.wait_for(lambda: self.store.version > pull.base_version, pull.worker)
-        reply = self.store.current()
-        assert self.batches is not None
-        reply.meta["batch_size"] = self.batches[pull.worker]
+        reply = await super().on_pull(pull)
+        if pull.worker in self.batches:
+            reply.meta["batch_size"] = self.batches[pull.worker]
         return reply
+
+    async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """The worker's assigned batch size, if it has one."""
+        size = self.batches.get(worker)
+        return {} if size is None else {"batch_size": size}
 
 
 class LbbspWorker(WorkerLoop):
     """Gradient on the assigned batch size, push it with its compute time, pull the next."""
 
     async def run(self, ctx: WorkerContext) -> None:
-        batch = self.params.first_batch(ctx.workers, ctx.rank, ctx.batch_size)
+        assigned = (await ctx.query({})).get("batch_size")
+        batch = self.params.first_batch(ctx.batch_size) if assigned is None else int(assigned)
         while True:
             result, grad = await ctx.gradient(batch_size=batch)
             await ctx.push("gradient", grad, steps=1, samples=result.samples,
                            meta={"compute_s": result.compute_s})
             vector, version, meta = await ctx.pull()
             await ctx.adopt(vector, version)
-            batch = int(meta["batch_size"])
+            batch = int(meta.get("batch_size", batch))
 
 
 LBBSP = register(Protocol("lbbsp", "load-balanced BSP: per-worker batch sizes re-sized at "

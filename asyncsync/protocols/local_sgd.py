@@ -2,8 +2,9 @@
 
 Worker: wait until the server has a round for it, adopt the round's model, run H local SGD
 steps, push the delta ``w_i(end) - w_i(start)`` with its sample count. Server: when every
-participant of the round has pushed, ``w <- w + sum_i p_i delta_i`` with equal weights
-``p_i = 1/N``, version += 1, and the next round opens.
+live participant of the round has pushed, ``w <- w + sum_i p_i delta_i`` over the round's
+deltas with equal weights ``p_i = 1/n`` (n: the deltas of the round), version += 1, and the
+next round opens.
 
 A round is identified by the version its participants start from. The hooks
 `LocalSgdServer.participants` (who trains in a round) and `LocalSgdServer.weight` (a
@@ -14,14 +15,13 @@ Reference: S. U. Stich, "Local SGD Converges Fast and Communicates Little", ICLR
 
 from __future__ import annotations
 
+from collections.abc import Collection, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import torch
-
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, WorkerLoop, register
+from asyncsync.protocols.base import Protocol, Pull, Push, Reply, WorkerLoop, register
+from asyncsync.protocols.bsp import BarrierServer, average, contributions
 from asyncsync.schema import check_fields, option
-from asyncsync.wire import WireError
 
 if TYPE_CHECKING:
     from asyncsync.server import ParameterStore
@@ -39,69 +39,67 @@ class LocalSgdParams:
         check_fields(self)
 
 
-class LocalSgdServer(ServerRule):
-    """One round per version: the last participant's delta closes it."""
+class LocalSgdServer(BarrierServer):
+    """One round per version: the last live participant's delta closes it.
+
+    Each round's participants are drawn when it opens from the live workers (before the
+    run starts: from all of them); the round waits for those still live. A lost
+    participant's delta is withdrawn and the round closes with the others'; if no
+    participant is left, the round is drawn again from the live workers. When a worker
+    rejoins, the open round is drawn again from the live workers if that keeps every
+    participant still live (always so when every live worker trains in every round, as in
+    local SGD: the rejoined worker then joins the open round); otherwise the rejoined
+    worker waits for a round that draws it.
+
+    Attributes:
+        round: the participants drawn for the open round.
+    """
 
     push_kinds = frozenset({"delta"})
 
     def __init__(self, params: LocalSgdParams, store: ParameterStore) -> None:
         super().__init__(params, store)
-        self.round = self.participants(0)
-        self._sum: torch.Tensor | None = None
-        self._total = 0.0
-        self._pushed: list[tuple[int, int]] = []
+        self.round = self.participants(0, range(store.workers))
 
-    def participants(self, version: int) -> frozenset[int]:
-        """The workers that train in the round starting from `version`: all of them."""
-        return frozenset(range(self.store.workers))
+    def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
+        """The workers, among `candidates`, that train in the round starting from `version`:
+        all of them."""
+        return frozenset(candidates)
 
     def weight(self, push: Push) -> float:
         """A delta's weight before normalisation over the round: equal for all."""
         return 1.0
 
-    async def on_push(self, push: Push) -> dict[str, Any]:
-        async with self.store.lock:
-            version = self.store.version
-            if push.base_version != version:
-                raise WireError(409, f"delta from version {push.base_version}, but the "
-                                     f"round in progress starts from version {version}")
-            if push.worker not in self.round:
-                raise WireError(409, f"worker {push.worker} does not take part in the round "
-                                     f"of version {version}")
-            if any(worker == push.worker for worker, _ in self._pushed):
-                raise WireError(409, f"worker {push.worker} already pushed for version "
-                                     f"{version}")
-            weight = self.weight(push)
-            total = self._sum
+    def members(self) -> Set[int]:
+        return self.round & self.store.live
 
-            def accumulate() -> torch.Tensor:
-                if total is None:
-                    return push.vector * weight
-                return total.add_(push.vector, alpha=weight)
+    def take(self, push: Push) -> None:
+        self.weight(push)  # refuse a delta that cannot be weighted
 
-            self._sum = await self.store.compute(accumulate)
-            self._total += weight
-            self._pushed.append((push.worker, push.base_version))
-            if len(self._pushed) == len(self.round):
-                await self._close_round()
-        return {}
+    def left(self, worker: int) -> None:
+        if not self.members():
+            self.round = self.participants(self.store.version, self.store.live)
 
-    async def _close_round(self) -> None:
-        """``w <- w + sum / total`` as the next version; open the next round."""
-        w, total, scale = self.store.w, self._sum, 1.0 / self._total
-        assert total is not None
-        new = await self.store.compute(lambda: w.add(total, alpha=scale))
-        pushed = self._pushed
-        self._sum, self._total, self._pushed = None, 0.0, []
-        self.round = self.participants(self.store.version + 1)
-        self.store.commit(new, pushed)
+    def joined(self, worker: int) -> None:
+        drawn = self.participants(self.store.version, self.store.live)
+        if worker not in self.round and self.members() <= drawn:
+            self.round = drawn
 
-    def _has_work(self, worker: int) -> bool:
-        return worker in self.round and all(w != worker for w, _ in self._pushed)
+    async def close_round(self, pushes: dict[int, Push]) -> None:
+        """``w <- w + weighted mean delta`` as the next version; open the next round."""
+        w = self.store.w
+        deltas = [push.vector for push in pushes.values()]
+        weights = [self.weight(push) for push in pushes.values()]
+        new = await self.store.compute(lambda: w + average(deltas, weights))
+        self.store.commit(new, contributions(pushes))
+        self.round = self.participants(self.store.version, self.store.live)
 
     async def on_pull(self, pull: Pull) -> Reply:
-        """Answer once the current round counts on `worker` and it has not pushed yet."""
-        await self.store.wait_for(lambda: self._has_work(pull.worker), pull.worker)
+        """Answer once the open round counts on the worker and it has not pushed yet."""
+        def has_work() -> bool:
+            return pull.worker in self.members() and pull.worker not in self.pushes
+
+        await self.store.wait_for(has_work, pull.worker)
         return self.store.current()
 
 

@@ -9,10 +9,10 @@ Local steps per round are therefore flexible and differentiated: fast workers do
 slow workers at least one. The first synchronization starts after the first local step and
 pushes that step; its anchor is the local model at that moment.
 
-Server: with ``server_mode = "sync"`` (the default) it collects one delta per worker per
-round, then ``w <- w + (1/N) sum_i delta_i``, version += 1, and answers the pulls. With
-``server_mode = "async"`` it applies ``w <- w + delta / N`` on arrival, one version per
-delta, and answers pulls at once.
+Server: with ``server_mode = "sync"`` (the default) it collects one delta per live worker
+per round, then ``w <- w + mean_i delta_i``, version += 1, and answers the pulls. With
+``server_mode = "async"`` it applies ``w <- w + delta / N`` on arrival (N: the live
+workers), one version per delta, and answers pulls at once.
 
 Choices: synchronous rounds by default, the asynchronous form as the ``server_mode``
 parameter.
@@ -24,32 +24,21 @@ on Services Computing, 2023 (doi:10.1109/TSC.2023.3304312).
 
 from __future__ import annotations
 
-import asyncio
-from abc import abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from asyncsync.protocols.base import (
-    Protocol,
-    Pull,
-    Push,
-    Reply,
-    ServerRule,
-    WorkerLoop,
-    register,
-)
+from asyncsync.protocols.base import Protocol, Pull, Push, Reply, register
+from asyncsync.protocols.bsp import BarrierServer, average, contributions
+from asyncsync.protocols.overlap import OverlapWorker, Pulled
 from asyncsync.schema import check_fields, option
-from asyncsync.wire import WireError
 
 if TYPE_CHECKING:
+    import torch
+
     from asyncsync.server import ParameterStore
-    from asyncsync.trainer import Trainer
     from asyncsync.worker import WorkerContext
 
 SERVER_MODES = ("sync", "async")
-Pulled = tuple[torch.Tensor, int]  # a global vector and its version
 
 
 @dataclass(frozen=True)
@@ -64,102 +53,40 @@ class NbsyncParams:
         check_fields(self)
 
 
-class NbsyncServer(ServerRule):
-    """Rounds of one delta per worker (or every delta on arrival, in async mode)."""
+class NbsyncServer(BarrierServer):
+    """Rounds of one delta per live worker (or every delta on arrival, in async mode).
+
+    Sync mode: a lost worker's delta of the open round is withdrawn and the round closes
+    with the others'; a rejoined worker's first delta, based on the version it joined at,
+    belongs to the open round, which waits for it. Async mode: a delta counts ``1/n`` with
+    n the live workers when it arrives; nobody waits for anybody.
+    """
 
     push_kinds = frozenset({"delta"})
 
     def __init__(self, params: NbsyncParams, store: ParameterStore) -> None:
         super().__init__(params, store)
         self.synchronous = params.server_mode == "sync"
-        self._sum: torch.Tensor | None = None
-        self._contributions: list[tuple[int, int]] = []
 
     async def on_push(self, push: Push) -> dict[str, Any]:
-        n = self.store.workers
+        if self.synchronous:
+            return await super().on_push(push)
         async with self.store.lock:
-            if not self.synchronous:
-                new = await self.store.compute(lambda: self.store.w + push.vector / n)
-                self.store.commit(new, [(push.worker, push.base_version)])
-                return {}
-            version = self.store.version
-            if push.base_version != version:
-                raise WireError(409, f"delta of version {push.base_version}, "
-                                     f"but the round is at version {version}")
-            if any(worker == push.worker for worker, _ in self._contributions):
-                raise WireError(409, f"worker {push.worker} already pushed in this round")
-            total = push.vector if self._sum is None else await self.store.compute(
-                torch.add, self._sum, push.vector)
-            if len(self._contributions) + 1 < n:
-                self._sum = total
-                self._contributions.append((push.worker, push.base_version))
-                return {}
-            new = await self.store.compute(lambda: self.store.w + total / n)
-            # nothing awaited after the state changes: a cancelled request changed nothing
-            contributions = [*self._contributions, (push.worker, push.base_version)]
-            self._sum, self._contributions = None, []
-            self.store.commit(new, contributions)
+            w, n = self.store.w, max(1, len(self.store.live))
+            new = await self.store.compute(lambda: w + push.vector / n)
+            self.store.commit(new, [(push.worker, push.base_version)])
         return {}
+
+    async def close_round(self, pushes: dict[int, Push]) -> None:
+        w = self.store.w
+        deltas = [push.vector for push in pushes.values()]
+        new = await self.store.compute(lambda: w + average(deltas))
+        self.store.commit(new, contributions(pushes))
 
     async def on_pull(self, pull: Pull) -> Reply:
         if self.synchronous:
-            await self.store.wait_for(lambda: self.store.version > pull.base_version,
-                                      pull.worker)
+            return await super().on_pull(pull)
         return self.store.current()
-
-
-def split_progress(trainer: Trainer, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(w - anchor, w)``: the progress since `anchor`, and a copy of the local vector."""
-    now = trainer.vector_copy()
-    return now - anchor, now
-
-
-class OverlapWorker(WorkerLoop):
-    """Local SGD that never waits for the network: one exchange runs in the background.
-
-    After each local step, if no exchange is in flight (or the last one has finished), the
-    progress since the anchor becomes the next exchange's delta; a model the finished
-    exchange brought back is adopted first and becomes the anchor. Errors of the exchange,
-    `RunStopped` included, surface at that step boundary; an exchange still in flight when
-    the loop ends is cancelled.
-    """
-
-    async def run(self, ctx: WorkerContext) -> None:
-        anchor = await ctx.in_thread(ctx.trainer.vector_copy)
-        exchange: asyncio.Task[Pulled | None] | None = None
-        steps = samples = 0
-        try:
-            while True:
-                result = await ctx.steps(1)
-                steps += 1
-                samples += result.samples
-                if exchange is not None and not exchange.done():
-                    continue
-                pulled = None if exchange is None else exchange.result()
-                delta, anchor = await ctx.in_thread(split_progress, ctx.trainer, anchor)
-                if pulled is not None:
-                    await ctx.adopt(*pulled)
-                    anchor = pulled[0]
-                exchange = asyncio.create_task(self.exchange(ctx, delta, steps, samples))
-                steps = samples = 0
-        finally:
-            await _discard(exchange)
-
-    @abstractmethod
-    async def exchange(self, ctx: WorkerContext, delta: torch.Tensor, steps: int,
-                       samples: int) -> Pulled | None:
-        """Push `delta` (`steps` local steps); return a global model to adopt, if any."""
-
-
-async def _discard(task: asyncio.Task[Pulled | None] | None) -> None:
-    """Cancel `task` if it is still running and wait for it to end."""
-    if task is None:
-        return
-    if not task.done():
-        task.cancel()
-        await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # mark it retrieved: the loop is already ending with its own error
 
 
 class NbsyncWorker(OverlapWorker):

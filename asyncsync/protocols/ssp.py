@@ -7,8 +7,11 @@ advance the pusher's clock; a pull, which starts the worker's next iteration, is
 ``c_i - min_j c_j > s``. With s = 0 no worker starts iteration k + 1 before every worker
 finished iteration k (BSP's pattern); with a large s nobody ever waits (ASP).
 
-Workers that left the run no longer count in ``min_j c_j``. A push from a worker whose
-clock is beyond the bound (it did not pass the pull gate) is rejected.
+Only live workers count in ``min_j c_j``: a lost worker no longer holds the others back.
+A worker that rejoins restarts at the smallest clock of the live workers (so it is held
+by nobody and holds nobody back). A push from a worker whose clock is beyond the bound (it
+did not pass the pull gate), or based on a version older than the one its worker last
+joined at (it comes from before the rejoin), is rejected.
 
 Reference: Q. Ho, J. Cipar, H. Cui, J. K. Kim, S. Lee, P. B. Gibbons, G. A. Gibson,
 G. R. Ganger, E. P. Xing, "More Effective Distributed ML via a Stale Synchronous Parallel
@@ -41,7 +44,9 @@ class SspParams:
 
 
 class SspServer(ServerRule):
-    """Apply gradients on arrival; hold a pull while its worker is more than s clocks ahead."""
+    """Apply gradients on arrival; hold a pull while its worker is more than s clocks ahead
+    of the slowest live worker (a lost worker stops counting; a rejoined one restarts at
+    the slowest live clock)."""
 
     push_kinds = frozenset({"gradient"})
 
@@ -49,15 +54,19 @@ class SspServer(ServerRule):
         super().__init__(params, store)
         self.bound = params.staleness
         self.clocks = [0] * store.workers
-        self._active = set(range(store.workers))
+        self._joined: dict[int, int] = {}
 
     def gap(self, worker: int) -> int:
-        """How many clocks `worker` is ahead of the slowest worker still in the run."""
-        slowest = min((self.clocks[j] for j in self._active), default=self.clocks[worker])
+        """How many clocks `worker` is ahead of the slowest live worker."""
+        slowest = min((self.clocks[j] for j in self.store.live), default=self.clocks[worker])
         return self.clocks[worker] - slowest
 
     async def on_push(self, push: Push) -> dict[str, Any]:
         async with self.store.lock:
+            joined = self._joined.get(push.worker, 0)
+            if push.base_version < joined:
+                raise WireError(409, f"gradient based on version {push.base_version}, before "
+                                     f"worker {push.worker} rejoined at version {joined}")
             gap = self.gap(push.worker)
             if gap > self.bound:
                 raise WireError(409, f"worker {push.worker} is {gap} clocks ahead of the "
@@ -71,9 +80,11 @@ class SspServer(ServerRule):
         await self.store.wait_for(lambda: self.gap(pull.worker) <= self.bound, pull.worker)
         return self.store.current()
 
-    async def on_leave(self, worker: int) -> None:
-        self._active.discard(worker)
-        self.store.notify()
+    async def on_join(self, worker: int) -> None:
+        async with self.store.lock:
+            self._joined[worker] = self.store.version
+            others = (self.clocks[j] for j in self.store.live if j != worker)
+            self.clocks[worker] = min(others, default=self.clocks[worker])
 
 
 SSP = register(Protocol("ssp", "stale synchronous parallel: async SGD, clock gap at most s",

@@ -9,7 +9,14 @@ training; tau steps later (default 5: the exchange starts tau steps before its r
 needed) it takes the new global fragment, waiting only if it is still in flight, merges
 ``w_i,p <- (1 - alpha) w_p + alpha w_i,p`` (alpha 0.5) and keeps ``w_p`` as its copy.
 Server: DiLoCo's outer Nesterov step, per fragment and with momentum per fragment, when the
-N pseudo-gradients of a fragment's round are in; every such round is a version.
+pseudo-gradients of every live worker for a fragment's round are in; every such round is a
+version.
+
+Membership (see `RoundServer`): a lost worker's pseudo-gradients are withdrawn from the open
+rounds. A worker starting its loop asks the server where the schedule stands (a query): it
+sets its step counter to the step of the latest exchange that has completed, so that its
+next exchange of each fragment is the one the others are in; a rejoined worker thus takes
+part in the open rounds without deadlocking the staggered schedule.
 
 Fragments travel as partial vectors: pushes and pull replies carry only the fragment's
 elements. **(choice)** Fragments are contiguous slices of the flat vector of nearly equal
@@ -23,13 +30,13 @@ a Distributed Free Lunch", arXiv:2501.18512, 2025.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asyncsync.protocols.base import Protocol, WorkerLoop, register
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer, pseudo_gradient
-from asyncsync.protocols.overlap_local_sgd import Transfers, mix_into
+from asyncsync.protocols.overlap import Pulled, Transfers, exchange, mix_into
 from asyncsync.schema import option
 
 if TYPE_CHECKING:
@@ -61,13 +68,22 @@ def fragment_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
 
 
 class StreamingDilocoServer(DilocoServer):
-    """DiLoCo's server with one barrier and one outer optimizer per fragment."""
+    """DiLoCo's server with one barrier and one outer optimizer per fragment; it tells a
+    (re)joining worker where the exchange schedule stands."""
 
     def fragments(self) -> list[tuple[int, int]]:
         parts, numel = self.params.fragments, self.store.w.numel()
         if parts > numel:
             raise ValueError(f"fragments: must be <= the model's {numel} elements, got {parts}")
         return fragment_bounds(numel, parts)
+
+    async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """The local step of the latest completed exchange (0 before any): fragment p's
+        round r was exchanged after step ``p * H // P + (r + 1) * H``."""
+        h, parts = self.params.inner_steps, self.params.fragments
+        step = max((fragment * h // parts + done * h for fragment, done in enumerate(self._done)
+                    if done), default=0)
+        return {"step": step}
 
 
 def merge_fragment(trainer: Trainer, anchor: torch.Tensor, fresh: torch.Tensor, alpha: float,
@@ -97,16 +113,19 @@ class StreamingDilocoWorker(WorkerLoop):
     """Local steps in blocks up to the next exchange or merge; staggered fragment exchanges
     in the background, each merged tau steps after it started.
 
-    A failed exchange (e.g. the run stopped) surfaces at the end of the current block.
+    A failed exchange (e.g. the run stopped) surfaces at the end of the current block. The
+    step counter starts where the server's schedule stands (0 at the start of a run); a
+    merge due for an exchange this loop did not start is skipped.
     """
 
     async def run(self, ctx: WorkerContext) -> None:
         params: StreamingDilocoParams = self.params
         bounds = fragment_bounds(ctx.trainer.numel, params.fragments)
         anchor = await ctx.in_thread(ctx.trainer.vector_copy)
-        version, step, samples = ctx.version, 0, 0
-        pushed = [(0, 0)] * params.fragments  # (step, samples) at each fragment's last push
-        async with Transfers(ctx) as transfers:
+        step = int((await ctx.query({}))["step"])
+        version, samples = ctx.version, 0
+        pushed = [(step, 0)] * params.fragments  # (step, samples) at each fragment's last push
+        async with Transfers[Pulled]() as transfers:
             while True:
                 event = next_event(step, params)
                 samples += (await ctx.steps(event - step)).samples
@@ -117,11 +136,13 @@ class StreamingDilocoWorker(WorkerLoop):
                         pseudo = await ctx.in_thread(pseudo_gradient, ctx.trainer, anchor,
                                                      start, stop)
                         last_step, last_samples = pushed[fragment]
-                        transfers.start(fragment, "gradient", pseudo, steps=step - last_step,
-                                        samples=samples - last_samples, base_version=version,
-                                        meta={"fragment": fragment})
+                        transfers.start(fragment, exchange(
+                            ctx, "gradient", pseudo, steps=step - last_step,
+                            samples=samples - last_samples, base_version=version,
+                            meta={"fragment": fragment}))
                         pushed[fragment] = (step, samples)
-                    if starts_after(step - params.overlap_steps, fragment, params):
+                    if (starts_after(step - params.overlap_steps, fragment, params)
+                            and fragment in transfers):
                         fresh, fresh_version = await transfers.finish(fragment)
                         version = max(version, fresh_version)
                         await ctx.in_thread(merge_fragment, ctx.trainer, anchor, fresh,

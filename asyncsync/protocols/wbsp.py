@@ -4,18 +4,18 @@ Worker: after every local SGD step, push the delta since its last push. The push
 whether a new global model may be pulled; if so, pull it and continue from it, otherwise
 keep training from the local model.
 
-Server: add each delta on arrival to a working model, ``w <- w + delta / N``. The working
-model becomes a new pullable version (version += 1) only when the slowest worker pushes a
-new step, so every worker pulls the same consistent global models while the fast ones
-contribute several steps per version. A push is answered ``pull = true`` when a version
-newer than the pusher's base version exists.
+Server: add each delta on arrival to a working model, ``w <- w + delta / N`` (N: the live
+workers). The working model becomes a new pullable version (version += 1) only when the
+slowest worker pushes a new step, so every worker pulls the same consistent global models
+while the fast ones contribute several steps per version. A push is answered
+``pull = true`` when a version newer than the pusher's base version exists.
 
 Choices: the slowest worker is detected dynamically as the one with the lowest recent step
 rate: the server keeps, per worker, an exponentially weighted moving average (weight
 ``rate_smoothing`` on the newest value) of the seconds per step between its consecutive
 pushes; a worker without an estimate yet (fewer than two pushes) counts as slowest, and
-workers that left are ignored. ``slow_worker`` fixes the slowest by rank instead, as the
-official code does.
+only live workers count. ``slow_worker`` fixes the slowest by rank instead, as the
+official code does; while that worker is out of the run, the slowest is detected.
 
 Reference: D. Yang, B. Hu, A. Liu, A.-L. Jin, K. L. Yeung, Y. You, "WBSP: Addressing
 stragglers in distributed machine learning with worker-busy synchronous parallel",
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncsync.protocols.base import Protocol, Push, ServerRule, WorkerLoop, register
-from asyncsync.protocols.nbsync import split_progress
+from asyncsync.protocols.overlap import split_progress
 from asyncsync.schema import check_fields, option
 from asyncsync.wire import WireError
 
@@ -64,7 +64,13 @@ class PushRecord:
 
 
 class WbspServer(ServerRule):
-    """Deltas accumulate on arrival; the slowest worker's pushes publish versions.
+    """Deltas accumulate on arrival; the slowest live worker's pushes publish versions.
+
+    A lost worker no longer counts as the slowest, so the next push of the slowest of the
+    others publishes (its deltas already in the working model stay there). A rejoined
+    worker's step rate is measured afresh: until it is known the rejoined worker counts as
+    the slowest, so its first push publishes. A push based on a version older than the
+    one its worker last joined at comes from before the rejoin and is refused (409).
 
     Attributes:
         pushes: every accepted push, in arrival order.
@@ -84,15 +90,18 @@ class WbspServer(ServerRule):
         self._pending: list[tuple[int, int]] = []
         self._last_push: list[float | None] = [None] * store.workers
         self._step_s: list[float] = [math.inf] * store.workers
-        self._left: set[int] = set()
+        self._joined: dict[int, int] = {}
 
     async def on_push(self, push: Push) -> dict[str, Any]:
         if push.steps < 1:
             raise WireError(400, "a delta must carry at least one step")
         arrived = time.monotonic()
-        n = self.store.workers
         async with self.store.lock:
-            working = self._working
+            joined = self._joined.get(push.worker, 0)
+            if push.base_version < joined:
+                raise WireError(409, f"delta based on version {push.base_version}, before "
+                                     f"worker {push.worker} rejoined at version {joined}")
+            working, n = self._working, max(1, len(self.store.live))
             self._working = await self.store.compute(lambda: working + push.vector / n)
             self._pending.append((push.worker, push.base_version))
             self._measure(push.worker, push.steps, arrived)
@@ -115,13 +124,16 @@ class WbspServer(ServerRule):
             (1 - self.smoothing) * old + self.smoothing * step_s)
 
     def _is_slowest(self, worker: int) -> bool:
-        if self.slow_worker is not None:
+        if self.slow_worker in self.store.live:
             return worker == self.slow_worker
-        present = [s for rank, s in enumerate(self._step_s) if rank not in self._left]
+        present = [self._step_s[rank] for rank in self.store.live]
         return self._step_s[worker] >= max(present, default=0.0)
 
-    async def on_leave(self, worker: int) -> None:
-        self._left.add(worker)
+    async def on_join(self, worker: int) -> None:
+        async with self.store.lock:
+            self._joined[worker] = self.store.version
+            self._last_push[worker] = None
+            self._step_s[worker] = math.inf
 
 
 class WbspWorker(WorkerLoop):

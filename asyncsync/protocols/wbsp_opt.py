@@ -2,7 +2,7 @@
 
 The server rule is WBSP's (`asyncsync.protocols.wbsp`): deltas are added on arrival,
 ``w <- w + delta / N``, and a new pullable version is published when the slowest worker
-pushes a new step.
+pushes a new step; lost and rejoining workers are handled as there.
 
 Worker: local SGD never waits for a push. One exchange runs in the background: push the
 progress since the last push (several steps' delta when the link is slower than a step);
@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from asyncsync.protocols.base import Protocol, register
-from asyncsync.protocols.nbsync import OverlapWorker, Pulled
+from asyncsync.protocols.overlap import OverlapWorker, Pulled
 from asyncsync.protocols.wbsp import WbspParams, WbspServer
 
 if TYPE_CHECKING:
