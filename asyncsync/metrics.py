@@ -98,6 +98,8 @@ class WorkerMetrics:
 
     def transferred(self, op: str, start: float, seconds: float, held_s: float,
                     up: int, down: int, version: int | None) -> None:
+        """Account one request; `up` / `down` are the tensor bytes it carried (the byte
+        totals come from the transport, see `WorkerContext.sync_bytes`)."""
         s = self.stats
         held = min(held_s, seconds)
         s.wait_s += held
@@ -105,8 +107,6 @@ class WorkerMetrics:
             s.push_s += seconds - held
         else:
             s.pull_s += seconds - held
-        s.bytes_up += up
-        s.bytes_down += down
         self.log.write({"ev": op, "t": round(start, 4), "dur": round(seconds, 4),
                         "wait": round(held, 4), "up": up, "down": down, "version": version})
 

@@ -130,17 +130,23 @@ class WorkerContext:
         """Send one message with this worker's identity and stats; account its time."""
         header = {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
                   "stats": self.metrics.snapshot()}
-        up, down = self.transport.bytes_up, self.transport.bytes_down
         start = self.metrics.now()
         began = time.monotonic()
         reply, out = await self.transport.request(op, header, vector)
         seconds = time.monotonic() - began
         held = float(reply.get("meta", {}).get("held_s", 0.0))
-        self.metrics.transferred(op, start, seconds, held, self.transport.bytes_up - up,
-                                 self.transport.bytes_down - down, reply.get("version"))
+        self.metrics.transferred(op, start, seconds, held, tensor_bytes(vector),
+                                 tensor_bytes(out), reply.get("version"))
+        self.sync_bytes()
         if reply.get("stop"):
             raise RunStopped
         return reply, out
+
+    def sync_bytes(self) -> None:
+        """Take the byte totals from the transport, which counts every request exactly
+        once even when several are in flight (heartbeats and headers included)."""
+        self.metrics.stats.bytes_up = self.transport.bytes_up
+        self.metrics.stats.bytes_down = self.transport.bytes_down
 
     def _check_budget(self) -> None:
         if self.max_steps is not None and self.metrics.stats.steps >= self.max_steps:
@@ -148,6 +154,10 @@ class WorkerContext:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def tensor_bytes(vector: torch.Tensor | None) -> int:
+    return 0 if vector is None else vector.numel() * vector.element_size()
 
 
 def cycle_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> BatchSource:
@@ -271,6 +281,7 @@ class Worker:
         except RunStopped:
             pass
         finally:
+            ctx.sync_bytes()
             final = self.metrics.final()  # totals of the run, before the leave request
             with contextlib.suppress(Exception):  # the server may be gone; leaving is best effort
                 await ctx.request("leave", {}, None, None)

@@ -168,9 +168,8 @@ async def push_then_pull(ctx: WorkerContext, kind: str, vector: torch.Tensor, st
         await ctx.push(kind, vector, steps=steps, samples=samples)
         return await pull
     finally:
-        if not pull.done():
-            pull.cancel()
-            await asyncio.gather(pull, return_exceptions=True)
+        pull.cancel()  # no-op when it finished; either way its outcome is collected
+        await asyncio.gather(pull, return_exceptions=True)
 
 
 class BspWorker(WorkerLoop):
