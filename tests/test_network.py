@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import torch
@@ -52,3 +53,38 @@ def test_network_spec_resolves_per_worker_links() -> None:
     assert spec.link(1) == LinkSpec(20.0, 5.0, 30.0, 0.0)
     assert spec.link(2) == LinkSpec(0.0, 5.0, 30.0, 0.0)
     assert not NetworkSpec().link(0).shaped
+
+
+async def test_downlink_paces_pulls() -> None:
+    model = torch.nn.Linear(250, 10_000)  # 2.5 M floats = 10 MB
+    async with ParameterServer(model, "asp", workers=1, run_id="net") as server:
+        numel = server.core.limits.numel
+        transport = HttpTransport(server.url, numel, link=Link(LinkSpec(downlink_mbps=80)))
+        try:
+            await transport.request("join", {"worker": 0, "run_id": "net"})
+            began = time.monotonic()
+            _, vector = await transport.request("pull", {"worker": 0, "run_id": "net",
+                                                         "base_version": 0})
+            seconds = time.monotonic() - began
+        finally:
+            await transport.close()
+    assert vector is not None and vector.numel() == numel
+    expected = numel * 4 * 8 / 80e6  # 1.0 s
+    assert abs(seconds - expected) / expected < 0.2, (seconds, expected)
+
+
+async def test_jitter_is_bounded_and_seeded() -> None:
+    async def delays(seed: int) -> list[float]:
+        link = Link(LinkSpec(latency_ms=10, jitter_ms=20), seed=seed)
+        out = []
+        for _ in range(8):
+            began = time.monotonic()
+            await link.one_way_delay()
+            out.append(time.monotonic() - began)
+        return out
+
+    first, again = await delays(3), await delays(3)
+    assert all(0.0095 <= d < 0.045 for d in first), first  # latency + U[0, jitter]
+    assert max(first) - min(first) > 0.004  # the jitter varies
+    assert abs(first[0] - (0.010 + random.Random(3).uniform(0, 20) / 1000)) < 0.01
+    assert all(abs(a - b) < 0.01 for a, b in zip(first, again, strict=True))
