@@ -23,12 +23,13 @@ class JsonlLog:
         self._flush_s = flush_s
         self._last_flush = time.monotonic()
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any], flush: bool = False) -> None:
+        """Append a record; `flush` forces it to disk now (events a crash must not lose)."""
         if self._file is None:
             return
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         now = time.monotonic()
-        if now - self._last_flush >= self._flush_s:
+        if flush or now - self._last_flush >= self._flush_s:
             self._file.flush()
             self._last_flush = now
 

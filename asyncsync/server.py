@@ -281,7 +281,7 @@ class ServerCore:
                     record.state = "lost"
                     self.events.write({"event": "worker_lost", "t": round(self.elapsed(), 3),
                                        "worker": rank, "silent_s": round(now - record.last_seen,
-                                                                         3)})
+                                                                         3)}, flush=True)
                     await self._drop(rank)
 
     async def _drop(self, worker: int) -> None:
@@ -308,7 +308,7 @@ class ServerCore:
             arrays.update({f"rule.{k}": v.clone() for k, v in self.rule.state_dict().items()})
         await asyncio.to_thread(save_checkpoint, self.checkpoint_path, self.run_id, arrays)
         self.events.write({"event": "checkpoint", "t": round(self.elapsed(), 3),
-                           "version": int(arrays["version"])})
+                           "version": int(arrays["version"])}, flush=True)
 
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint: model, version, optimizer, rule state and clock.
@@ -327,7 +327,7 @@ class ServerCore:
                                    if k.startswith("rule.")})
         elapsed = float(arrays["elapsed"])
         self.events.write({"event": "resume", "t": round(elapsed, 3),
-                           "version": self.store.version})
+                           "version": self.store.version}, flush=True)
         self._start(elapsed)
 
     async def _evaluations(self) -> None:
@@ -368,7 +368,8 @@ class ServerCore:
         stale = self.store.staleness
         self.events.write({"event": "stop", "t": stopped_at,
                            "versions": self.store.version, "updates": stale.count,
-                           "mean_staleness": stale.mean, "max_staleness": stale.maximum})
+                           "mean_staleness": stale.mean, "max_staleness": stale.maximum},
+                          flush=True)
         self.stopped = True
         self._check_finished()
 
