@@ -129,3 +129,10 @@ def push_header(rank: int) -> dict[str, Any]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+async def instrument(client: HttpTransport, cmd: str) -> dict[str, Any]:
+    """Send a sink-rule command as worker 0: "record" starts measuring, "report" returns
+    loop-lag percentiles and peak memory since "record"."""
+    reply, _ = await client.request("query", {"worker": 0, "run_id": RUN, "meta": {"cmd": cmd}})
+    return dict(reply["meta"])

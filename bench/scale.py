@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import torch
-from benchlib import RUN, joined_client, push_header, start_server
+from benchlib import RUN, instrument, joined_client, push_header, start_server
 
 NUMEL = 10_000
 CLIENT_PROCESSES = 4
@@ -66,18 +66,17 @@ async def measure(workers: int, seconds: float) -> tuple[float, int, dict[str, f
     for c in clients:
         c.start()
     control = await joined_client(port, NUMEL, 0)  # rank 0 reads the instrumentation
-    await control.request("query", {"worker": 0, "run_id": RUN, "meta": {"cmd": "record"}})
+    await instrument(control, "record")
     began = time.monotonic()
     start.set()
     for c in clients:
         await asyncio.to_thread(c.join)
     elapsed = time.monotonic() - began
-    reply, _ = await control.request("query", {"worker": 0, "run_id": RUN,
-                                               "meta": {"cmd": "report"}})
+    lag = await instrument(control, "report")
     await control.close()
     done.set()
     proc.join()
-    return counts[0] / elapsed, int(counts[1]), dict(reply["meta"])
+    return counts[0] / elapsed, int(counts[1]), lag
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from benchlib import joined_client, median, push_header, start_server
+from benchlib import instrument, joined_client, median, push_header, start_server
 
 MB = 1_000_000
 SIZES_MB = (1, 10, 47, 180)
@@ -115,20 +115,19 @@ async def lag_under_load(numel: int, workers: int, rounds: int) -> dict[str, flo
         p.start()
     control = await joined_client(port, numel, 0)  # worker 0 drives the instrumentation
     try:
-        await control.request("query", {"worker": 0, "run_id": "bench", "meta": {"cmd": "record"}})
+        await instrument(control, "record")
         start.set()
         vector = torch.full((numel,), 1e-3)
         for _ in range(rounds):
             await control.request("push", push_header(0), vector)
         for p in pushers:
             await asyncio.to_thread(p.join)
-        reply, _ = await control.request("query", {"worker": 0, "run_id": "bench",
-                                                   "meta": {"cmd": "report"}})
+        lag = await instrument(control, "report")
     finally:
         await control.close()
         done.set()
         proc.join()
-    return dict(reply["meta"])
+    return lag
 
 
 async def peak_memory(numel: int) -> float:
@@ -138,15 +137,14 @@ async def peak_memory(numel: int) -> float:
     vector = torch.full((numel,), 1e-3)
     try:
         await client.request("push", push_header(0), vector)  # warm up
-        await client.request("query", {"worker": 0, "run_id": "bench", "meta": {"cmd": "record"}})
+        await instrument(client, "record")
         await client.request("push", push_header(0), vector)
-        reply, _ = await client.request("query", {"worker": 0, "run_id": "bench",
-                                                  "meta": {"cmd": "report"}})
+        report = await instrument(client, "report")
     finally:
         await client.close()
         done.set()
         proc.join()
-    return float(reply["meta"]["peak_extra_bytes"]) / (numel * 4)
+    return float(report["peak_extra_bytes"]) / (numel * 4)
 
 
 def main() -> None:
