@@ -12,6 +12,7 @@ import time
 from types import TracebackType
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -35,17 +36,18 @@ def _acc(value: float | None) -> str:
 
 
 def link_label(link: LinkSpec) -> str:
-    """``up/down Mbit/s, latency`` of a worker's emulated link; ``-`` when unshaped."""
+    """``up/downM latency~jitter ms`` of a worker's emulated link (Mbit/s); ``-`` when
+    unshaped."""
     if not link.shaped:
         return "-"
 
     def rate(mbps: float) -> str:
         return f"{mbps:g}" if mbps else "inf"
 
-    label = f"{rate(link.uplink_mbps)}/{rate(link.downlink_mbps)} Mb/s"
+    label = f"{rate(link.uplink_mbps)}/{rate(link.downlink_mbps)}M"
     if link.latency_ms or link.jitter_ms:
-        label += f" {link.latency_ms:g}" + (f"+-{link.jitter_ms:g}" if link.jitter_ms else "")
-        label += " ms"
+        label += f" {link.latency_ms:g}" + (f"~{link.jitter_ms:g}" if link.jitter_ms else "")
+        label += "ms"
     return label
 
 
@@ -94,15 +96,17 @@ class Dashboard:
             f"target {_acc(spec.stop.target_accuracy)})  "
             f"elapsed {status['elapsed_s']:.0f}/{budget:.0f} s"
             + ("  [yellow]stopping[/yellow]" if status.get("stopping") else ""))
-        table = Table(expand=False)
-        for column in ("worker", "slowdown", "link", "state", "steps", "samples/s", "compute",
-                       "MB up", "MB down", "loss", "overruns"):
-            table.add_column(column, justify="left" if column in ("state", "link") else "right")
+        table = Table(expand=False, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+        # short headers, no wrapping: the panel stays legible in an 80-column terminal
+        for column in ("w", "slow", "link", "state", "steps", "smp/s", "comp", "MB up",
+                       "MB dn", "loss", "ovr"):
+            table.add_column(column, justify="left" if column in ("state", "link") else "right",
+                             no_wrap=True)
         for w in status["workers"]:
             state = w["state"]
             overruns = w["overruns"]
             table.add_row(
-                str(w["rank"]), f"{w['factor']:.2f}x", link_label(spec.network.link(w["rank"])),
+                str(w["rank"]), f"{w['factor']:.1f}x", link_label(spec.network.link(w["rank"])),
                 f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(w["steps"]),
                 f"{w['samples_per_s']:.0f}", f"{w['compute_proportion']:.0%}",
                 _mb(w["bytes_up"]), _mb(w["bytes_down"]), f"{w['loss']:.3f}",
