@@ -1,0 +1,48 @@
+"""The live panel renders every worker's figures legibly in an 80-column terminal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from asyncsync.dashboard import Dashboard, link_label
+from asyncsync.hetero.network import LinkSpec
+from asyncsync.recipe import load_recipe
+
+RECIPES = Path(__file__).parent.parent / "recipes"
+
+
+def status(overruns: int) -> dict[str, object]:
+    return {
+        "version": 123, "accuracy": 0.5, "best_accuracy": 0.6, "elapsed_s": 12.0,
+        "time_s": 50.0, "stopping": False,
+        "workers": [{"rank": rank, "state": "waiting" if rank else "computing",
+                     "steps": 1234, "samples_per_s": 456.0, "compute_proportion": 0.5,
+                     "bytes_up": 123_456_789, "bytes_down": 23_456_789, "loss": 0.123,
+                     "factor": 1.5, "overruns": overruns} for rank in range(4)],
+    }
+
+
+def test_panel_shows_every_worker_in_80_columns() -> None:
+    recipe = load_recipe(RECIPES / "wan.toml")
+    console = Console(width=80, record=True, color_system=None)
+    dashboard = Dashboard(recipe, live=False, console=console)
+    console.print(dashboard.render(recipe.runs[0], 0, status(overruns=7)))
+    text = console.export_text()
+    assert "run 1/5 bsp" in text and "version 123" in text and "elapsed 12/50 s" in text
+    rows = [line for line in text.splitlines() if "20/20M 40ms" in line]
+    assert len(rows) == 4
+    assert all("1.5x" in row and "123.5" in row and "50%" in row and " 7" in row
+               for row in rows)
+    assert "computing" in rows[0] and "waiting" in rows[1]
+    assert "…" not in text  # nothing truncated
+
+
+def test_plain_line_and_link_labels() -> None:
+    recipe = load_recipe(RECIPES / "quickstart.toml")
+    line = Dashboard.plain_line(recipe.runs[0], {**status(overruns=2), "version": 9})
+    assert line.startswith("[bsp] t=12s v=9 acc=0.500")
+    assert "w3:wait/1234st/50%/2overruns" in line
+    assert link_label(LinkSpec()) == "-"
+    assert link_label(LinkSpec(10, 0, 25, 5)) == "10/infM 25~5ms"
