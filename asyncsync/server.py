@@ -285,9 +285,11 @@ class ServerCore:
                     await self._drop(rank)
 
     async def _drop(self, worker: int) -> None:
-        """Take `worker` out of the live set and let the rule finish rounds without it."""
+        """Take `worker` out of the live set and let the rule finish rounds without it
+        (not once the run is stopping: then no round is completed any more)."""
         self.store.live.discard(worker)
-        await self.rule.on_leave(worker)
+        if not self.store.stopping:
+            await asyncio.shield(self.rule.on_leave(worker))
         self.store.notify()
         self._check_finished()
 

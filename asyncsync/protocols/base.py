@@ -108,7 +108,8 @@ class ServerRule(ABC):
         """A worker left the run or was lost (``store.live`` no longer holds it).
 
         Rules with barriers stop counting it here and complete a round that now has
-        every live member's contribution.
+        every live member's contribution. Not called once the run is stopping, and shielded
+        from cancellation by the core.
         """
 
     async def on_join(self, worker: int) -> None:  # noqa: B027 (optional hook)

@@ -95,9 +95,6 @@ class BarrierServer(ServerRule):
         so that the round is either committed or left as it was."""
 
     async def on_push(self, push: Push) -> dict[str, Any]:
-        return await asyncio.shield(self._push(push))
-
-    async def _push(self, push: Push) -> dict[str, Any]:
         async with self.store.lock:
             version = self.store.version
             if push.base_version != version:
@@ -125,10 +122,6 @@ class BarrierServer(ServerRule):
         return self.store.current()
 
     async def on_leave(self, worker: int) -> None:
-        if not self.store.stopping:  # once the run stops, no round is completed
-            await asyncio.shield(self._leave(worker))
-
-    async def _leave(self, worker: int) -> None:
         async with self.store.lock:
             self.pushes.pop(worker, None)
             self.left(worker)

@@ -21,7 +21,6 @@ Models", arXiv:2311.08105, 2023.
 
 from __future__ import annotations
 
-import asyncio
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -118,9 +117,6 @@ class RoundServer(ServerRule):
 
     async def on_push(self, push: Push) -> dict[str, Any]:
         fragment = self.fragment_of(push.meta)
-        return await asyncio.shield(self._push(fragment, push))
-
-    async def _push(self, fragment: int, push: Push) -> dict[str, Any]:
         async with self.store.lock:
             pending = self._pending[fragment]
             number = self._done[fragment]
@@ -167,10 +163,6 @@ class RoundServer(ServerRule):
                      vector=self.store.w[start:stop], version=self.store.version)
 
     async def on_leave(self, worker: int) -> None:
-        if not self.store.stopping:  # once the run stops, no round is completed
-            await asyncio.shield(self._leave(worker))
-
-    async def _leave(self, worker: int) -> None:
         async with self.store.lock:
             for fragment, pending in enumerate(self._pending):
                 if pending.pop(worker, None) is not None:

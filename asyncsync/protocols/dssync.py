@@ -31,7 +31,6 @@ with Divide-and-Shuffle Synchronization for Distributed DNN Training", IEEE INFO
 
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -126,9 +125,6 @@ class DsSyncServer(ServerRule):
         return {"iteration": self._pushed[worker]}
 
     async def on_push(self, push: Push) -> dict[str, Any]:
-        return await asyncio.shield(self._push(push))
-
-    async def _push(self, push: Push) -> dict[str, Any]:
         async with self.store.lock:
             iteration = self._iteration(push.meta, self._pushed[push.worker])
             group = self.group_of(push.worker, iteration)
@@ -192,10 +188,6 @@ class DsSyncServer(ServerRule):
                      vector=mean, version=version)
 
     async def on_leave(self, worker: int) -> None:
-        if not self.store.stopping:  # once the run stops, no group is completed
-            await asyncio.shield(self._leave(worker))
-
-    async def _leave(self, worker: int) -> None:
         async with self.store.lock:
             for iteration, group in list(self._slots):
                 self._slots[iteration, group].pop(worker, None)

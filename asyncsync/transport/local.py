@@ -6,6 +6,7 @@ directions, so a protocol cannot come to rely on sharing memory with the server.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,7 +42,9 @@ class LocalTransport:
             decoded = decode_header(head[PREFIX.size :])
             tensor_spec(decoded, self.core.tensor_limits(op, decoded))
             sent = None if vector is None else vector.clone()
-            reply, out = await self.core.handle(op, decoded, sent)
+            # As over HTTP, a request the server has begun runs to its end even when the
+            # caller is cancelled (a worker killed mid-request): rules never see half a push.
+            reply, out = await asyncio.shield(self.core.handle(op, decoded, sent))
         except WireError as err:
             raise RequestRejected(err.status, err.reason) from None
         reply_head = encode_header(reply, out)
