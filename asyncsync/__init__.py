@@ -5,12 +5,15 @@ tensors over HTTP (aiohttp) and train PyTorch models; computation runs in a thre
 transfers overlap it. See README.md for the quick start and the embedding example.
 """
 
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker, WorkerContext
 from asyncsync.protocols import PROTOCOLS, Protocol, ServerRule, WorkerLoop, get_protocol
+from asyncsync.protocols.base import RunStopped
 from asyncsync.recipe import Recipe, RunSpec, load_recipe
 from asyncsync.runner import run_recipe
-from asyncsync.server import ParameterServer, ServerCore, build_core
+from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
-from asyncsync.worker import RunStopped, Worker, WorkerContext
 
 __all__ = [
     "PROTOCOLS",
@@ -22,6 +25,7 @@ __all__ = [
     "RunStopped",
     "ServerCore",
     "ServerRule",
+    "ServerSettings",
     "Worker",
     "WorkerContext",
     "WorkerLoop",

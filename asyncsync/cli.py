@@ -14,12 +14,12 @@ import torch
 from rich.console import Console
 
 from asyncsync.data import DatasetMissing
+from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.launch import DEFAULT_PORT, from_environ
-from asyncsync.protocols import PROTOCOLS
+from asyncsync.protocols import discover
 from asyncsync.recipe import Recipe, RunSpec, load_recipe
 from asyncsync.report import find_runs, make_console, publish, recipe_baseline, summarize_run
 from asyncsync.schema import ConfigError, describe
-from asyncsync.server import CheckpointError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -148,7 +148,7 @@ def _node(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
 
 
 def _protocols(console: Console) -> None:
-    for name, proto in sorted(PROTOCOLS.items()):
+    for name, proto in sorted(discover().items()):
         console.print(f"[bold]{name}[/bold]: {proto.summary}")
         for field_name, default, text in describe(proto.params):
             console.print(f"    {field_name} = {default!r}" + (f"  ({text})" if text else ""))

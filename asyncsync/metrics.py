@@ -9,10 +9,11 @@ categories overlap in time; compute proportion is always computing time / wall t
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from asyncsync.clock import Stopwatch, now
 
 
 class JsonlLog:
@@ -21,17 +22,17 @@ class JsonlLog:
     def __init__(self, path: Path | None, flush_s: float = 1.0) -> None:
         self._file: IO[str] | None = path.open("a", encoding="utf-8") if path else None
         self._flush_s = flush_s
-        self._last_flush = time.monotonic()
+        self._last_flush = now()
 
     def write(self, record: dict[str, Any], flush: bool = False) -> None:
         """Append a record; `flush` forces it to disk now (events a crash must not lose)."""
         if self._file is None:
             return
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-        now = time.monotonic()
-        if flush or now - self._last_flush >= self._flush_s:
+        moment = now()
+        if flush or moment - self._last_flush >= self._flush_s:
             self._file.flush()
-            self._last_flush = now
+            self._last_flush = moment
 
     def close(self) -> None:
         if self._file is not None:
@@ -69,14 +70,15 @@ class WorkerMetrics:
     def __init__(self, log: JsonlLog) -> None:
         self.stats = WorkerStats()
         self.log = log
-        self._t0 = time.monotonic()
+        self.clock = Stopwatch()
 
     def start(self) -> None:
         """Mark the run's start (the moment the join barrier released)."""
-        self._t0 = time.monotonic()
+        self.clock.start()
 
     def now(self) -> float:
-        return time.monotonic() - self._t0
+        """Seconds since the run's start."""
+        return self.clock.elapsed()
 
     def snapshot(self) -> dict[str, float | int]:
         self.stats.wall_s = self.now()
@@ -100,7 +102,7 @@ class WorkerMetrics:
     def transferred(self, op: str, start: float, seconds: float, held_s: float,
                     up: int, down: int, version: int | None) -> None:
         """Account one request; `up` / `down` are the tensor bytes it carried (the byte
-        totals come from the transport, see `WorkerContext.sync_bytes`)."""
+        totals come from the transport, see `take_bytes`)."""
         s = self.stats
         held = min(held_s, seconds)
         s.wait_s += held
@@ -110,6 +112,11 @@ class WorkerMetrics:
             s.pull_s += seconds - held
         self.log.write({"ev": op, "t": round(start, 4), "dur": round(seconds, 4),
                         "wait": round(held, 4), "up": up, "down": down, "version": version})
+
+    def take_bytes(self, up: int, down: int) -> None:
+        """Take the byte totals from the transport, which counts every request exactly
+        once even when several are in flight (heartbeats and headers included)."""
+        self.stats.bytes_up, self.stats.bytes_down = up, down
 
     def final(self) -> dict[str, Any]:
         record = {"ev": "final", **self.snapshot()}

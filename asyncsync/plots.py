@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from asyncsync.report import label, read_jsonl
+from asyncsync.runlogs import label, read_jsonl
 
 COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "wait": "#ff8c00"}
 TIMELINE_CYCLES = 20

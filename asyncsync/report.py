@@ -11,16 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSONL file; a torn last line (a killed writer) is skipped."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+from asyncsync.runlogs import label, read_jsonl
 
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
@@ -68,11 +59,6 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "max_staleness": stop.get("max_staleness"),
         "evaluations": [[e["t"], e["accuracy"]] for e in evals],
     }
-
-
-def label(summary: dict[str, Any]) -> str:
-    """``recipe/run``: unique across recipes."""
-    return f"{summary.get('recipe', '?')}/{summary['run']}"
 
 
 def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> tuple[float | None, bool]:

@@ -27,16 +27,16 @@ import torch
 
 from asyncsync.dashboard import Dashboard
 from asyncsync.data import BatchSampler, Dataset, load_dataset
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker
 from asyncsync.hetero.partition import partition
 from asyncsync.metrics import JsonlLog
 from asyncsync.models import build_model
-from asyncsync.protocols.base import get_protocol
+from asyncsync.protocols.base import Refused, get_protocol
 from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import publish, summarize_run
-from asyncsync.server import ParameterServer
-from asyncsync.transport.base import RequestRejected
 from asyncsync.transport.http_client import HttpTransport
-from asyncsync.worker import Worker
+from asyncsync.transport.http_server import ParameterServer
 
 STARTUP_S = 120.0
 """How long processes may take to start and join before a run is abandoned."""
@@ -56,17 +56,18 @@ def build_server(spec: RunSpec, run_id: str, log_dir: Path | None, host: str = "
     """The parameter server of one run, as the CLI's ``server`` command starts it."""
     data = _run_data(spec)
     events = JsonlLog(log_dir / "events.jsonl" if log_dir else None)
-    return ParameterServer(
-        _model(spec, data), get_protocol(spec.protocol.name), spec.workers, host=host,
-        port=port, token=spec.resolved_token(), protocol_params=spec.protocol.params,
-        run_id=run_id, lr=spec.optim.lr,
-        momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
-        test_data=(data.test_x, data.test_y), eval_interval_s=spec.eval.interval_s,
+    settings = ServerSettings(
+        run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
+        weight_decay=spec.optim.weight_decay, eval_interval_s=spec.eval.interval_s,
         time_s=spec.stop.time_s, target_accuracy=spec.stop.target_accuracy,
-        stop_at_target=spec.stop.stop_at_target, events=events,
-        worker_timeout_s=spec.fault.worker_timeout_s,
+        stop_at_target=spec.stop.stop_at_target, worker_timeout_s=spec.fault.worker_timeout_s,
         checkpoint_path=checkpoint_file(log_dir) if spec.fault.checkpoint_s and log_dir
         else None, checkpoint_s=spec.fault.checkpoint_s or 10.0)
+    return ParameterServer(
+        _model(spec, data), get_protocol(spec.protocol.name), spec.workers, settings,
+        host=host, port=port, token=spec.resolved_token(),
+        protocol_params=spec.protocol.params, test_data=(data.test_x, data.test_y),
+        events=events)
 
 
 def checkpoint_file(log_dir: Path) -> Path:
@@ -163,7 +164,7 @@ async def _watch(spec: RunSpec, url: str, run_id: str, token: str, nodes: list[_
             if time.monotonic() > deadline:
                 raise RuntimeError(f"run {spec.name} did not finish in time; "
                                    f"see {server.output.name}")
-            with contextlib.suppress(OSError, asyncio.TimeoutError, RequestRejected):
+            with contextlib.suppress(OSError, asyncio.TimeoutError, Refused):
                 status, _ = await status_client.request("status", {"run_id": run_id})
                 dashboard.update(spec, index, status)
             dead = [n.name for n in nodes[1:] if n.process.poll() not in (None, 0)]

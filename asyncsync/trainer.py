@@ -2,21 +2,19 @@
 
 All parameters and floating-point buffers (e.g. BatchNorm statistics) are views into one
 contiguous 1-D tensor ``flat``; gradients are views into ``grad``. Deltas, averages and
-wire transfers are single vector operations. The methods here are synchronous: the worker
-runs them in its compute thread, never on the event loop.
+wire transfers are single vector operations. The methods here are synchronous and take no
+time of their own: the worker's compute seam runs and times them, never on the event loop.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.optim import FlatSGD
 
 BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -65,13 +63,11 @@ class FlatModule:
                 offset += n
 
 
-@dataclass(frozen=True)
-class StepResult:
-    """What one local computation produced."""
+class Computed(NamedTuple):
+    """What one local computation produced: its loss and the samples it used."""
 
     loss: float
     samples: int
-    compute_s: float
 
 
 class Trainer:
@@ -82,7 +78,6 @@ class Trainer:
         batches: returns ``(inputs, targets)`` for a requested batch size.
         lr, momentum, weight_decay: the local SGD settings (used by local-step protocols).
         loss_fn: defaults to cross-entropy.
-        slowdown: emulated compute slowness (sleep padding after each step).
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:i``.
     """
 
@@ -94,7 +89,6 @@ class Trainer:
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         loss_fn: LossFn = F.cross_entropy,
-        slowdown: ComputeProfile | None = None,
         device: str = "auto",
     ) -> None:
         self.device = resolve_device(device)
@@ -102,8 +96,6 @@ class Trainer:
         self.batches = batches
         self.loss_fn = loss_fn
         self.optimizer = FlatSGD(lr, momentum, weight_decay)
-        self.slowdown: ComputeProfile = slowdown or StaticSlowdown(1.0)
-        self.last_factor = 1.0
 
     @property
     def flat(self) -> torch.Tensor:
@@ -113,9 +105,8 @@ class Trainer:
     def numel(self) -> int:
         return self.params.flat.numel()
 
-    def gradient(self, batch_size: int) -> StepResult:
+    def gradient(self, batch_size: int) -> Computed:
         """Compute the gradient of one batch into ``self.params.grad``."""
-        start = time.perf_counter()
         inputs, targets = self.batches(batch_size)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         self.params.grad.zero_()
@@ -123,17 +114,22 @@ class Trainer:
         loss = self.loss_fn(self.params.module(inputs), targets)
         torch.autograd.backward(loss)
         value = float(loss.detach())
-        return self._finish(start, value, len(targets))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return Computed(value, len(targets))
 
-    def local_step(self, batch_size: int) -> StepResult:
-        """One local SGD step on the flat vector."""
-        start = time.perf_counter()
+    def local_step(self, batch_size: int, center: torch.Tensor | None = None,
+                   rho: float = 0.0) -> Computed:
+        """One local SGD step on the flat vector; with a `center`, on the proximal objective
+        ``f(x) + rho/2 ||x - center||^2`` (parameters only)."""
         result = self.gradient(batch_size)
         with torch.no_grad():
             n = self.params.num_params
-            params = self.params.flat[:n]
-            params.sub_(self.optimizer.update(params, self.params.grad[:n]))
-        return StepResult(result.loss, result.samples, time.perf_counter() - start)
+            params, grad = self.params.flat[:n], self.params.grad[:n]
+            if center is not None:
+                grad = grad + rho * (params - center[:n].to(params.device))
+            params.sub_(self.optimizer.update(params, grad))
+        return result
 
     def gradient_copy(self) -> torch.Tensor:
         """A CPU copy of the last gradient, safe to send while the next step runs.
@@ -150,20 +146,22 @@ class Trainer:
         """A CPU copy of the current flat vector."""
         return self.params.flat.detach().to("cpu", copy=True)
 
+    def delta_since(self, anchor: torch.Tensor, start: int = 0,
+                    stop: int | None = None) -> torch.Tensor:
+        """``w[start:stop] - anchor[start:stop]`` as a new CPU tensor."""
+        return self.params.flat[start:stop].detach().to("cpu") - anchor[start:stop]
+
+    def mix_toward(self, target: torch.Tensor, weight: float, start: int = 0,
+                   stop: int | None = None) -> None:
+        """``w[start:stop] <- (1 - weight) w[start:stop] + weight target``."""
+        part = self.params.flat[start:stop]
+        with torch.no_grad():
+            part.mul_(1 - weight).add_(target.to(part.device), alpha=weight)
+
     def load(self, vector: torch.Tensor) -> None:
         """Adopt a (global) vector as the local parameters."""
         with torch.no_grad():
             self.params.flat.copy_(vector)
-
-    def _finish(self, start: float, loss: float, samples: int) -> StepResult:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - start
-        pad = self.slowdown.padding(elapsed)
-        if pad > 0:
-            time.sleep(pad)
-        self.last_factor = (elapsed + pad) / elapsed if elapsed > 0 else 1.0
-        return StepResult(loss, samples, elapsed + pad)
 
 
 def evaluate(

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import NoParams, Protocol, Push, ServerRule, WorkerLoop
-from asyncsync.server import ParameterServer
 from asyncsync.transport.http_client import HttpTransport
+from asyncsync.transport.http_server import ParameterServer
 
 RUN = "bench"
 
@@ -90,7 +91,7 @@ def serve(numel: int, workers: int, port: Any, done: Any) -> None:
 
     async def main() -> None:
         model = torch.nn.Linear(numel, 1, bias=False)
-        server = ParameterServer(model, SINK, workers, run_id=RUN, worker_timeout_s=None)
+        server = ParameterServer(model, SINK, workers, ServerSettings(run_id=RUN, worker_timeout_s=None))
         await server.start()
         monitor = asyncio.create_task(SinkRule.monitor.run())
         port.value = server.port

@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from asyncsync.data import BatchSampler, synthetic
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker
 from asyncsync.models import build_model
-from asyncsync.server import ParameterServer
-from asyncsync.worker import Worker
+from asyncsync.transport.http_server import ParameterServer
 
 BATCH = 32
 LR = 0.05
@@ -53,7 +54,7 @@ def serve(seconds: float, port: Any) -> None:
         data = synthetic(seed=0)
         torch.manual_seed(0)
         model = build_model("cnn", data.input_shape, data.num_classes, {})
-        async with ParameterServer(model, "bsp", 1, lr=LR, time_s=seconds) as server:
+        async with ParameterServer(model, "bsp", 1, ServerSettings(lr=LR, time_s=seconds)) as server:
             port.value = server.port
             await server.wait_finished()
 

@@ -10,12 +10,15 @@ from typing import Any
 
 import torch
 
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.store import Commit
+from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import StepDelay
 from asyncsync.hetero.network import Link, LinkSpec
-from asyncsync.server import Commit, ParameterServer, ServerCore, build_core
 from asyncsync.trainer import BatchSource
+from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
-from asyncsync.worker import Worker
 
 
 def tiny_model() -> torch.nn.Module:
@@ -58,8 +61,9 @@ async def run_local(
     core (store, commits, staleness, blocked time) and each worker's final totals.
     """
     x, y = tiny_data()
-    core = build_core(tiny_model(), protocol, len(delays), protocol_params=params, lr=lr,
-                      time_s=time_s, test_data=(x, y), eval_interval_s=0.25)
+    settings = ServerSettings(lr=lr, time_s=time_s, eval_interval_s=0.25)
+    core = build_core(tiny_model(), protocol, len(delays), settings, protocol_params=params,
+                      test_data=(x, y))
     workers = [
         Worker(rank, LocalTransport(core, Link(link, seed=rank) if link else None),
                tiny_model(), batches_of(x, y, rank), protocol, protocol_params=params,
@@ -81,8 +85,9 @@ async def run_http(protocol: str, workers: int = 3, *, params: Any = None,
                    time_s: float = 1.5) -> tuple[ServerCore, list[dict[str, Any]]]:
     """A short end-to-end run over real HTTP on loopback (server and workers in-process)."""
     x, y = tiny_data()
-    server = ParameterServer(tiny_model(), protocol, workers, protocol_params=params,
-                             time_s=time_s, test_data=(x, y), eval_interval_s=0.25, lr=0.1)
+    server = ParameterServer(tiny_model(), protocol, workers,
+                             ServerSettings(lr=0.1, time_s=time_s, eval_interval_s=0.25),
+                             protocol_params=params, test_data=(x, y))
     url = await server.start()
     try:
         nodes = [Worker(rank, url, tiny_model(), batches_of(x, y, rank), protocol,
@@ -163,8 +168,8 @@ async def run_crash_and_rejoin(
     `timeout_s` (an `AssertionError` names the phase that did not).
     """
     x, y = tiny_data()
-    core = build_core(tiny_model(), protocol, len(delays), protocol_params=params, lr=0.1,
-                      worker_timeout_s=0.5)
+    core = build_core(tiny_model(), protocol, len(delays),
+                      ServerSettings(lr=0.1, worker_timeout_s=0.5), protocol_params=params)
 
     def start(rank: int, transport: LocalTransport) -> asyncio.Task[dict[str, Any]]:
         worker = Worker(rank, transport, tiny_model(), batches_of(x, y, rank), protocol,
@@ -187,7 +192,8 @@ async def run_crash_and_rejoin(
         restarted_at = store.version
         tasks[victim] = start(victim, LocalTransport(core))
         await _until(lambda: victim in store.live, "the rejoin", timeout_s, tasks)
-        await _until(lambda: any(victim in ranks(c) for c in store.commits[restarted_at:]),
+        await _until(lambda: any(victim in ranks(c) for c in store.commits
+                                 if c.version > restarted_at),
                      "a commit including the rejoined worker", timeout_s, tasks)
     finally:
         await core.stop()

@@ -8,10 +8,10 @@ import aiohttp
 import pytest
 import torch
 
+from asyncsync.engine.channel import RequestRejected
 from asyncsync.recipe import TOKEN_ENV, RunSpec
-from asyncsync.server import ParameterServer, is_loopback
-from asyncsync.transport.base import RequestRejected
 from asyncsync.transport.http_client import HttpTransport
+from asyncsync.transport.http_server import ParameterServer, is_loopback
 from asyncsync.wire import CONTENT_TYPE, encode_header
 from tests.helpers import tiny_model
 
@@ -34,7 +34,7 @@ async def test_requests_without_the_token_get_401() -> None:
         assert err.value.status == 401
         await intruder.close()
         assert not server.core.workers[0].joined
-        client = HttpTransport(server.url, server.core.limits.numel, token="s3cret")
+        client = HttpTransport(server.url, server.core.store.numel, token="s3cret")
         reply, vector = await client.request("join", JOIN)
         await client.close()
         assert reply["version"] == 0 and vector is not None

@@ -9,7 +9,8 @@ import time
 import aiohttp
 import torch
 
-from asyncsync.server import ParameterServer
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire import CONTENT_TYPE, PREFIX, encode_header, tensor_chunks
 from tests.helpers import tiny_model
 
@@ -66,9 +67,9 @@ def mutants(numel: int, rng: random.Random) -> tuple[str, bytes, dict[str, str]]
 
 
 async def test_fuzzed_requests_are_all_refused_and_change_nothing() -> None:
-    async with ParameterServer(tiny_model(), "asp", workers=1, run_id="fuzz",
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id="fuzz"),
                                token=TOKEN) as server:
-        numel = server.core.limits.numel
+        numel = server.core.store.numel
         before = server.core.store.w.clone()
         rng = random.Random(1234)
         statuses: dict[int, int] = {}

@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import torch
 
-from asyncsync.server import ParameterServer
+from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire import CONTENT_TYPE, PREFIX, encode_header, tensor_chunks
 from tests.helpers import tiny_model
 
@@ -24,7 +24,7 @@ RUN = "hostile"
 async def live() -> AsyncIterator[tuple[ParameterServer, aiohttp.ClientSession, int]]:
     server = ParameterServer(tiny_model(), "asp", workers=1, run_id=RUN)
     await server.start()
-    numel = server.core.limits.numel
+    numel = server.core.store.numel
     async with aiohttp.ClientSession() as session:
         ok = await post(session, server.url, "join", body({"worker": 0, "run_id": RUN}))
         assert ok.status == 200
@@ -139,7 +139,7 @@ async def test_every_bad_request_is_refused_and_changes_nothing(
 
 async def test_push_before_join_is_refused() -> None:
     async with ParameterServer(tiny_model(), "asp", workers=2, run_id=RUN) as server:
-        numel = server.core.limits.numel
+        numel = server.core.store.numel
         async with aiohttp.ClientSession() as session:
             resp = await post(session, server.url, "push",
                               body(push_header(), torch.zeros(numel)))

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from asyncsync.engine.store import ParameterStore
+from asyncsync.engine.worker import RunStopped
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import NoParams, Pull, Push, ServerRule
 from asyncsync.protocols.bsp import BspServer
@@ -27,9 +29,7 @@ from asyncsync.protocols.streaming_diloco import (
     StreamingDilocoWorker,
 )
 from asyncsync.protocols.wbsp import WbspParams, WbspServer
-from asyncsync.server import ParameterStore
 from asyncsync.wire import WireError
-from asyncsync.worker import RunStopped
 from tests.helpers import ranks, run_crash_and_rejoin
 from tests.test_protocol_diloco import FakeContext
 

@@ -7,10 +7,11 @@ import time
 
 import torch
 
+from asyncsync.engine.settings import ServerSettings
 from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.recipe import NetworkSpec
-from asyncsync.server import ParameterServer
 from asyncsync.transport.http_client import HttpTransport
+from asyncsync.transport.http_server import ParameterServer
 from tests.helpers import tiny_model
 
 
@@ -29,8 +30,8 @@ async def timed_push(server: ParameterServer, link: Link | None, vector: torch.T
 
 async def test_45_mb_push_over_100_mbit_uplink_takes_3_6_s() -> None:
     model = torch.nn.Linear(1125, 10_000)  # 11.26 M floats = 45.0 MB
-    async with ParameterServer(model, "asp", workers=1, run_id="net") as server:
-        vector = torch.full((server.core.limits.numel,), 1e-3)
+    async with ParameterServer(model, "asp", 1, ServerSettings(run_id="net")) as server:
+        vector = torch.full((server.core.store.numel,), 1e-3)
         megabytes = vector.nbytes / 1e6
         assert 44.9 < megabytes < 45.1
         seconds = await timed_push(server, Link(LinkSpec(uplink_mbps=100)), vector)
@@ -40,7 +41,7 @@ async def test_45_mb_push_over_100_mbit_uplink_takes_3_6_s() -> None:
 
 async def test_latency_adds_to_each_request() -> None:
     async with ParameterServer(tiny_model(), "asp", workers=1, run_id="net") as server:
-        vector = torch.zeros(server.core.limits.numel)
+        vector = torch.zeros(server.core.store.numel)
         plain = await timed_push(server, None, vector)
         delayed = await timed_push(server, Link(LinkSpec(latency_ms=60)), vector)
     assert delayed >= 0.12  # one-way latency is paid on the way out and on the way back
@@ -57,8 +58,8 @@ def test_network_spec_resolves_per_worker_links() -> None:
 
 async def test_downlink_paces_pulls() -> None:
     model = torch.nn.Linear(250, 10_000)  # 2.5 M floats = 10 MB
-    async with ParameterServer(model, "asp", workers=1, run_id="net") as server:
-        numel = server.core.limits.numel
+    async with ParameterServer(model, "asp", 1, ServerSettings(run_id="net")) as server:
+        numel = server.core.store.numel
         transport = HttpTransport(server.url, numel, link=Link(LinkSpec(downlink_mbps=80)))
         try:
             await transport.request("join", {"worker": 0, "run_id": "net"})

@@ -15,13 +15,13 @@ from typing import Any, cast
 import pytest
 import torch
 
+from asyncsync.engine.store import ParameterStore
+from asyncsync.engine.worker import RunStopped, WorkerContext
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Pull, Push
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer, DilocoWorker
-from asyncsync.server import ParameterStore
 from asyncsync.trainer import StepResult
 from asyncsync.wire import WireError
-from asyncsync.worker import RunStopped, WorkerContext
 from tests.helpers import run_http, run_local
 
 

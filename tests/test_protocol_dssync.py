@@ -10,10 +10,10 @@ from typing import cast
 import pytest
 import torch
 
+from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Pull, Push
 from asyncsync.protocols.dssync import DsSyncParams, DsSyncServer, Group, partition
-from asyncsync.server import ParameterStore
 from asyncsync.wire import WireError
 from tests.helpers import run_http, run_local
 

@@ -7,9 +7,9 @@ import statistics
 import pytest
 import torch
 
+from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.esync import EsyncParams, EsyncServer
-from asyncsync.server import ParameterStore
 from asyncsync.wire import WireError
 from tests.helpers import run_http, run_local
 

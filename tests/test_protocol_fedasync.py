@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
+from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Push
 from asyncsync.protocols.fedasync import FedAsyncParams, FedAsyncServer
-from asyncsync.server import ParameterStore
 from tests.helpers import run_http, run_local
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Push
 from asyncsync.protocols.fedavg import FedAvgParams, FedAvgServer
-from asyncsync.server import ParameterStore
 from asyncsync.wire import WireError
 from tests.helpers import run_http, run_local
 

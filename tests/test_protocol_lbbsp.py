@@ -12,14 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.store import ParameterStore
+from asyncsync.engine.worker import Worker
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Pull, Push
 from asyncsync.protocols.lbbsp import LbbspParams, LbbspServer, apportion
-from asyncsync.server import ParameterStore, ServerCore, build_core
 from asyncsync.trainer import BatchSource, FlatModule
 from asyncsync.transport.local import LocalTransport
 from asyncsync.wire import WireError
-from asyncsync.worker import Worker
 from tests.helpers import run_http, tiny_data, tiny_model
 
 
@@ -121,8 +123,9 @@ async def run_sleepy(factors: list[float], params: LbbspParams, time_s: float,
     """Workers costing 1 ms x factor per sample; returns the core and every accepted push
     as ``(version, worker, samples, compute_s)``."""
     x, y = tiny_data()
-    core = build_core(tiny_model(), "lbbsp", len(factors), protocol_params=params, lr=0.1,
-                      time_s=time_s, test_data=(x, y), eval_interval_s=0.5)
+    core = build_core(tiny_model(), "lbbsp", len(factors),
+                      ServerSettings(lr=0.1, time_s=time_s, eval_interval_s=0.5),
+                      protocol_params=params, test_data=(x, y))
     rule = core.rule
     assert isinstance(rule, LbbspServer)
     pushes: list[tuple[int, int, int, float]] = []

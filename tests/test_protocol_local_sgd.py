@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
+from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Pull, Push
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer
-from asyncsync.server import ParameterStore
 from asyncsync.wire import WireError
 from tests.helpers import run_http, run_local
 

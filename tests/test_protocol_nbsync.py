@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+from asyncsync.engine.worker import WorkerContext
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.protocols.nbsync import NbsyncParams
 from asyncsync.trainer import StepResult, Trainer
-from asyncsync.worker import WorkerContext
 from tests.helpers import run_http, run_local
 
 # pulling the model (~0.8 kB with its header) takes ~0.55 s, over three 0.15 s steps;

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from asyncsync.engine.worker import RunStopped
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.protocols.base import Pull, Push
 from asyncsync.protocols.overlap_local_sgd import (
@@ -17,7 +18,6 @@ from asyncsync.protocols.overlap_local_sgd import (
     OverlapLocalSgdWorker,
 )
 from asyncsync.wire import WireError
-from asyncsync.worker import RunStopped
 from tests.helpers import run_http, run_local
 from tests.test_protocol_diloco import FakeContext, make_store
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 
+from asyncsync.engine.store import Commit
 from asyncsync.protocols.ssp import SspParams
 from asyncsync.schema import ConfigError, from_mapping
-from asyncsync.server import Commit
 from tests.helpers import run_http, run_local
 
 
-def clock_gaps(commits: list[Commit], workers: int) -> list[int]:
+def clock_gaps(commits: Iterable[Commit], workers: int) -> list[int]:
     """For each applied gradient, its worker's clock minus the slowest clock at that moment.
 
     Clocks are rebuilt from the commit log alone (one gradient per commit), so this checks

@@ -9,6 +9,7 @@ from typing import Any, cast
 import pytest
 import torch
 
+from asyncsync.engine.worker import RunStopped
 from asyncsync.protocols.base import Pull, Push
 from asyncsync.protocols.streaming_diloco import (
     StreamingDilocoParams,
@@ -16,7 +17,6 @@ from asyncsync.protocols.streaming_diloco import (
     StreamingDilocoWorker,
 )
 from asyncsync.wire import WireError
-from asyncsync.worker import RunStopped
 from tests.helpers import run_http, run_local
 from tests.test_protocol_diloco import FakeContext, make_store, outer_round
 from tests.test_protocol_overlap_local_sgd import SLOW_LINK, STEP_S

@@ -1,8 +1,9 @@
 """Compute heterogeneity: per-worker slowness applied to real computation.
 
-A profile tells, for a step whose real computation took t seconds, how long to sleep after
-it. The trainer sleeps inside the compute thread, so emulated slowness counts as
-computation time and leaves the event loop free. Profiles:
+A profile is a pure function of the run's time t (seconds since the run started, on the
+one clock): ``factor_at(t)`` is the slowdown in force, and ``padding(t, c)`` how long a
+step whose real computation took c seconds is padded. The worker's compute seam applies
+the padding as an asyncio sleep after the real step, and counts it as computation. Profiles:
 
 - `StaticSlowdown`: a constant factor f (a step lasts f * t).
 - `StepDelay`: a fixed sleep per step (the WBSP code's setting: odd ranks sleep 0.5 s).
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,42 +32,32 @@ from asyncsync.schema import check_fields, from_mapping, option
 
 
 class ComputeProfile:
-    """Base: a time-dependent factor, measured from `start()` (the run's start)."""
+    """Base: a factor that depends on the run's time `t` (1 by default)."""
 
     overruns: int = 0
 
-    def __init__(self) -> None:
-        self._t0 = time.monotonic()
-
-    def start(self) -> None:
-        self._t0 = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self._t0
-
-    def factor(self) -> float:
-        """The slowdown factor in force now."""
+    def factor_at(self, t: float) -> float:
+        """The slowdown factor in force at run time `t`."""
         return 1.0
 
-    def padding(self, compute_s: float) -> float:
-        """Seconds to sleep after a step whose real computation took `compute_s`."""
-        return (self.factor() - 1.0) * compute_s
+    def padding(self, t: float, compute_s: float) -> float:
+        """Seconds to add after a step, at run time `t`, whose computation took `compute_s`."""
+        return (self.factor_at(t) - 1.0) * compute_s
 
-    def describe(self) -> str:
-        """A short label of the current setting for the dashboard."""
-        return f"{self.factor():.3g}x"
+    def describe(self, t: float = 0.0) -> str:
+        """A short label of the setting at run time `t` for the dashboard."""
+        return f"{self.factor_at(t):.3g}x"
 
 
 class StaticSlowdown(ComputeProfile):
     """A constant factor f >= 1."""
 
     def __init__(self, factor: float) -> None:
-        super().__init__()
         if factor < 1:
             raise ValueError(f"slowdown factor must be >= 1, got {factor}")
         self._factor = factor
 
-    def factor(self) -> float:
+    def factor_at(self, t: float) -> float:
         return self._factor
 
 
@@ -75,15 +65,14 @@ class StepDelay(ComputeProfile):
     """A fixed sleep of `seconds` per step, whatever the computation took."""
 
     def __init__(self, seconds: float) -> None:
-        super().__init__()
         if seconds < 0:
             raise ValueError(f"step delay must be >= 0, got {seconds}")
         self.seconds = seconds
 
-    def padding(self, compute_s: float) -> float:
+    def padding(self, t: float, compute_s: float) -> float:
         return self.seconds
 
-    def describe(self) -> str:
+    def describe(self, t: float = 0.0) -> str:
         return f"+{self.seconds:g}s/step"
 
 
@@ -91,7 +80,6 @@ class RandomSlowdown(ComputeProfile):
     """Uniform factors in [low, high], re-drawn every `period_s` seconds (seeded)."""
 
     def __init__(self, low: float, high: float, period_s: float, seed: int, rank: int) -> None:
-        super().__init__()
         if not 1 <= low <= high:
             raise ValueError(f"need 1 <= low <= high, got low={low}, high={high}")
         if period_s <= 0:
@@ -104,16 +92,12 @@ class RandomSlowdown(ComputeProfile):
         draw = random.Random(f"{self.seed}/{self.rank}/{epoch}").random()
         return self.low + (self.high - self.low) * draw
 
-    def factor(self) -> float:
-        return self.factor_at(self.elapsed())
-
 
 class PeriodicStraggler(ComputeProfile):
     """Worker `worker` is `slow` times slower for `duration_s` out of every `period_s`."""
 
     def __init__(self, worker: int, slow: float, duration_s: float, period_s: float,
                  rank: int) -> None:
-        super().__init__()
         if slow < 1:
             raise ValueError(f"factor must be >= 1, got {slow}")
         if not 0 < duration_s <= period_s:
@@ -125,15 +109,11 @@ class PeriodicStraggler(ComputeProfile):
         straggling = self.rank == self.worker and t % self.period_s < self.duration_s
         return self.slow if straggling else 1.0
 
-    def factor(self) -> float:
-        return self.factor_at(self.elapsed())
-
 
 class MovingStraggler(ComputeProfile):
     """One straggler at a time: rank ``floor(t / dwell_s) mod workers`` is `slow` x slower."""
 
     def __init__(self, slow: float, dwell_s: float, workers: int, rank: int) -> None:
-        super().__init__()
         if slow < 1:
             raise ValueError(f"factor must be >= 1, got {slow}")
         if dwell_s <= 0:
@@ -143,16 +123,12 @@ class MovingStraggler(ComputeProfile):
     def factor_at(self, t: float) -> float:
         return self.slow if int(t // self.dwell_s) % self.workers == self.rank else 1.0
 
-    def factor(self) -> float:
-        return self.factor_at(self.elapsed())
-
 
 class TraceSlowdown(ComputeProfile):
     """Factors from a CSV trace with columns ``time_s, worker, factor`` (a header row is
     allowed); a worker's factor holds from its row's time until its next row, 1 before."""
 
     def __init__(self, path: str | Path, rank: int) -> None:
-        super().__init__()
         self.points = read_trace(path).get(rank, [])
 
     def factor_at(self, t: float) -> float:
@@ -162,9 +138,6 @@ class TraceSlowdown(ComputeProfile):
                 break
             current = value
         return current
-
-    def factor(self) -> float:
-        return self.factor_at(self.elapsed())
 
 
 def read_trace(path: str | Path) -> dict[int, list[tuple[float, float]]]:
@@ -202,17 +175,13 @@ class Scaled(ComputeProfile):
     """A profile whose factor is multiplied by a constant (static slowdown x profile)."""
 
     def __init__(self, inner: ComputeProfile, scale: float) -> None:
-        super().__init__()
         self.inner, self.scale = inner, scale
 
-    def start(self) -> None:
-        self.inner.start()
+    def factor_at(self, t: float) -> float:
+        return self.scale * self.inner.factor_at(t)
 
-    def factor(self) -> float:
-        return self.scale * self.inner.factor()
-
-    def padding(self, compute_s: float) -> float:
-        inner = self.inner.padding(compute_s)
+    def padding(self, t: float, compute_s: float) -> float:
+        inner = self.inner.padding(t, compute_s)
         return inner + (self.scale - 1.0) * (compute_s + inner)
 
 
@@ -220,27 +189,23 @@ class Paced(ComputeProfile):
     """Each step lasts exactly ``base_step_s * factor``; longer computations overrun."""
 
     def __init__(self, inner: ComputeProfile, base_step_s: float) -> None:
-        super().__init__()
         if base_step_s <= 0:
             raise ValueError(f"base_step_s must be > 0, got {base_step_s}")
         self.inner, self.base_step_s = inner, base_step_s
         self.overruns = 0
 
-    def start(self) -> None:
-        self.inner.start()
+    def factor_at(self, t: float) -> float:
+        return self.inner.factor_at(t)
 
-    def factor(self) -> float:
-        return self.inner.factor()
-
-    def padding(self, compute_s: float) -> float:
-        target = self.base_step_s * self.inner.factor()
+    def padding(self, t: float, compute_s: float) -> float:
+        target = self.base_step_s + self.inner.padding(t, self.base_step_s)
         if compute_s > target:
             self.overruns += 1
             return 0.0
         return target - compute_s
 
-    def describe(self) -> str:
-        return f"{self.inner.describe()} paced"
+    def describe(self, t: float = 0.0) -> str:
+        return f"{self.inner.describe(t)} paced"
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from asyncsync.clock import now as clock_now
 from asyncsync.wire import ReadAny
 
 
@@ -48,7 +48,7 @@ class _Pacer:
     async def sent(self, nbytes: int) -> None:
         if self.bytes_per_s <= 0 or nbytes <= 0:
             return
-        now = time.monotonic()
+        now = clock_now()
         self._free_at = max(self._free_at, now) + nbytes / self.bytes_per_s
         await asyncio.sleep(self._free_at - now)
 

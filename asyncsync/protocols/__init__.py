@@ -1,15 +1,16 @@
-"""Protocol registry: importing this package imports (and so registers) every module in it.
+"""The protocol SDK (base.py, ports.py, rounds.py, overlap.py) and one module per protocol.
 
-Adding a protocol means adding one module here that calls `register`.
+Protocol modules are imported, and so registered, on the first `get_protocol` or
+`discover()`; `PROTOCOLS` is the registry they fill.
 """
 
-import importlib
-import pkgutil
+from asyncsync.protocols.base import (
+    PROTOCOLS,
+    Protocol,
+    ServerRule,
+    WorkerLoop,
+    discover,
+    get_protocol,
+)
 
-from asyncsync.protocols.base import PROTOCOLS, Protocol, ServerRule, WorkerLoop, get_protocol
-
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name != "base":
-        importlib.import_module(f"{__name__}.{_module.name}")
-
-__all__ = ["PROTOCOLS", "Protocol", "ServerRule", "WorkerLoop", "get_protocol"]
+__all__ = ["PROTOCOLS", "Protocol", "ServerRule", "WorkerLoop", "discover", "get_protocol"]

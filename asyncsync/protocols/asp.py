@@ -10,12 +10,10 @@ Reference: J. Dean et al., "Large Scale Distributed Deep Networks" (Downpour SGD
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncsync.protocols.base import NoParams, Protocol, Push, ServerRule, WorkerLoop, register
-
-if TYPE_CHECKING:
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.ports import Context
 
 
 class AspServer(ServerRule):
@@ -36,7 +34,7 @@ class AspServer(ServerRule):
 class AspWorker(WorkerLoop):
     """Pull, compute, push, without any barrier."""
 
-    async def run(self, ctx: WorkerContext) -> None:
+    async def run(self, ctx: Context) -> None:
         while True:
             vector, version, _ = await ctx.pull()
             await ctx.adopt(vector, version)

@@ -1,81 +1,81 @@
-"""The protocol interface: a `ServerRule` and a `WorkerLoop`, registered under a name.
+"""The protocol SDK: messages, refusals, the two halves of a protocol, and the registry.
 
-A protocol is two halves in one module:
+A protocol is two halves in one module, written against this file and `ports.py` alone:
 
 - `ServerRule` decides what the server does with each push and when a pull may be
-  answered (barriers, staleness bounds, groups). It mutates the global model only
-  through the `ParameterStore` it is given, which replaces the vector on each commit
-  (never in place), so a rejected or half-read request can never change it. Membership
-  can change during a run (a worker crashes and is dropped after a timeout, or rejoins):
-  barriers count ``store.live``, and `on_leave` / `on_join` adjust rounds in flight.
+  answered (barriers, staleness bounds, groups). It changes the global model only through
+  its `Store` port, which replaces the vector on each commit (never in place), so a refused
+  or half-read request can never change it. Membership changes during a run (a worker is
+  lost and dropped, or rejoins): barriers count ``store.live``, and `on_leave` / `on_join`
+  adjust rounds in flight. A push based on a version older than the one its worker last
+  (re)joined at is refused by the engine before any rule sees it.
 - `WorkerLoop` is one coroutine deciding how local computation and communication
-  interleave. It talks to the server only through its `WorkerContext`, which raises
-  `RunStopped` when the run ends.
+  interleave, through its `Context` port; a request raises `RunStopped` once the run ends.
 
-Adding a protocol means adding one module that calls `register` with a `Protocol`.
+Refusals are exceptions (`BadRequest`, `OutOfStep`, ...), never status numbers: the
+transport maps them to its own codes, and a worker whose request was refused as
+`OutOfStep` or `NotInRun` rejoins and restarts its loop.
+
+Ownership of vectors: a `Push.vector` belongs to the rule once `on_push` has it (the
+engine never reuses it); vectors a worker gets from `pull` belong to the loop. A rule must
+not write into ``store.w`` (it may still be streaming to a reader); it makes new tensors.
+
+Adding a protocol means adding one module under `asyncsync/protocols/` that calls
+`register`; `get_protocol` discovers the modules on first use.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
-from asyncsync.wire import WireError
+from asyncsync.optim import FlatSGD
+from asyncsync.protocols.messages import (
+    BadRequest,
+    Forbidden,
+    NoParams,
+    NotInRun,
+    OutOfStep,
+    Pull,
+    Push,
+    Refused,
+    Reply,
+    RunStopped,
+    Unacceptable,
+    require,
+    require_count,
+)
+from asyncsync.protocols.ports import Context, StepResult, Store
+from asyncsync.schema import check_fields, option
 
-if TYPE_CHECKING:
-    from asyncsync.server import ParameterStore
-    from asyncsync.worker import WorkerContext
+__all__ = [
+    "HISTORY", "BadRequest", "Context", "FlatSGD", "Forbidden", "NoParams", "NotInRun",
+    "OutOfStep", "Protocol", "Pull", "Push", "Refused", "Reply", "RunStopped", "ServerRule",
+    "StepResult", "Store", "Unacceptable", "WorkerLoop", "check_fields", "get_protocol",
+    "option", "register", "require", "require_count",
+]
 
-
-@dataclass
-class Push:
-    """A validated push: `vector` is a gradient, a delta or a model, per `kind`."""
-
-    worker: int
-    base_version: int
-    kind: str
-    vector: torch.Tensor
-    steps: int
-    samples: int
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Pull:
-    """A validated pull request."""
-
-    worker: int
-    base_version: int
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Reply:
-    """What the server answers: protocol `meta`, and a vector with its version for pulls."""
-
-    meta: dict[str, Any] = field(default_factory=dict)
-    vector: torch.Tensor | None = None
-    version: int | None = None
-
-
-@dataclass(frozen=True)
-class NoParams:
-    """For protocols without parameters."""
+HISTORY = 256
+"""How many recent records (commits, rounds, pushes) a store or rule keeps for inspection;
+older ones are only counted, so memory does not grow with the length of a run."""
 
 
 class ServerRule(ABC):
     """The server half of a protocol.
 
     Attributes:
-        push_kinds: the push kinds this rule accepts (others get a 400).
+        push_kinds: the push kinds this rule accepts (others are a `BadRequest`).
+        params: the protocol's validated parameters; store: the `Store` port.
     """
 
     push_kinds: ClassVar[frozenset[str]]
 
-    def __init__(self, params: Any, store: ParameterStore) -> None:
+    def __init__(self, params: Any, store: Store) -> None:
         self.params = params
         self.store = store
 
@@ -91,10 +91,9 @@ class ServerRule(ABC):
         """How many elements the tensor of a request must have (None: no tensor allowed).
 
         The default: a push carries one model-sized vector. Rules exchanging fragments
-        (e.g. streaming DiLoCo) override this using the request's `meta`; the HTTP layer
-        still bounds every body by the model size.
+        (e.g. streaming DiLoCo) override this using the request's `meta`.
         """
-        return self.store.w.numel() if op == "push" else None
+        return self.store.numel if op == "push" else None
 
     def eval_vector(self) -> torch.Tensor:
         """The model the server evaluates; the global vector by default."""
@@ -102,14 +101,14 @@ class ServerRule(ABC):
 
     async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
         """Protocol-specific control messages; none by default."""
-        raise WireError(400, "this protocol takes no queries")
+        raise BadRequest("this protocol takes no queries")
 
     async def on_leave(self, worker: int) -> None:  # noqa: B027 (optional hook)
         """A worker left the run or was lost (``store.live`` no longer holds it).
 
-        Rules with barriers stop counting it here and complete a round that now has
-        every live member's contribution. Not called once the run is stopping, and shielded
-        from cancellation by the core.
+        Rules with barriers stop counting it here and complete a round that now has every
+        live member's contribution. Not called once the run is stopping; never cancelled
+        half-way.
         """
 
     async def on_join(self, worker: int) -> None:  # noqa: B027 (optional hook)
@@ -121,7 +120,7 @@ class ServerRule(ABC):
         return {}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027
-        """Restore what `state_dict` returned."""
+        """Restore what `state_dict` returned, after the store holds the resumed model."""
 
 
 class WorkerLoop(ABC):
@@ -131,22 +130,29 @@ class WorkerLoop(ABC):
         self.params = params
 
     @abstractmethod
-    async def run(self, ctx: WorkerContext) -> None:
+    async def run(self, ctx: Context) -> None:
         """Interleave local computation and communication through `ctx`."""
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """A named protocol: its parameter dataclass and its two halves."""
+    """A named protocol: its parameter dataclass and its two halves.
+
+    Attributes:
+        resizes_batches: the server assigns batch sizes (the worker then needs a callable
+            batch source, not a fixed-size iterable).
+    """
 
     name: str
     summary: str
     params: type[Any]
     server: type[ServerRule]
     worker: type[WorkerLoop]
+    resizes_batches: bool = False
 
 
 PROTOCOLS: dict[str, Protocol] = {}
+SDK_MODULES = frozenset({"base", "messages", "ports", "rounds", "overlap"})
 
 
 def register(protocol: Protocol) -> Protocol:
@@ -157,10 +163,19 @@ def register(protocol: Protocol) -> Protocol:
     return protocol
 
 
+def discover() -> dict[str, Protocol]:
+    """Import every protocol module of this package (each registers itself); the registry."""
+    package = importlib.import_module("asyncsync.protocols")
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name not in SDK_MODULES:
+            importlib.import_module(f"asyncsync.protocols.{module.name}")
+    return PROTOCOLS
+
+
 def get_protocol(name: str) -> Protocol:
     """Look a protocol up by name, with the known names in the error."""
     try:
-        return PROTOCOLS[name]
+        return discover()[name]
     except KeyError:
         known = ", ".join(sorted(PROTOCOLS))
         raise ValueError(f"unknown protocol {name!r}; known: {known}") from None

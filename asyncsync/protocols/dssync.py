@@ -32,19 +32,27 @@ with Divide-and-Shuffle Synchronization for Distributed DNN Training", IEEE INFO
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, WorkerLoop, register
-from asyncsync.protocols.bsp import average
-from asyncsync.schema import check_fields, option
-from asyncsync.wire import WireError
-
-if TYPE_CHECKING:
-    from asyncsync.server import ParameterStore
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.base import (
+    HISTORY,
+    OutOfStep,
+    Protocol,
+    Pull,
+    Push,
+    Reply,
+    ServerRule,
+    WorkerLoop,
+    check_fields,
+    option,
+    register,
+)
+from asyncsync.protocols.ports import Context, Store
+from asyncsync.protocols.rounds import average
 
 Group = tuple[int, ...]
 
@@ -88,14 +96,14 @@ class DsSyncServer(ServerRule):
     mean (see the module's notes on lost and rejoining workers).
 
     Attributes:
-        averages: every completed group average, in commit order.
+        averages: the most recent completed group averages (at most `HISTORY`), in order.
     """
 
     push_kinds = frozenset({"model"})
 
-    def __init__(self, params: DsSyncParams, store: ParameterStore) -> None:
+    def __init__(self, params: DsSyncParams, store: Store) -> None:
         super().__init__(params, store)
-        self.averages: list[GroupAverage] = []
+        self.averages: deque[GroupAverage] = deque(maxlen=HISTORY)
         self._pushed = [0] * store.workers  # the next iteration of each worker
         self._start = [0] * store.workers  # each worker's first iteration since it joined
         self._latest = [store.w] * store.workers
@@ -116,8 +124,8 @@ class DsSyncServer(ServerRule):
     def _iteration(self, meta: dict[str, Any], expected: int) -> int:
         iteration = meta.get("iteration")
         if iteration != expected or isinstance(iteration, bool):
-            raise WireError(409, f"iteration {iteration!r} in meta, but the server expects "
-                                 f"{expected}")
+            raise OutOfStep(f"iteration {iteration!r} in meta, but the server expects "
+                            f"{expected}")
         return expected
 
     async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
@@ -175,7 +183,7 @@ class DsSyncServer(ServerRule):
     async def on_pull(self, pull: Pull) -> Reply:
         """Wait for the worker's group of its last pushed iteration; answer with its mean."""
         if self._pushed[pull.worker] == self._start[pull.worker]:
-            raise WireError(409, f"worker {pull.worker} pulls before its first push")
+            raise OutOfStep(f"worker {pull.worker} pulls before its first push")
         iteration = self._iteration(pull.meta, self._pushed[pull.worker] - 1)
 
         def ready() -> bool:
@@ -203,11 +211,11 @@ class DsSyncServer(ServerRule):
 class DsSyncWorker(WorkerLoop):
     """Push the model, adopt the group's mean, one local step."""
 
-    async def run(self, ctx: WorkerContext) -> None:
+    async def run(self, ctx: Context) -> None:
         iteration = int((await ctx.query({}))["iteration"])
         steps = samples = 0
         while True:
-            model = await ctx.in_thread(ctx.trainer.vector_copy)
+            model = await ctx.snapshot()
             meta = {"iteration": iteration}
             await ctx.push("model", model, steps=steps, samples=samples, meta=meta)
             mean, version, _ = await ctx.pull(meta=meta)

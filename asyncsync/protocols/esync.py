@@ -27,21 +27,25 @@ Federated Learning in Heterogeneous Data Centers", IEEE Transactions on Services
 from __future__ import annotations
 
 import math
-import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from asyncsync.protocols.base import Protocol, Push, WorkerLoop, register
-from asyncsync.protocols.bsp import BarrierServer, average, contributions
-from asyncsync.schema import check_fields, option
-from asyncsync.wire import WireError, require_count
-
-if TYPE_CHECKING:
-    from asyncsync.server import ParameterStore
-    from asyncsync.trainer import Trainer
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.base import (
+    HISTORY,
+    BadRequest,
+    Protocol,
+    Push,
+    WorkerLoop,
+    check_fields,
+    option,
+    register,
+    require_count,
+)
+from asyncsync.protocols.ports import Context, Store
+from asyncsync.protocols.rounds import RoundServer
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class EsyncRound:
     wait_s: dict[int, float] = field(default_factory=dict)
 
 
-class EsyncServer(BarrierServer):
+class EsyncServer(RoundServer):
     """The state oracle and the synchronous barrier of deltas, over the live workers.
 
     A lost worker's step time and step clock are forgotten, so the oracle picks the
@@ -73,15 +77,15 @@ class EsyncServer(BarrierServer):
     one, so nobody is ready before its first local step; the round waits for its delta.
 
     Attributes:
-        rounds: every finished round, in order (what the tests and reports inspect).
+        history: the most recent finished rounds (at most `HISTORY`), in order.
     """
 
     push_kinds = frozenset({"delta"})
 
-    def __init__(self, params: EsyncParams, store: ParameterStore) -> None:
+    def __init__(self, params: EsyncParams, store: Store) -> None:
         super().__init__(params, store)
         self.eps = params.eps
-        self.rounds: list[EsyncRound] = []
+        self.history: deque[EsyncRound] = deque(maxlen=HISTORY)
         workers = store.workers
         self._step_s: list[float | None] = [None] * workers
         self._step_began: list[float | None] = [None] * workers  # None: at the barrier
@@ -92,10 +96,10 @@ class EsyncServer(BarrierServer):
         step_s = meta.get("c")
         if step_s is not None and (isinstance(step_s, bool) or not isinstance(step_s, int | float)
                                    or not math.isfinite(step_s) or step_s < 0):
-            raise WireError(400, "field 'c' must be a finite number >= 0")
+            raise BadRequest("field 'c' must be a finite number >= 0")
         if k > 0 and step_s is None:
-            raise WireError(400, "a query after a local step must report 'c', its duration")
-        now = time.monotonic()
+            raise BadRequest("a query after a local step must report 'c', its duration")
+        now = self.store.now()
         if step_s is not None:
             self._step_s[worker] = float(step_s)
         ready = k > 0 and step_s is not None and self._ready(worker, float(step_s), now)
@@ -119,36 +123,32 @@ class EsyncServer(BarrierServer):
         return mine * (1 + self.eps) > left
 
     def take(self, push: Push) -> None:
-        self._arrived[push.worker] = time.monotonic()
+        self._arrived[push.worker] = self.store.now()
 
     def left(self, worker: int) -> None:
         self._arrived.pop(worker, None)
         self._step_s[worker] = self._step_began[worker] = None
 
-    async def close_round(self, pushes: dict[int, Push]) -> None:
-        """Commit ``w + mean delta``, record the round, restart every worker's step clock."""
-        w = self.store.w
-        deltas = [push.vector for push in pushes.values()]
-        new = await self.store.compute(lambda: w + average(deltas))
-        now = time.monotonic()
-        self.store.commit(new, contributions(pushes))
-        self.rounds.append(EsyncRound(
+    def combine(self, fragment: int, current: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """``w + mean delta``."""
+        return current + mean
+
+    async def close_round(self, fragment: int, pushes: dict[int, Push]) -> None:
+        """Commit the round, record it, restart every worker's step clock."""
+        await super().close_round(fragment, pushes)
+        now = self.store.now()
+        self.history.append(EsyncRound(
             self.store.version, {worker: push.steps for worker, push in pushes.items()},
             {worker: now - self._arrived[worker] for worker in pushes}))
         self._arrived = {}
         self._step_began = [now] * self.store.workers
 
 
-def _progress(trainer: Trainer, anchor: torch.Tensor) -> torch.Tensor:
-    """The local progress ``w_i - anchor`` as a CPU vector."""
-    return trainer.vector_copy() - anchor
-
-
 class EsyncWorker(WorkerLoop):
     """Ask the oracle before each step; step, or push the round's delta and adopt the average."""
 
-    async def run(self, ctx: WorkerContext) -> None:
-        anchor = await ctx.in_thread(ctx.trainer.vector_copy)
+    async def run(self, ctx: Context) -> None:
+        anchor = await ctx.snapshot()
         steps = samples = 0
         step_s: float | None = None
         while True:
@@ -156,7 +156,7 @@ class EsyncWorker(WorkerLoop):
             if step_s is not None:
                 report["c"] = step_s
             if (await ctx.query(report)).get("sync"):
-                delta = await ctx.in_thread(_progress, ctx.trainer, anchor)
+                delta = await ctx.delta_since(anchor)
                 await ctx.push("delta", delta, steps=steps, samples=samples)
                 anchor, version, _ = await ctx.pull()
                 await ctx.adopt(anchor, version)

@@ -20,16 +20,20 @@ OPT 2020 (arXiv:1903.03934).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from asyncsync.protocols.base import Protocol, Push, ServerRule, WorkerLoop, register
-from asyncsync.schema import check_fields, option
-from asyncsync.trainer import StepResult
-
-if TYPE_CHECKING:
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.base import (
+    Protocol,
+    Push,
+    ServerRule,
+    WorkerLoop,
+    check_fields,
+    option,
+    register,
+)
+from asyncsync.protocols.ports import Context
 
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
 
@@ -88,44 +92,15 @@ class FedAsyncServer(ServerRule):
 class FedAsyncWorker(WorkerLoop):
     """Pull, H local (proximal) steps, push the model with its base version."""
 
-    async def run(self, ctx: WorkerContext) -> None:
-        steps = self.params.local_steps
+    async def run(self, ctx: Context) -> None:
+        steps, rho = self.params.local_steps, self.params.rho
         while True:
             anchor, version, _ = await ctx.pull()
             await ctx.adopt(anchor, version)
-            if self.params.rho > 0:
-                result = await self._proximal_steps(ctx, anchor, steps)
-            else:
-                result = await ctx.steps(steps)
-            model = await ctx.in_thread(ctx.trainer.vector_copy)
+            result = await ctx.steps(steps, proximal=(anchor, rho) if rho > 0 else None)
+            model = await ctx.snapshot()
             await ctx.push("model", model, steps=steps, samples=result.samples,
                            base_version=version)
-
-    async def _proximal_steps(self, ctx: WorkerContext, anchor: torch.Tensor,
-                              count: int) -> StepResult:
-        """`count` local SGD steps on ``f(x) + rho/2 ||x - anchor||^2``.
-
-        Each step takes the batch gradient through the context (time and samples are
-        accounted as usual), adds ``rho (x - anchor)`` and steps with the local optimizer.
-        """
-        params = ctx.trainer.params
-        n = params.num_params
-        rho = self.params.rho
-        center = await ctx.in_thread(lambda: anchor[:n].to(params.flat.device))
-
-        def step() -> None:
-            with torch.no_grad():
-                x = params.flat[:n]
-                grad = params.grad[:n] + rho * (x - center)
-                x.sub_(ctx.trainer.optimizer.update(x, grad))
-
-        results = []
-        for _ in range(count):
-            result, _ = await ctx.gradient()
-            await ctx.in_thread(step)
-            results.append(result)
-        return StepResult(results[-1].loss, sum(r.samples for r in results),
-                          sum(r.compute_s for r in results))
 
 
 FEDASYNC = register(Protocol("fedasync", "asynchronous federated optimization: models mixed "

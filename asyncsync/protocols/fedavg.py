@@ -22,10 +22,8 @@ import random
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from asyncsync.protocols.base import Protocol, Push, register
+from asyncsync.protocols.base import Protocol, Push, Unacceptable, option, register
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer, LocalSgdWorker
-from asyncsync.schema import option
-from asyncsync.wire import WireError
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ class FedAvgServer(LocalSgdServer):
     def weight(self, push: Push) -> float:
         """A delta counts in proportion to the samples it was trained on."""
         if push.samples < 1:
-            raise WireError(422, "fedavg weights deltas by samples: 'samples' must be >= 1")
+            raise Unacceptable("fedavg weights deltas by samples: 'samples' must be >= 1")
         return float(push.samples)
 
 

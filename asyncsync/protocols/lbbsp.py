@@ -8,8 +8,10 @@ losses this is exactly the gradient of the union of the batches), version += 1; 
 assigns the next sizes, which the pull replies carry as ``meta["batch_size"]``. A worker
 starting its loop asks for its size with a query (none before the first assignment, when
 ``global_batch`` is 0: it then uses its default batch size). Workers push their measured
-compute time of the batch in ``meta["compute_s"]`` and must use the size they were
-assigned.
+compute time of the batch in ``meta["compute_s"]`` and the samples the batch really held;
+a batch may be smaller than assigned (a source at the end of its data), never larger, and
+counts by its real samples. The protocol resizes batches, so a worker needs a callable
+batch source (an iterable's fixed batches cannot follow the assignment).
 
 Batch sizing, per barrier:
 
@@ -41,16 +43,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, WorkerLoop, register
-from asyncsync.protocols.bsp import BarrierServer, average, contributions
-from asyncsync.schema import check_fields, option
-from asyncsync.wire import WireError
-
-if TYPE_CHECKING:
-    from asyncsync.server import ParameterStore
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.base import (
+    BadRequest,
+    OutOfStep,
+    Protocol,
+    Pull,
+    Push,
+    Reply,
+    WorkerLoop,
+    check_fields,
+    option,
+    register,
+)
+from asyncsync.protocols.bsp import BspServer
+from asyncsync.protocols.ports import Context, Store
 
 GAIN_GROWTH = 1.5
 MIN_GAIN = 1.0 / 64
@@ -104,7 +112,7 @@ def apportion(total: int, weights: Sequence[float], low: int, high: int) -> list
     return sizes
 
 
-class LbbspServer(BarrierServer):
+class LbbspServer(BspServer):
     """Per-iteration barrier over the live workers; sample-weighted gradient step; batch
     re-sizing at the barrier (see the module's notes on lost and rejoining workers).
 
@@ -117,7 +125,7 @@ class LbbspServer(BarrierServer):
 
     push_kinds = frozenset({"gradient"})
 
-    def __init__(self, params: LbbspParams, store: ParameterStore) -> None:
+    def __init__(self, params: LbbspParams, store: Store) -> None:
         super().__init__(params, store)
         n = store.workers
         total = params.global_batch
@@ -138,18 +146,19 @@ class LbbspServer(BarrierServer):
         seconds = push.meta.get("compute_s")
         if (not isinstance(seconds, int | float) or isinstance(seconds, bool)
                 or not math.isfinite(seconds) or seconds <= 0):
-            raise WireError(400, "lbbsp needs meta 'compute_s': the batch's compute time "
-                                 "in seconds, a finite number > 0")
+            raise BadRequest("lbbsp needs meta 'compute_s': the batch's compute time "
+                             "in seconds, a finite number > 0")
+        if push.samples < 1:
+            raise BadRequest("lbbsp weights gradients by samples: 'samples' must be >= 1")
         assigned = self.batches.get(push.worker)
-        if assigned is not None:
-            if push.samples != assigned:
-                raise WireError(409, f"worker {push.worker} pushed a batch of {push.samples} "
-                                     f"samples but was assigned {assigned}")
-        else:
-            low, high = self.params.min_batch, self.params.max_batch or push.samples
-            if not low <= push.samples <= high:
-                raise WireError(409, f"first batch of {push.samples} samples is outside "
-                                     f"[{low}, {high}]")
+        high = assigned if assigned is not None else (self.params.max_batch or push.samples)
+        if push.samples > high:
+            raise OutOfStep(f"worker {push.worker} pushed a batch of {push.samples} samples, "
+                            f"more than the {high} it may use")
+
+    def weight(self, push: Push) -> float:
+        """A gradient counts by the samples its batch really held."""
+        return float(push.samples)
 
     def joined(self, worker: int) -> None:
         self.speeds[worker], self.gains[worker], self._directions[worker] = 0.0, 1.0, 0
@@ -157,12 +166,10 @@ class LbbspServer(BarrierServer):
             low, high = self.params.bounds(self.total)
             self.batches[worker] = min(max(self.total // len(self.store.live), low), high)
 
-    async def close_round(self, pushes: dict[int, Push]) -> None:
+    async def close_round(self, fragment: int, pushes: dict[int, Push]) -> None:
         """Apply the sample-weighted mean gradient, then assign the next batch sizes."""
-        gradients = [push.vector for push in pushes.values()]
+        await super().close_round(fragment, pushes)
         samples = {worker: push.samples for worker, push in pushes.items()}
-        mean = await self.store.compute(average, gradients, list(samples.values()))
-        await self.store.apply_gradient(mean, contributions(pushes))
         self.total = self.total or sum(samples.values())
         self._resize(samples, {worker: float(push.meta["compute_s"])
                                for worker, push in pushes.items()})
@@ -212,7 +219,7 @@ class LbbspServer(BarrierServer):
 class LbbspWorker(WorkerLoop):
     """Gradient on the assigned batch size, push it with its compute time, pull the next."""
 
-    async def run(self, ctx: WorkerContext) -> None:
+    async def run(self, ctx: Context) -> None:
         assigned = (await ctx.query({})).get("batch_size")
         batch = self.params.first_batch(ctx.batch_size) if assigned is None else int(assigned)
         while True:
@@ -226,4 +233,4 @@ class LbbspWorker(WorkerLoop):
 
 LBBSP = register(Protocol("lbbsp", "load-balanced BSP: per-worker batch sizes re-sized at "
                                    "each barrier so that workers finish together",
-                          LbbspParams, LbbspServer, LbbspWorker))
+                          LbbspParams, LbbspServer, LbbspWorker, resizes_batches=True))

@@ -17,15 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, WorkerLoop, register
-from asyncsync.protocols.bsp import BarrierServer, average, contributions
-from asyncsync.schema import check_fields, option
+import torch
 
-if TYPE_CHECKING:
-    from asyncsync.server import ParameterStore
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.base import (
+    Protocol,
+    Pull,
+    Push,
+    Reply,
+    WorkerLoop,
+    check_fields,
+    option,
+    register,
+)
+from asyncsync.protocols.ports import Context, Store
+from asyncsync.protocols.rounds import RoundServer
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class LocalSgdParams:
         check_fields(self)
 
 
-class LocalSgdServer(BarrierServer):
+class LocalSgdServer(RoundServer):
     """One round per version: the last live participant's delta closes it.
 
     Each round's participants are drawn when it opens from the live workers (before the
@@ -57,7 +63,7 @@ class LocalSgdServer(BarrierServer):
 
     push_kinds = frozenset({"delta"})
 
-    def __init__(self, params: LocalSgdParams, store: ParameterStore) -> None:
+    def __init__(self, params: LocalSgdParams, store: Store) -> None:
         super().__init__(params, store)
         self.round = self.participants(0, range(store.workers))
 
@@ -66,11 +72,7 @@ class LocalSgdServer(BarrierServer):
         all of them."""
         return frozenset(candidates)
 
-    def weight(self, push: Push) -> float:
-        """A delta's weight before normalisation over the round: equal for all."""
-        return 1.0
-
-    def members(self) -> Set[int]:
+    def members(self, fragment: int = 0) -> Set[int]:
         return self.round & self.store.live
 
     def take(self, push: Push) -> None:
@@ -85,19 +87,19 @@ class LocalSgdServer(BarrierServer):
         if worker not in self.round and self.members() <= drawn:
             self.round = drawn
 
-    async def close_round(self, pushes: dict[int, Push]) -> None:
-        """``w <- w + weighted mean delta`` as the next version; open the next round."""
-        w = self.store.w
-        deltas = [push.vector for push in pushes.values()]
-        weights = [self.weight(push) for push in pushes.values()]
-        new = await self.store.compute(lambda: w + average(deltas, weights))
-        self.store.commit(new, contributions(pushes))
+    def combine(self, fragment: int, current: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """``w + weighted mean delta``."""
+        return current + mean
+
+    async def close_round(self, fragment: int, pushes: dict[int, Push]) -> None:
+        """Commit the round, then draw the next one's participants."""
+        await super().close_round(fragment, pushes)
         self.round = self.participants(self.store.version, self.store.live)
 
     async def on_pull(self, pull: Pull) -> Reply:
         """Answer once the open round counts on the worker and it has not pushed yet."""
         def has_work() -> bool:
-            return pull.worker in self.members() and pull.worker not in self.pushes
+            return pull.worker in self.members() and pull.worker not in self.pending[0]
 
         await self.store.wait_for(has_work, pull.worker)
         return self.store.current()
@@ -106,13 +108,13 @@ class LocalSgdServer(BarrierServer):
 class LocalSgdWorker(WorkerLoop):
     """Pull a round's model, run H local steps, push the delta."""
 
-    async def run(self, ctx: WorkerContext) -> None:
+    async def run(self, ctx: Context) -> None:
         steps = self.params.local_steps
         while True:
             anchor, version, _ = await ctx.pull()
             await ctx.adopt(anchor, version)
             result = await ctx.steps(steps)
-            delta = await ctx.in_thread(lambda base: ctx.trainer.vector_copy() - base, anchor)
+            delta = await ctx.delta_since(anchor)
             await ctx.push("delta", delta, steps=steps, samples=result.samples)
 
 

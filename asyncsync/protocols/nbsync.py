@@ -25,18 +25,14 @@ on Services Computing, 2023 (doi:10.1109/TSC.2023.3304312).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, register
-from asyncsync.protocols.bsp import BarrierServer, average, contributions
+import torch
+
+from asyncsync.protocols.base import Protocol, Pull, Push, Reply, check_fields, option, register
 from asyncsync.protocols.overlap import OverlapWorker, Pulled
-from asyncsync.schema import check_fields, option
-
-if TYPE_CHECKING:
-    import torch
-
-    from asyncsync.server import ParameterStore
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.ports import Context, Store
+from asyncsync.protocols.rounds import RoundServer
 
 SERVER_MODES = ("sync", "async")
 
@@ -53,7 +49,7 @@ class NbsyncParams:
         check_fields(self)
 
 
-class NbsyncServer(BarrierServer):
+class NbsyncServer(RoundServer):
     """Rounds of one delta per live worker (or every delta on arrival, in async mode).
 
     Sync mode: a lost worker's delta of the open round is withdrawn and the round closes
@@ -64,7 +60,7 @@ class NbsyncServer(BarrierServer):
 
     push_kinds = frozenset({"delta"})
 
-    def __init__(self, params: NbsyncParams, store: ParameterStore) -> None:
+    def __init__(self, params: NbsyncParams, store: Store) -> None:
         super().__init__(params, store)
         self.synchronous = params.server_mode == "sync"
 
@@ -77,11 +73,9 @@ class NbsyncServer(BarrierServer):
             self.store.commit(new, [(push.worker, push.base_version)])
         return {}
 
-    async def close_round(self, pushes: dict[int, Push]) -> None:
-        w = self.store.w
-        deltas = [push.vector for push in pushes.values()]
-        new = await self.store.compute(lambda: w + average(deltas))
-        self.store.commit(new, contributions(pushes))
+    def combine(self, fragment: int, current: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """``w + mean delta``."""
+        return current + mean
 
     async def on_pull(self, pull: Pull) -> Reply:
         if self.synchronous:
@@ -92,7 +86,7 @@ class NbsyncServer(BarrierServer):
 class NbsyncWorker(OverlapWorker):
     """Push the progress of the last round, then pull the next global model."""
 
-    async def exchange(self, ctx: WorkerContext, delta: torch.Tensor, steps: int,
+    async def exchange(self, ctx: Context, delta: torch.Tensor, steps: int,
                        samples: int) -> Pulled:
         await ctx.push("delta", delta, steps=steps, samples=samples)
         vector, version, _ = await ctx.pull()

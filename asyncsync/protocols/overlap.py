@@ -3,8 +3,7 @@
 `Transfers` runs exchanges (a push, then a pull: `exchange`) as tasks, at most one per
 key, and surfaces their failures at step boundaries. `OverlapWorker` is local SGD with one
 exchange always in flight (NBSync, WBSP-opt); Overlap Local SGD and Streaming DiLoCo drive
-`Transfers` themselves. `split_progress` and `mix_into` are their vector helpers, run in the
-worker's compute thread.
+`Transfers` themselves.
 """
 
 from __future__ import annotations
@@ -12,15 +11,12 @@ from __future__ import annotations
 import asyncio
 from abc import abstractmethod
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from asyncsync.protocols.base import WorkerLoop
-
-if TYPE_CHECKING:
-    from asyncsync.trainer import Trainer
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.ports import Context
 
 Pulled = tuple[torch.Tensor, int]  # a global vector and its version
 T = TypeVar("T")
@@ -75,27 +71,13 @@ class Transfers(Generic[T]):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def exchange(ctx: WorkerContext, kind: str, vector: torch.Tensor, steps: int,
+async def exchange(ctx: Context, kind: str, vector: torch.Tensor, steps: int,
                    samples: int, base_version: int,
                    meta: dict[str, Any] | None = None) -> Pulled:
     """Push `vector`, then pull the answer (with the same `meta` and base version)."""
     await ctx.push(kind, vector, steps, samples, meta=meta, base_version=base_version)
     pulled, version, _ = await ctx.pull(meta=meta, base_version=base_version)
     return pulled, version
-
-
-def split_progress(trainer: Trainer, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(w - anchor, w)``: the progress since `anchor`, and a copy of the local vector."""
-    now = trainer.vector_copy()
-    return now - anchor, now
-
-
-def mix_into(trainer: Trainer, target: torch.Tensor, weight: float, start: int,
-             stop: int) -> None:
-    """``w_i[start:stop] <- (1 - weight) w_i[start:stop] + weight target`` (compute thread)."""
-    part = trainer.flat[start:stop]
-    with torch.no_grad():
-        part.mul_(1 - weight).add_(target.to(part.device), alpha=weight)
 
 
 class OverlapWorker(WorkerLoop):
@@ -108,8 +90,8 @@ class OverlapWorker(WorkerLoop):
     the loop ends is cancelled.
     """
 
-    async def run(self, ctx: WorkerContext) -> None:
-        anchor = await ctx.in_thread(ctx.trainer.vector_copy)
+    async def run(self, ctx: Context) -> None:
+        anchor = await ctx.snapshot()
         steps = samples = 0
         async with Transfers[Pulled | None]() as transfers:
             while True:
@@ -119,7 +101,7 @@ class OverlapWorker(WorkerLoop):
                 if transfers.running(0):
                     continue
                 pulled = await transfers.finish(0) if 0 in transfers else None
-                delta, anchor = await ctx.in_thread(split_progress, ctx.trainer, anchor)
+                delta, anchor = await ctx.delta_and_snapshot(anchor)
                 if pulled is not None:
                     await ctx.adopt(*pulled)
                     anchor = pulled[0]
@@ -127,6 +109,6 @@ class OverlapWorker(WorkerLoop):
                 steps = samples = 0
 
     @abstractmethod
-    async def exchange(self, ctx: WorkerContext, delta: torch.Tensor, steps: int,
+    async def exchange(self, ctx: Context, delta: torch.Tensor, steps: int,
                        samples: int) -> Pulled | None:
         """Push `delta` (`steps` local steps); return a global model to adopt, if any."""

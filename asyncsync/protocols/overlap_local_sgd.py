@@ -19,17 +19,13 @@ Communication Delays in Distributed SGD", ICASSP 2020.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from asyncsync.protocols.base import Protocol, WorkerLoop, register
-from asyncsync.protocols.diloco import RoundServer
-from asyncsync.protocols.overlap import Pulled, Transfers, exchange, mix_into
-from asyncsync.schema import check_fields, option
+import torch
 
-if TYPE_CHECKING:
-    import torch
-
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.base import Protocol, WorkerLoop, check_fields, option, register
+from asyncsync.protocols.overlap import Pulled, Transfers, exchange
+from asyncsync.protocols.ports import Context
+from asyncsync.protocols.rounds import RoundServer
 
 
 @dataclass(frozen=True)
@@ -66,17 +62,17 @@ class OverlapLocalSgdWorker(WorkerLoop):
     of the block of local steps that ran while it was in flight.
     """
 
-    async def run(self, ctx: WorkerContext) -> None:
+    async def run(self, ctx: Context) -> None:
         tau, alpha = self.params.local_steps, self.params.alpha
-        anchor = await ctx.in_thread(ctx.trainer.vector_copy)
+        anchor = await ctx.snapshot()
         version = ctx.version
         async with Transfers[Pulled]() as transfers:
             while True:
                 samples = (await ctx.steps(tau)).samples
                 if 0 in transfers:
                     anchor, version = await transfers.finish(0)
-                await ctx.in_thread(mix_into, ctx.trainer, anchor, alpha, 0, len(anchor))
-                model = await ctx.in_thread(ctx.trainer.vector_copy)
+                await ctx.mix_toward(anchor, alpha)
+                model = await ctx.snapshot()
                 transfers.start(0, exchange(ctx, "model", model, steps=tau, samples=samples,
                                             base_version=version))
 

@@ -10,8 +10,7 @@ finished iteration k (BSP's pattern); with a large s nobody ever waits (ASP).
 Only live workers count in ``min_j c_j``: a lost worker no longer holds the others back.
 A worker that rejoins restarts at the smallest clock of the live workers (so it is held
 by nobody and holds nobody back). A push from a worker whose clock is beyond the bound (it
-did not pass the pull gate), or based on a version older than the one its worker last
-joined at (it comes from before the rejoin), is rejected.
+did not pass the pull gate) is refused as out of step.
 
 Reference: Q. Ho, J. Cipar, H. Cui, J. K. Kim, S. Lee, P. B. Gibbons, G. A. Gibson,
 G. R. Ganger, E. P. Xing, "More Effective Distributed ML via a Stale Synchronous Parallel
@@ -21,15 +20,21 @@ Parameter Server", NIPS 2013.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncsync.protocols.asp import AspWorker
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, ServerRule, register
-from asyncsync.schema import check_fields, option
-from asyncsync.wire import WireError
-
-if TYPE_CHECKING:
-    from asyncsync.server import ParameterStore
+from asyncsync.protocols.base import (
+    OutOfStep,
+    Protocol,
+    Pull,
+    Push,
+    Reply,
+    ServerRule,
+    check_fields,
+    option,
+    register,
+)
+from asyncsync.protocols.ports import Store
 
 
 @dataclass(frozen=True)
@@ -50,11 +55,10 @@ class SspServer(ServerRule):
 
     push_kinds = frozenset({"gradient"})
 
-    def __init__(self, params: SspParams, store: ParameterStore) -> None:
+    def __init__(self, params: SspParams, store: Store) -> None:
         super().__init__(params, store)
         self.bound = params.staleness
         self.clocks = [0] * store.workers
-        self._joined: dict[int, int] = {}
 
     def gap(self, worker: int) -> int:
         """How many clocks `worker` is ahead of the slowest live worker."""
@@ -63,14 +67,10 @@ class SspServer(ServerRule):
 
     async def on_push(self, push: Push) -> dict[str, Any]:
         async with self.store.lock:
-            joined = self._joined.get(push.worker, 0)
-            if push.base_version < joined:
-                raise WireError(409, f"gradient based on version {push.base_version}, before "
-                                     f"worker {push.worker} rejoined at version {joined}")
             gap = self.gap(push.worker)
             if gap > self.bound:
-                raise WireError(409, f"worker {push.worker} is {gap} clocks ahead of the "
-                                     f"slowest (bound {self.bound}); pull before computing")
+                raise OutOfStep(f"worker {push.worker} is {gap} clocks ahead of the slowest "
+                                f"(bound {self.bound}); pull before computing")
             await self.store.apply_gradient(push.vector, [(push.worker, push.base_version)])
             self.clocks[push.worker] += 1
             self.store.notify()
@@ -82,7 +82,6 @@ class SspServer(ServerRule):
 
     async def on_join(self, worker: int) -> None:
         async with self.store.lock:
-            self._joined[worker] = self.store.version
             others = (self.clocks[j] for j in self.store.live if j != worker)
             self.clocks[worker] = min(others, default=self.clocks[worker])
 

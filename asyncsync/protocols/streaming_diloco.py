@@ -1,20 +1,20 @@
 """Streaming DiLoCo: DiLoCo synchronizing one fragment of the model at a time, overlapped.
 
-The flat vector is split into P fragments (default 4); each is synchronized once every H
-inner steps (default 50), fragment p offset by ``p * H // P`` steps so that the exchanges
-are staggered over the period: fragment p's exchange starts after local step t when
-``t - p * H // P`` is a positive multiple of H. The worker pushes the fragment's
-pseudo-gradient ``g_p = w_p - w_i,p`` (``w`` is its copy of the global model) and keeps
-training; tau steps later (default 5: the exchange starts tau steps before its result is
-needed) it takes the new global fragment, waiting only if it is still in flight, merges
-``w_i,p <- (1 - alpha) w_p + alpha w_i,p`` (alpha 0.5) and keeps ``w_p`` as its copy.
-Server: DiLoCo's outer Nesterov step, per fragment and with momentum per fragment, when the
-pseudo-gradients of every live worker for a fragment's round are in; every such round is a
-version.
+The flat vector is split into P fragments (default 4), each synchronized once every H
+inner steps (default 50), on a staggered schedule: fragment p is merged after local steps
+``floor(H (p + 1) / P) + k H`` (k = 0, 1, ...), the torchft placement, so one fragment is
+merged every H / P steps. Its exchange starts tau steps before its merge (default 5;
+tau < H // P, so a fragment's exchange ends before the next fragment's starts): the worker
+pushes the fragment's delta ``d_p = w_i,p - w_p`` (``w`` is its copy of the global model)
+and keeps training; at the merge step it takes the new global fragment, waiting only if
+it is still in flight, merges ``w_i,p <- (1 - alpha) w_p + alpha w_i,p`` (alpha 0.5) and
+keeps ``w_p`` as its copy. Server: DiLoCo's outer Nesterov step on ``-mean_i d_i,p`` (and
+the buffers' mean), per fragment and with momentum per fragment, when the deltas of every
+live worker for a fragment's round are in; every such round is a version.
 
-Membership (see `RoundServer`): a lost worker's pseudo-gradients are withdrawn from the open
-rounds. A worker starting its loop asks the server where the schedule stands (a query): it
-sets its step counter to the step of the latest exchange that has completed, so that its
+Membership (see `RoundServer`): a lost worker's deltas are withdrawn from the open rounds.
+A worker starting its loop asks the server where the schedule stands (a query): it sets
+its step counter to the push step of the latest exchange that has completed, so that its
 next exchange of each fragment is the one the others are in; a rejoined worker thus takes
 part in the open rounds without deadlocking the staggered schedule.
 
@@ -30,18 +30,12 @@ a Distributed Free Lunch", arXiv:2501.18512, 2025.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
-from asyncsync.protocols.base import Protocol, WorkerLoop, register
-from asyncsync.protocols.diloco import DilocoParams, DilocoServer, pseudo_gradient
-from asyncsync.protocols.overlap import Pulled, Transfers, exchange, mix_into
-from asyncsync.schema import option
-
-if TYPE_CHECKING:
-    from asyncsync.trainer import Trainer
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.base import Protocol, WorkerLoop, option, register
+from asyncsync.protocols.diloco import DilocoParams, DilocoServer
+from asyncsync.protocols.overlap import Pulled, Transfers, exchange
+from asyncsync.protocols.ports import Context
 
 
 @dataclass(frozen=True)
@@ -57,9 +51,33 @@ class StreamingDilocoParams(DilocoParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.overlap_steps >= self.inner_steps:
-            raise ValueError(f"overlap_steps: must be < inner_steps ({self.inner_steps}), "
-                             f"got {self.overlap_steps}")
+        if self.fragments > self.inner_steps:
+            raise ValueError(f"fragments: must be <= inner_steps ({self.inner_steps}), "
+                             f"got {self.fragments}")
+        if self.overlap_steps >= self.inner_steps // self.fragments:
+            raise ValueError(f"overlap_steps: must be < inner_steps // fragments "
+                             f"({self.inner_steps // self.fragments}), got {self.overlap_steps}")
+
+    def merge_offset(self, fragment: int) -> int:
+        """The first local step after which `fragment` is merged."""
+        return self.inner_steps * (fragment + 1) // self.fragments
+
+    def merges_after(self, step: int, fragment: int) -> bool:
+        """Whether `fragment` is merged right after local step `step`."""
+        since = step - self.merge_offset(fragment)
+        return since >= 0 and since % self.inner_steps == 0
+
+    def pushes_after(self, step: int, fragment: int) -> bool:
+        """Whether `fragment`'s exchange starts right after local step `step`."""
+        return self.merges_after(step + self.overlap_steps, fragment)
+
+    def next_event(self, step: int) -> int:
+        """The first local step after `step` at which an exchange starts or a merge is due."""
+        event = step + 1
+        while not any(self.pushes_after(event, p) or self.merges_after(event, p)
+                      for p in range(self.fragments)):
+            event += 1
+        return event
 
 
 def fragment_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
@@ -71,42 +89,22 @@ class StreamingDilocoServer(DilocoServer):
     """DiLoCo's server with one barrier and one outer optimizer per fragment; it tells a
     (re)joining worker where the exchange schedule stands."""
 
+    same_version = False  # other fragments' rounds advance the version in between
+
     def fragments(self) -> list[tuple[int, int]]:
-        parts, numel = self.params.fragments, self.store.w.numel()
+        parts, numel = self.params.fragments, self.store.numel
         if parts > numel:
             raise ValueError(f"fragments: must be <= the model's {numel} elements, got {parts}")
         return fragment_bounds(numel, parts)
 
     async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
-        """The local step of the latest completed exchange (0 before any): fragment p's
-        round r was exchanged after step ``p * H // P + (r + 1) * H``."""
-        h, parts = self.params.inner_steps, self.params.fragments
-        step = max((fragment * h // parts + done * h for fragment, done in enumerate(self._done)
-                    if done), default=0)
+        """The local step after which the latest completed exchange was pushed (0 before
+        any): fragment p's round r was pushed after step ``merge_offset(p) + r H - tau``."""
+        params: StreamingDilocoParams = self.params
+        step = max((params.merge_offset(fragment) + (done - 1) * params.inner_steps
+                    - params.overlap_steps
+                    for fragment, done in enumerate(self.closed) if done), default=0)
         return {"step": step}
-
-
-def merge_fragment(trainer: Trainer, anchor: torch.Tensor, fresh: torch.Tensor, alpha: float,
-                   start: int, stop: int) -> None:
-    """Keep `fresh` as the global copy; ``w_i <- (1 - alpha) fresh + alpha w_i`` there."""
-    anchor[start:stop].copy_(fresh)
-    mix_into(trainer, fresh, 1 - alpha, start, stop)
-
-
-def starts_after(step: int, fragment: int, params: StreamingDilocoParams) -> bool:
-    """Whether `fragment`'s exchange starts right after local step `step`."""
-    since = step - fragment * params.inner_steps // params.fragments
-    return since >= params.inner_steps and since % params.inner_steps == 0
-
-
-def next_event(step: int, params: StreamingDilocoParams) -> int:
-    """The first local step after `step` at which an exchange starts or a merge is due."""
-    event = step + 1
-    while not any(starts_after(event, fragment, params)
-                  or starts_after(event - params.overlap_steps, fragment, params)
-                  for fragment in range(params.fragments)):
-        event += 1
-    return event
 
 
 class StreamingDilocoWorker(WorkerLoop):
@@ -118,35 +116,33 @@ class StreamingDilocoWorker(WorkerLoop):
     merge due for an exchange this loop did not start is skipped.
     """
 
-    async def run(self, ctx: WorkerContext) -> None:
+    async def run(self, ctx: Context) -> None:
         params: StreamingDilocoParams = self.params
-        bounds = fragment_bounds(ctx.trainer.numel, params.fragments)
-        anchor = await ctx.in_thread(ctx.trainer.vector_copy)
+        bounds = fragment_bounds(ctx.numel, params.fragments)
+        anchor = await ctx.snapshot()
         step = int((await ctx.query({}))["step"])
         version, samples = ctx.version, 0
         pushed = [(step, 0)] * params.fragments  # (step, samples) at each fragment's last push
         async with Transfers[Pulled]() as transfers:
             while True:
-                event = next_event(step, params)
+                event = params.next_event(step)
                 samples += (await ctx.steps(event - step)).samples
                 step = event
                 transfers.check()
                 for fragment, (start, stop) in enumerate(bounds):
-                    if starts_after(step, fragment, params):
-                        pseudo = await ctx.in_thread(pseudo_gradient, ctx.trainer, anchor,
-                                                     start, stop)
+                    if params.pushes_after(step, fragment):
+                        delta = await ctx.delta_since(anchor, start, stop)
                         last_step, last_samples = pushed[fragment]
                         transfers.start(fragment, exchange(
-                            ctx, "gradient", pseudo, steps=step - last_step,
+                            ctx, "delta", delta, steps=step - last_step,
                             samples=samples - last_samples, base_version=version,
                             meta={"fragment": fragment}))
                         pushed[fragment] = (step, samples)
-                    if (starts_after(step - params.overlap_steps, fragment, params)
-                            and fragment in transfers):
+                    if params.merges_after(step, fragment) and fragment in transfers:
                         fresh, fresh_version = await transfers.finish(fragment)
                         version = max(version, fresh_version)
-                        await ctx.in_thread(merge_fragment, ctx.trainer, anchor, fresh,
-                                            params.alpha, start, stop)
+                        await ctx.compute(anchor[start:stop].copy_, fresh)
+                        await ctx.mix_toward(fresh, 1 - params.alpha, start, stop)
 
 
 STREAMING_DILOCO = register(Protocol(

@@ -25,18 +25,24 @@ Parallel Computing 121, 103092, 2024.
 from __future__ import annotations
 
 import math
-import time
+from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from asyncsync.protocols.base import Protocol, Push, ServerRule, WorkerLoop, register
-from asyncsync.protocols.overlap import split_progress
-from asyncsync.schema import check_fields, option
-from asyncsync.wire import WireError
+import torch
 
-if TYPE_CHECKING:
-    from asyncsync.server import ParameterStore
-    from asyncsync.worker import WorkerContext
+from asyncsync.protocols.base import (
+    HISTORY,
+    BadRequest,
+    Protocol,
+    Push,
+    ServerRule,
+    WorkerLoop,
+    check_fields,
+    option,
+    register,
+)
+from asyncsync.protocols.ports import Context, Store
 
 
 @dataclass(frozen=True)
@@ -69,38 +75,33 @@ class WbspServer(ServerRule):
     A lost worker no longer counts as the slowest, so the next push of the slowest of the
     others publishes (its deltas already in the working model stay there). A rejoined
     worker's step rate is measured afresh: until it is known the rejoined worker counts as
-    the slowest, so its first push publishes. A push based on a version older than the
-    one its worker last joined at comes from before the rejoin and is refused (409).
+    the slowest, so its first push publishes. The working model (deltas not yet
+    published) is part of the checkpoint; a resumed server continues from it.
 
     Attributes:
-        pushes: every accepted push, in arrival order.
+        pushes: the most recent accepted pushes (at most `HISTORY`), in arrival order.
     """
 
     push_kinds = frozenset({"delta"})
 
-    def __init__(self, params: WbspParams, store: ParameterStore) -> None:
+    def __init__(self, params: WbspParams, store: Store) -> None:
         if params.slow_worker is not None and params.slow_worker >= store.workers:
             raise ValueError(f"slow_worker: must be a rank below {store.workers}, "
                              f"got {params.slow_worker}")
         super().__init__(params, store)
         self.slow_worker = params.slow_worker
         self.smoothing = params.rate_smoothing
-        self.pushes: list[PushRecord] = []
+        self.pushes: deque[PushRecord] = deque(maxlen=HISTORY)
         self._working = store.w
         self._pending: list[tuple[int, int]] = []
         self._last_push: list[float | None] = [None] * store.workers
         self._step_s: list[float] = [math.inf] * store.workers
-        self._joined: dict[int, int] = {}
 
     async def on_push(self, push: Push) -> dict[str, Any]:
         if push.steps < 1:
-            raise WireError(400, "a delta must carry at least one step")
-        arrived = time.monotonic()
+            raise BadRequest("a delta must carry at least one step")
+        arrived = self.store.now()
         async with self.store.lock:
-            joined = self._joined.get(push.worker, 0)
-            if push.base_version < joined:
-                raise WireError(409, f"delta based on version {push.base_version}, before "
-                                     f"worker {push.worker} rejoined at version {joined}")
             working, n = self._working, max(1, len(self.store.live))
             self._working = await self.store.compute(lambda: working + push.vector / n)
             self._pending.append((push.worker, push.base_version))
@@ -131,19 +132,30 @@ class WbspServer(ServerRule):
 
     async def on_join(self, worker: int) -> None:
         async with self.store.lock:
-            self._joined[worker] = self.store.version
             self._last_push[worker] = None
             self._step_s[worker] = math.inf
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The working model: deltas accepted since the last published version."""
+        return {"working": self._working}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from the checkpoint's working model (the resumed global model if none)."""
+        working = state.get("working", self.store.w)
+        if working.shape != self.store.w.shape:
+            raise ValueError(f"working model has shape {tuple(working.shape)}, the model "
+                             f"{tuple(self.store.w.shape)}")
+        self._working, self._pending = working, []
 
 
 class WbspWorker(WorkerLoop):
     """One local step, push its delta, pull when the server says a new version is ready."""
 
-    async def run(self, ctx: WorkerContext) -> None:
-        last = await ctx.in_thread(ctx.trainer.vector_copy)
+    async def run(self, ctx: Context) -> None:
+        last = await ctx.snapshot()
         while True:
             result = await ctx.steps(1)
-            delta, last = await ctx.in_thread(split_progress, ctx.trainer, last)
+            delta, last = await ctx.delta_and_snapshot(last)
             reply = await ctx.push("delta", delta, steps=1, samples=result.samples)
             if reply.get("pull"):
                 last, version, _ = await ctx.pull()

@@ -21,22 +21,18 @@ Parallel Computing 121, 103092, 2024 (the optimized version).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
 from asyncsync.protocols.base import Protocol, register
 from asyncsync.protocols.overlap import OverlapWorker, Pulled
+from asyncsync.protocols.ports import Context
 from asyncsync.protocols.wbsp import WbspParams, WbspServer
-
-if TYPE_CHECKING:
-    import torch
-
-    from asyncsync.worker import WorkerContext
 
 
 class WbspOptWorker(OverlapWorker):
     """Push the progress since the last push; pull only when the server offers a version."""
 
-    async def exchange(self, ctx: WorkerContext, delta: torch.Tensor, steps: int,
+    async def exchange(self, ctx: Context, delta: torch.Tensor, steps: int,
                        samples: int) -> Pulled | None:
         reply = await ctx.push("delta", delta, steps=steps, samples=samples)
         if not reply.get("pull"):

@@ -1,5 +1,6 @@
-"""Transports: HTTP (server app and client) and an in-process one for tests.
+"""Transports: in-process (local.py), HTTP client and server (+ hosting), refusal codes.
 
-A client transport has one method, `request(op, header, vector)`, returning the reply
-header and the reply vector (if any); see `asyncsync.transport.base.Transport`.
+Importing this package registers the ``http`` scheme, so a `Worker` can be given a URL.
 """
+
+from asyncsync.transport import http_client as _http_client  # noqa: F401 (registers http)

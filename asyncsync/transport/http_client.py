@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import aiohttp
 import torch
 
+from asyncsync.clock import now
+from asyncsync.engine.channel import Dial, register_scheme
 from asyncsync.hetero.network import Link
-from asyncsync.transport.base import RequestRejected
+from asyncsync.transport.status import refusal_from
 from asyncsync.wire import (
     CONTENT_TYPE,
     FrameReader,
@@ -59,18 +60,21 @@ class HttpTransport:
         """Send one request; retry with backoff while the server cannot be reached.
 
         Only connection failures are retried (the request never arrived, so a retry
-        cannot apply it twice), for up to `connect_timeout_s` seconds.
+        cannot apply it twice), for up to `connect_timeout_s` seconds. A connection that
+        breaks mid-request raises `ConnectionError`; a 4xx raises the SDK's refusal.
         """
-        deadline = time.monotonic() + self.connect_timeout_s
+        deadline = now() + self.connect_timeout_s
         backoff = 0.1
         while True:
             try:
                 return await self._request_once(op, header, vector)
-            except aiohttp.ClientConnectorError:
-                if time.monotonic() + backoff > deadline:
-                    raise
+            except aiohttp.ClientConnectorError as exc:
+                if now() + backoff > deadline:
+                    raise ConnectionError(f"cannot reach {self.url}: {exc}") from exc
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, 2.0)
+            except aiohttp.ClientError as exc:
+                raise ConnectionError(f"request {op} to {self.url} failed: {exc}") from exc
 
     async def _request_once(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None
@@ -86,7 +90,7 @@ class HttpTransport:
             self.bytes_up += size
             if resp.status >= 400:
                 reason = (await resp.text())[:500]
-                raise RequestRejected(resp.status, reason)
+                raise refusal_from(resp.status, reason)
             read_any: ReadAny = resp.content.readany
             if self.link is not None:
                 await self.link.one_way_delay()
@@ -105,3 +109,12 @@ class HttpTransport:
     async def close(self) -> None:
         await self._session.close()
 
+
+def dial_http(url: str, dial: Dial) -> HttpTransport:
+    """The HTTP transport for a worker, as `asyncsync.engine.channel.connect` makes it."""
+    return HttpTransport(url, dial.numel, link=dial.link, local_addr=dial.local_addr,
+                         token=dial.token)
+
+
+register_scheme("http", dial_http)
+register_scheme("https", dial_http)

@@ -1,4 +1,4 @@
-"""In-process transport: calls a `ServerCore` directly, for deterministic tests.
+"""In-process transport: calls a `ServerCore` directly (tests, and one-process runs).
 
 Headers make the same msgpack round trip as on the wire and vectors are copied in both
 directions, so a protocol cannot come to rely on sharing memory with the server.
@@ -7,16 +7,14 @@ directions, so a protocol cannot come to rely on sharing memory with the server.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from asyncsync.engine.core import ServerCore
 from asyncsync.hetero.network import Link
-from asyncsync.transport.base import RequestRejected
-from asyncsync.wire import PREFIX, WireError, decode_header, encode_header, tensor_spec
-
-if TYPE_CHECKING:
-    from asyncsync.server import ServerCore
+from asyncsync.transport.status import refusal_from
+from asyncsync.wire import PREFIX, Limits, WireError, decode_header, encode_header, tensor_spec
 
 
 class LocalTransport:
@@ -40,13 +38,14 @@ class LocalTransport:
             await self.link.up.sent(up)
         try:
             decoded = decode_header(head[PREFIX.size :])
-            tensor_spec(decoded, self.core.tensor_limits(op, decoded))
+            numel = self.core.tensor_numel(op, decoded)
+            tensor_spec(decoded, None if numel is None else Limits(numel))
             sent = None if vector is None else vector.clone()
             # As over HTTP, a request the server has begun runs to its end even when the
             # caller is cancelled (a worker killed mid-request): rules never see half a push.
             reply, out = await asyncio.shield(self.core.handle(op, decoded, sent))
         except WireError as err:
-            raise RequestRejected(err.status, err.reason) from None
+            raise refusal_from(err.status, err.reason) from None
         reply_head = encode_header(reply, out)
         down = len(reply_head) + (0 if out is None else out.nbytes)
         self.bytes_down += down

@@ -1,114 +1,126 @@
-"""Worker: owns a Trainer and a transport, and runs its protocol's `WorkerLoop`.
+"""A worker: joins the run, runs its protocol's loop through a `WorkerContext`, leaves.
 
-Local computation runs in a dedicated thread (one per worker), so the event loop keeps
-uploading and downloading while a step computes; torch releases the GIL in its kernels.
+The context implements the SDK's `Context` port. Every local computation goes through
+the worker's compute seam (real mode: one compute thread, slowness padded on the loop),
+every message through its transport; both are timed on the one clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 import torch
 from torch import nn
 
+from asyncsync.clock import now
+from asyncsync.engine.channel import Dial, Transport, connect
+from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.metrics import JsonlLog, WorkerMetrics
-from asyncsync.protocols.base import Protocol, get_protocol
-from asyncsync.trainer import BatchSource, LossFn, StepResult, Trainer
-from asyncsync.transport.base import RequestRejected, Transport
-from asyncsync.transport.http_client import HttpTransport
+from asyncsync.protocols.base import NotInRun, OutOfStep, Protocol, RunStopped, get_protocol
+from asyncsync.protocols.ports import StepResult
+from asyncsync.trainer import BatchSource, Computed, LossFn, Trainer
 
 T = TypeVar("T")
-
-
-RESYNC_STATUSES = frozenset({409, 410})
-"""Refusals after which a worker rejoins and restarts its loop: 410, the server no longer
-counts it (dropped after a timeout, or restarted); 409, its request no longer fits the
-round (e.g. it raced a membership change)."""
-
-
-class RunStopped(Exception):
-    """The run is over (the server said stop, or the worker reached `max_steps`)."""
+RESYNC = (OutOfStep, NotInRun)
+"""Refusals after which a worker rejoins and restarts its loop: the server no longer counts
+it (dropped after a timeout, or restarted), or its request no longer fits the protocol's
+state (e.g. it raced a membership change)."""
 
 
 class WorkerContext:
-    """What a `WorkerLoop` sees: compute in the worker's thread, and talk to the server.
-
-    Attributes:
-        rank: this worker's rank; `workers`: how many workers the run has.
-        version: the global version the local model was last adopted from.
-        batch_size: the default local batch size.
-    """
+    """The engine's implementation of the SDK's `Context` port (see there for the verbs)."""
 
     def __init__(self, rank: int, run_id: str, transport: Transport, trainer: Trainer,
-                 metrics: WorkerMetrics, batch_size: int, max_steps: int | None) -> None:
+                 seam: WorkerSeam, metrics: WorkerMetrics, batch_size: int,
+                 max_steps: int | None) -> None:
         self.rank = rank
         self.run_id = run_id
-        self.transport = transport
-        self.trainer = trainer
-        self.metrics = metrics
+        self.numel = trainer.numel
         self.batch_size = batch_size
-        self.max_steps = max_steps
         self.version = 0
         self.workers = 1
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"asyncsync-compute-{rank}")
+        self._transport = transport
+        self._trainer = trainer
+        self._seam = seam
+        self._metrics = metrics
+        self._max_steps = max_steps
 
-    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn` in the compute thread (vector math that must not block the loop)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
+    # ---- computation -------------------------------------------------------------------
     async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
-        """Compute one batch's gradient; returns it as a CPU copy safe to send."""
+        trainer = self._trainer
 
-        def work() -> tuple[StepResult, torch.Tensor]:
-            result = self.trainer.gradient(batch_size or self.batch_size)
-            return result, self.trainer.gradient_copy()
-
-        self._check_budget()
-        start = self.metrics.now()
-        result, grad = await self.in_thread(work)
-        self._account(start, 1, result)
-        return result, grad
-
-    async def steps(self, count: int = 1, batch_size: int | None = None) -> StepResult:
-        """Run `count` local SGD steps; returns their summed samples and time, last loss."""
-
-        def work() -> StepResult:
-            results = [self.trainer.local_step(batch_size or self.batch_size)
-                       for _ in range(count)]
-            return StepResult(results[-1].loss, sum(r.samples for r in results),
-                              sum(r.compute_s for r in results))
+        def work() -> tuple[Computed, torch.Tensor]:
+            result = trainer.gradient(batch_size or self.batch_size)
+            return result, trainer.gradient_copy()
 
         self._check_budget()
-        start = self.metrics.now()
-        result = await self.in_thread(work)
-        self._account(start, count, result)
-        return result
+        start = self._metrics.now()
+        charged = await self._seam.step(work)
+        computed, grad = charged.result
+        return self._account(start, [charged], [computed]), grad
 
-    def _account(self, start: float, steps: int, result: StepResult) -> None:
-        self.metrics.computed(start, steps, result.samples, result.compute_s, result.loss,
-                              self.trainer.last_factor, self.trainer.slowdown.overruns)
+    async def steps(self, count: int = 1, batch_size: int | None = None,
+                    proximal: tuple[torch.Tensor, float] | None = None) -> StepResult:
+        center, rho = proximal if proximal is not None else (None, 0.0)
+        size = batch_size or self.batch_size
+        self._check_budget()
+        start = self._metrics.now()
+        charges: list[Charged] = []
+        for _ in range(count):
+            charges.append(await self._seam.step(self._trainer.local_step, size, center, rho))
+        return self._account(start, charges, [c.result for c in charges])
 
+    def _account(self, start: float, charges: list[Charged],
+                 results: list[Computed]) -> StepResult:
+        out = StepResult(results[-1].loss, sum(r.samples for r in results),
+                         sum(c.seconds for c in charges))
+        self._metrics.computed(start, len(results), out.samples, out.compute_s, out.loss,
+                               charges[-1].factor, self._seam.overruns)
+        return out
+
+    async def snapshot(self) -> torch.Tensor:
+        return await self._seam.math(self._trainer.vector_copy)
+
+    async def delta_since(self, anchor: torch.Tensor, start: int = 0,
+                          stop: int | None = None) -> torch.Tensor:
+        return await self._seam.math(self._trainer.delta_since, anchor, start, stop)
+
+    async def delta_and_snapshot(self, anchor: torch.Tensor) -> tuple[torch.Tensor,
+                                                                      torch.Tensor]:
+        def split() -> tuple[torch.Tensor, torch.Tensor]:
+            current = self._trainer.vector_copy()
+            return current - anchor, current
+
+        return await self._seam.math(split)
+
+    async def mix_toward(self, target: torch.Tensor, weight: float, start: int = 0,
+                         stop: int | None = None) -> None:
+        await self._seam.math(self._trainer.mix_toward, target, weight, start, stop)
+
+    async def adopt(self, vector: torch.Tensor, version: int) -> None:
+        await self._seam.math(self._trainer.load, vector)
+        self.version = version
+
+    async def compute(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._seam.math(fn, *args)
+
+    # ---- messages ----------------------------------------------------------------------
     async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
                    meta: dict[str, Any] | None = None,
                    base_version: int | None = None) -> dict[str, Any]:
-        """Send a gradient, delta or model; returns the reply's protocol meta."""
         header = {"kind": kind, "steps": steps, "samples": samples,
                   "base_version": self.version if base_version is None else base_version}
         reply, _ = await self.request("push", header, vector, meta)
         return dict(reply.get("meta", {}))
 
-    async def pull(self, meta: dict[str, Any] | None = None,
-                   base_version: int | None = None) -> tuple[torch.Tensor, int, dict[str, Any]]:
-        """Fetch the global model: ``(vector, version, meta)``."""
+    async def pull(self, meta: dict[str, Any] | None = None, base_version: int | None = None
+                   ) -> tuple[torch.Tensor, int, dict[str, Any]]:
         header = {"base_version": self.version if base_version is None else base_version}
         reply, vector = await self.request("pull", header, None, meta)
         if vector is None:
@@ -116,44 +128,28 @@ class WorkerContext:
         return vector, int(reply["version"]), dict(reply.get("meta", {}))
 
     async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """A protocol-specific control message; returns the reply's meta."""
         reply, _ = await self.request("query", {}, None, meta)
         return dict(reply.get("meta", {}))
-
-    async def adopt(self, vector: torch.Tensor, version: int) -> None:
-        """Make `vector` (global version `version`) the local model."""
-        await self.in_thread(self.trainer.load, vector)
-        self.version = version
 
     async def request(self, op: str, header: dict[str, Any], vector: torch.Tensor | None,
                       meta: dict[str, Any] | None) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Send one message with this worker's identity and stats; account its time."""
         header = {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
-                  "stats": self.metrics.snapshot()}
-        start = self.metrics.now()
-        began = time.monotonic()
-        reply, out = await self.transport.request(op, header, vector)
-        seconds = time.monotonic() - began
+                  "stats": self._metrics.snapshot()}
+        start = self._metrics.now()
+        began = now()
+        reply, out = await self._transport.request(op, header, vector)
         held = float(reply.get("meta", {}).get("held_s", 0.0))
-        self.metrics.transferred(op, start, seconds, held, tensor_bytes(vector),
-                                 tensor_bytes(out), reply.get("version"))
-        self.sync_bytes()
+        self._metrics.transferred(op, start, now() - began, held, tensor_bytes(vector),
+                                  tensor_bytes(out), reply.get("version"))
+        self._metrics.take_bytes(self._transport.bytes_up, self._transport.bytes_down)
         if reply.get("stop"):
             raise RunStopped
         return reply, out
 
-    def sync_bytes(self) -> None:
-        """Take the byte totals from the transport, which counts every request exactly
-        once even when several are in flight (heartbeats and headers included)."""
-        self.metrics.stats.bytes_up = self.transport.bytes_up
-        self.metrics.stats.bytes_down = self.transport.bytes_down
-
     def _check_budget(self) -> None:
-        if self.max_steps is not None and self.metrics.stats.steps >= self.max_steps:
+        if self._max_steps is not None and self._metrics.stats.steps >= self._max_steps:
             raise RunStopped
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
 
 
 def tensor_bytes(vector: torch.Tensor | None) -> int:
@@ -185,20 +181,22 @@ class Worker:
         rank: this worker's rank in ``0..workers-1``.
         server: the server's base URL, or a `Transport` (e.g. `LocalTransport`).
         model: the local model (same architecture as the server's).
-        batches: a callable ``batch_size -> (inputs, targets)`` or an iterable of batches.
+        batches: a callable ``batch_size -> (inputs, targets)`` or an iterable of batches
+            (not for protocols that resize batches, e.g. lbbsp).
         protocol: a registered name or a `Protocol`; `protocol_params` its parameters.
         run_id: must match the server's.
         lr, momentum, weight_decay: local SGD settings.
         batch_size: default local batch size.
         slowdown: a factor (>= 1) or a compute profile from `asyncsync.hetero.compute`.
         max_steps: stop after this many local steps (None: until the server stops).
-        link: emulated bandwidth/latency of this worker's link (HTTP transport only;
-            give a `LocalTransport` its own `Link`).
-        local_addr: the local address to connect from (HTTP transport only).
-        token: the server's bearer token (HTTP transport only).
+        link: emulated bandwidth/latency of this worker's link (URL servers only; give a
+            `LocalTransport` its own `Link`).
+        local_addr: the local address to connect from (URL servers only).
+        token: the server's bearer token (URL servers only).
         heartbeat_s: seconds between heartbeats (keep well under the server's timeout).
         max_rejoins: give up after rejoining this many times.
         log_path: a JSONL file for this worker's spans and totals.
+        seam: the compute seam (default: a compute thread with `slowdown`'s padding).
     """
 
     def __init__(
@@ -225,6 +223,7 @@ class Worker:
         heartbeat_s: float = 2.0,
         max_rejoins: int = 20,
         log_path: Path | None = None,
+        seam: WorkerSeam | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -236,41 +235,44 @@ class Worker:
         self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
         self.protocol_params = (self.protocol.params() if protocol_params is None
                                 else protocol_params)
-        source = batches if callable(batches) else cycle_batches(batches)
-        if isinstance(slowdown, int | float):
-            slowdown = StaticSlowdown(slowdown)
+        if callable(batches):
+            source = batches
+        elif self.protocol.resizes_batches:
+            raise ValueError(f"{self.protocol.name} assigns batch sizes, which an iterable of "
+                             "fixed batches cannot follow: pass a callable batch source "
+                             "(batch_size -> (inputs, targets))")
+        else:
+            source = cycle_batches(batches)
+        profile = StaticSlowdown(slowdown) if isinstance(slowdown, int | float) else slowdown
         extra = {} if loss_fn is None else {"loss_fn": loss_fn}
-        self.trainer = Trainer(model, source, lr, momentum, weight_decay, slowdown=slowdown,
-                               device=device, **extra)
+        self.trainer = Trainer(model, source, lr, momentum, weight_decay, device=device,
+                               **extra)
+        self.seam = seam or ThreadedWorkerSeam(profile, f"asyncsync-compute-{rank}")
         shaped = Link(link, seed=rank) if link is not None and link.shaped else None
-        self.transport = (HttpTransport(server, self.trainer.numel, link=shaped,
-                                        local_addr=local_addr, token=token)
+        self.transport = (connect(server, Dial(self.trainer.numel, shaped, local_addr, token))
                           if isinstance(server, str) else server)
         self.metrics = WorkerMetrics(JsonlLog(log_path))
-        self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.metrics,
-                                 batch_size, max_steps)
+        self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.seam,
+                                 self.metrics, batch_size, max_steps)
 
     async def run(self) -> dict[str, Any]:
         """Join, run the protocol's loop until the run stops, leave; returns final totals.
 
         Heartbeats go out every `heartbeat_s` beside the loop. When the server no longer
-        counts this worker (410: dropped after a timeout, or the server restarted from a
-        checkpoint), refuses a request as out of step with the round (409), or the
-        connection breaks mid-request, the worker rejoins, adopts the current global model
-        and restarts its loop, at most `max_rejoins` times.
+        counts this worker (`NotInRun`: dropped after a timeout, or the server restarted
+        from a checkpoint), refuses a request as `OutOfStep`, or the connection breaks
+        mid-request, the worker rejoins, adopts the current global model and restarts its
+        loop, at most `max_rejoins` times.
         """
-        ctx = self.ctx
         rejoins = 0
         try:
             await self._join()
             self.metrics.start()
-            self.trainer.slowdown.start()
+            self.seam.start()
             while True:
                 try:
                     await self._session()
-                except (RequestRejected, aiohttp.ClientError, ConnectionError) as exc:
-                    if isinstance(exc, RequestRejected) and exc.status not in RESYNC_STATUSES:
-                        raise
+                except (*RESYNC, OSError) as exc:
                     rejoins += 1
                     if rejoins > self.max_rejoins:
                         raise
@@ -281,12 +283,12 @@ class Worker:
         except RunStopped:
             pass
         finally:
-            ctx.sync_bytes()
+            self.metrics.take_bytes(self.transport.bytes_up, self.transport.bytes_down)
             final = self.metrics.final()  # totals of the run, before the leave request
             with contextlib.suppress(Exception):  # the server may be gone; leaving is best effort
-                await ctx.request("leave", {}, None, None)
+                await self.ctx.request("leave", {}, None, None)
             self.metrics.log.close()
-            ctx.close()
+            self.seam.close()
             await self.transport.close()
         return final
 
@@ -309,7 +311,7 @@ class Worker:
         try:
             await asyncio.wait({loop, beats}, return_when=asyncio.FIRST_COMPLETED)
             if beats.done() and not loop.done():
-                beats.result()  # a failed heartbeat (e.g. 410) ends the session
+                beats.result()  # a failed heartbeat (e.g. not in the run) ends the session
                 await loop
             loop.result()
         finally:

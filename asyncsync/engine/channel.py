@@ -1,0 +1,73 @@
+"""What a worker needs of a client transport, and how a server address becomes one.
+
+A transport carries one request and its reply; the SDK's refusals come back as the same
+exception classes (`OutOfStep`, `NotInRun`, ...), so the worker's rejoin rule does not
+depend on the transport. Transports for URL schemes register a factory here (the HTTP
+transport registers ``http``), so the engine never imports a transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import torch
+
+from asyncsync.hetero.network import Link
+from asyncsync.protocols.base import Refused
+
+
+class RequestRejected(Refused):
+    """A refusal the SDK has no class for (e.g. authentication), with the peer's status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+
+
+class Transport(Protocol):
+    """Carries one request and its reply; counts the bytes it moved."""
+
+    bytes_up: int
+    bytes_down: int
+
+    async def request(
+        self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
+    ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """Send `header` (and `vector`) as operation `op`; return the reply."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(frozen=True)
+class Dial:
+    """How a worker connects: the model's length (bounds replies), its emulated link, the
+    local address to connect from, and the bearer token."""
+
+    numel: int
+    link: Link | None = None
+    local_addr: str | None = None
+    token: str | None = None
+
+
+TransportFactory = Callable[[str, Dial], Transport]
+SCHEMES: dict[str, TransportFactory] = {}
+
+
+def register_scheme(scheme: str, factory: TransportFactory) -> None:
+    """Make URLs of `scheme` connect through `factory`."""
+    SCHEMES[scheme] = factory
+
+
+def connect(url: str, dial: Dial) -> Transport:
+    """A transport to the server at `url`."""
+    scheme = urlsplit(url).scheme
+    if scheme not in SCHEMES:
+        known = ", ".join(sorted(SCHEMES)) or "none (import asyncsync.transport)"
+        raise ValueError(f"no transport for {url!r}: known schemes are {known}")
+    return SCHEMES[scheme](url, dial)

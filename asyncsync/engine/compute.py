@@ -1,0 +1,118 @@
+"""The compute seam: where local computation runs and how long it is charged.
+
+A worker's seam runs its trainer's work and charges it time; a server's seam runs vector
+math and evaluation. Real mode (here): a worker computes in one dedicated thread, so the
+event loop keeps moving bytes meanwhile, and its emulated slowness is padding slept on
+the loop after each real step (counted as computation); the server runs small models'
+vector math inline and large ones, and every evaluation, in threads. A virtual-time seam
+implements the same two protocols with inline math charged in virtual seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+from asyncsync.clock import Stopwatch, now
+from asyncsync.hetero.compute import ComputeProfile
+
+T = TypeVar("T")
+INLINE_NUMEL = 1 << 18
+"""Models up to this many elements (1 MB) do their server vector math on the event loop:
+it takes tens of microseconds, less than the hop to a thread and back."""
+
+
+class Charged(NamedTuple):
+    """A step's result, the seconds charged to it, and the slowdown factor in force."""
+
+    result: Any
+    seconds: float
+    factor: float
+
+
+class WorkerSeam(Protocol):
+    """How a worker computes: `step` is charged as computation, `math` is not."""
+
+    @property
+    def overruns(self) -> int:
+        """Steps whose real computation exceeded their paced duration."""
+        ...
+
+    def start(self) -> None:
+        """The run started: profile time counts from now."""
+        ...
+
+    async def step(self, fn: Callable[..., Any], *args: Any) -> Charged:
+        """Run one local step and charge it (its real time and emulated slowness)."""
+        ...
+
+    async def math(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run vector math off the event loop, uncharged (copies, deltas, adoption)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ServerSeam(Protocol):
+    """How the server computes: vector math of the rules, and evaluation."""
+
+    async def math(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+    async def evaluate(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadedWorkerSeam:
+    """Real mode: one compute thread; slowness padding is an asyncio sleep after the step."""
+
+    def __init__(self, profile: ComputeProfile, name: str = "asyncsync-compute") -> None:
+        self.profile = profile
+        self.run_time = Stopwatch()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    @property
+    def overruns(self) -> int:
+        return self.profile.overruns
+
+    def start(self) -> None:
+        self.run_time.start()
+
+    async def math(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def step(self, fn: Callable[..., Any], *args: Any) -> Charged:
+        began = now()
+        result = await self.math(fn, *args)
+        real = now() - began
+        t = self.run_time.elapsed()
+        pad = self.profile.padding(t, real)
+        if pad > 0:
+            await asyncio.sleep(pad)
+        factor = (real + pad) / real if real > 0 else self.profile.factor_at(t)
+        return Charged(result, real + pad, factor)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class ThreadedServerSeam:
+    """Real mode: small models' math inline, large ones' in a thread; evaluation in its own
+    thread."""
+
+    def __init__(self, numel: int) -> None:
+        self.inline = numel <= INLINE_NUMEL
+        self._eval_pool = ThreadPoolExecutor(1, thread_name_prefix="asyncsync-eval")
+
+    async def math(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.inline:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+    async def evaluate(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._eval_pool, fn, *args)
+
+    def close(self) -> None:
+        self._eval_pool.shutdown(wait=True)

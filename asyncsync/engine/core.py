@@ -1,0 +1,303 @@
+"""The server core: validates every request, enforces membership, dispatches to the rule.
+
+Transport-independent: the HTTP app and the in-process transport both call
+`ServerCore.handle`, which validates a message fully (run, worker, fields, finiteness)
+before the protocol's rule sees it and raises the SDK's refusals for anything it refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from asyncsync.engine.compute import ServerSeam
+from asyncsync.engine.evaluation import EvalPoint, Evaluator, make_evaluator
+from asyncsync.engine.lifecycle import RunLifecycle
+from asyncsync.engine.membership import WorkerRecord
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.store import ParameterStore
+from asyncsync.metrics import JsonlLog
+from asyncsync.optim import FlatSGD
+from asyncsync.protocols.base import (
+    BadRequest,
+    Forbidden,
+    NotInRun,
+    Protocol,
+    Pull,
+    Push,
+    Reply,
+    RunStopped,
+    ServerRule,
+    Unacceptable,
+    get_protocol,
+    require,
+    require_count,
+)
+from asyncsync.trainer import FlatModule
+
+LOG = logging.getLogger("asyncsync.server")
+NONFINITE_WARN_AT = frozenset({3, 10, 100, 1000})
+"""Counts of refused non-finite pushes at which the server warns about a worker."""
+OPS = ("join", "push", "pull", "query", "heartbeat", "leave", "status", "stop")
+
+
+class UnknownOperation(BadRequest):
+    """The request names no operation of this server."""
+
+
+class ServerCore:
+    """A protocol's rule behind request validation, membership and the run's lifecycle.
+
+    Attributes:
+        store: the global model; rule: the protocol's server half; run: the lifecycle;
+        workers: one record per rank; finished: set once stopped and every worker left.
+    """
+
+    def __init__(self, vector: torch.Tensor, protocol: Protocol, protocol_params: Any,
+                 workers: int, settings: ServerSettings, *, num_params: int | None = None,
+                 evaluator: Evaluator | None = None, events: JsonlLog | None = None,
+                 seam: ServerSeam | None = None) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.protocol = protocol
+        self.settings = settings
+        self.run_id = settings.run_id
+        vector = vector.detach().to("cpu", copy=True).contiguous()
+        optimizer = FlatSGD(settings.lr, settings.momentum, settings.weight_decay)
+        self.store = ParameterStore(vector, workers, optimizer, num_params, seam)
+        self.rule: ServerRule = protocol.server(protocol_params, self.store)
+        self.workers = [WorkerRecord() for _ in range(workers)]
+        self.events = events or JsonlLog(None)
+        self.run = RunLifecycle(settings, self.store, self.rule, self.events, evaluator)
+        self.finished = asyncio.Event()
+        self._all_joined = asyncio.Event()
+
+    @property
+    def evals(self) -> list[EvalPoint]:
+        return self.run.evals
+
+    def elapsed(self) -> float:
+        return self.run.elapsed()
+
+    # ---- run control -------------------------------------------------------------------
+    def _start(self, elapsed: float = 0.0) -> None:
+        if not elapsed:
+            self.run.log("start", protocol=self.protocol.name, workers=len(self.workers))
+        self._all_joined.set()
+        monitors = [] if self.settings.worker_timeout_s is None else [self._monitor]
+        self.run.start(elapsed, *monitors)
+
+    def resume(self, path: Path) -> None:
+        """Continue from the checkpoint at `path`: model, version, optimizer, rule state and
+        clock. Call before serving; workers then rejoin."""
+        elapsed = self.run.restore(path)
+        self.events.write({"event": "resume", "t": round(elapsed, 3),
+                           "version": self.store.version}, flush=True)
+        self._start(elapsed)
+
+    async def _monitor(self) -> None:
+        """Drop live workers not heard from (requests or heartbeats) for the timeout."""
+        timeout_s = self.settings.worker_timeout_s
+        assert timeout_s is not None
+        while not self.store.stopping:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            now = self.store.now()
+            for rank in sorted(self.store.members):
+                record = self.workers[rank]
+                if now - record.last_seen > timeout_s:
+                    record.lost += 1
+                    record.state = "lost"
+                    self.run.log("worker_lost", flush=True, worker=rank,
+                                 silent_s=round(now - record.last_seen, 3))
+                    await self._drop(rank)
+
+    async def _drop(self, worker: int) -> None:
+        """Take `worker` out of the live set and let the rule finish rounds without it
+        (not once the run is stopping: then no round is completed any more)."""
+        self.store.members.discard(worker)
+        if not self.store.stopping:
+            await asyncio.shield(self.rule.on_leave(worker))
+        self.store.notify()
+        self._check_finished()
+
+    async def stop(self) -> None:
+        """End the run: release every waiter, evaluate once more, log the totals."""
+        if await self.run.stop():
+            self._check_finished()
+
+    def _check_finished(self) -> None:
+        if self.run.stopped and not self.store.members:
+            self.finished.set()
+
+    async def close(self) -> None:
+        await self.run.close()
+        self.store.seam.close()
+        self.events.close()
+
+    # ---- messages ----------------------------------------------------------------------
+    def tensor_numel(self, op: str, header: dict[str, Any]) -> int | None:
+        """How many elements the tensor of a request must have (None: no tensor), as the
+        protocol's rule decides; its refusals are raised."""
+        if op not in OPS:
+            raise UnknownOperation(f"unknown operation {op!r}")
+        meta = header.get("meta", {})
+        return self.rule.tensor_numel(op, meta if isinstance(meta, dict) else {})
+
+    async def handle(self, op: str, header: dict[str, Any],
+                     vector: torch.Tensor | None) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """Validate and answer one message; raises a `Refused` for anything refused."""
+        if op not in OPS:
+            raise UnknownOperation(f"unknown operation {op!r}")
+        if op == "status":
+            return self.status(), None
+        run_id = require(header, "run_id", str)
+        if run_id != self.run_id:
+            raise Forbidden(f"wrong run {run_id!r}: this server runs {self.run_id!r}")
+        if op == "stop":
+            await self.stop()
+            return {"stop": True}, None
+        worker = require(header, "worker", int)
+        if not 0 <= worker < len(self.workers):
+            raise Forbidden(f"unknown worker {worker}: this run has ranks "
+                            f"0..{len(self.workers) - 1}")
+        record = self.workers[worker]
+        if op != "join" and worker not in self.store.members:
+            if self.store.stopping:
+                return {"stop": True}, None
+            raise NotInRun(f"worker {worker} is not in the run (not joined, left or dropped "
+                           "after a timeout): join first")
+        meta = header.get("meta", {})
+        if not isinstance(meta, dict):
+            raise BadRequest("field 'meta' must be a map")
+        record.last_seen = self.store.now()
+        record.take_stats(header.get("stats"))
+        if self.store.stopping:
+            if op == "leave":
+                await self._leave(worker)
+            return {"stop": True}, None
+        if op == "heartbeat":
+            return {"meta": {}, "stop": False}, None
+        started = self.store.now()
+        record.state = {"push": "pushing", "pull": "pulling"}.get(op, record.state)
+        try:
+            reply = await self._dispatch(op, worker, header, meta, vector)
+        except RunStopped:
+            return {"stop": True}, None
+        finally:
+            record.last_seen = self.store.now()
+            if worker in self.store.members:
+                record.state = "computing"
+        reply.meta["held_s"] = round(self.store.now() - started, 6)
+        out: dict[str, Any] = {"meta": reply.meta, "stop": False}
+        if reply.version is not None:
+            out["version"] = reply.version
+        return out, reply.vector
+
+    async def _dispatch(self, op: str, worker: int, header: dict[str, Any],
+                        meta: dict[str, Any], vector: torch.Tensor | None) -> Reply:
+        if op == "join":
+            return await self._join(worker)
+        if op == "leave":
+            await self._leave(worker)
+            return Reply()
+        if op == "query":
+            return Reply(meta=await self.rule.on_query(worker, meta))
+        base_version = require_count(header, "base_version")
+        if op == "pull":
+            return await self.rule.on_pull(Pull(worker, base_version, meta))
+        kind = require(header, "kind", str)
+        if kind not in self.rule.push_kinds:
+            accepted = ", ".join(sorted(self.rule.push_kinds))
+            raise BadRequest(f"push kind {kind!r} not accepted by {self.protocol.name} "
+                             f"(accepts: {accepted})")
+        if vector is None:
+            raise BadRequest("push carries no tensor")
+        push = Push(worker, base_version, kind, vector, require_count(header, "steps"),
+                    require_count(header, "samples"), meta)
+        if base_version > self.store.version:
+            raise BadRequest(f"base version {base_version} is ahead of the server's "
+                             f"{self.store.version}")
+        self.workers[worker].check_base(worker, base_version)
+        if not await self.store.compute(all_finite, vector):
+            self._report_nonfinite(worker)
+            raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
+        return Reply(meta=await self.rule.on_push(push))
+
+    def _report_nonfinite(self, worker: int) -> None:
+        """Count a refused NaN/Inf push; warn when a worker keeps sending them."""
+        record = self.workers[worker]
+        record.nonfinite += 1
+        self.run.log("nonfinite_push", worker=worker, count=record.nonfinite)
+        if record.nonfinite in NONFINITE_WARN_AT:
+            LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
+                        "training has probably diverged", worker, record.nonfinite)
+
+    async def _join(self, worker: int) -> Reply:
+        """First joins wait for everyone (the start barrier); later ones rejoin at once."""
+        record = self.workers[worker]
+        rejoin = self.run.started
+        if rejoin and worker in self.store.members:  # it restarted before being dropped
+            await self._drop(worker)
+        record.joined, record.left = True, False
+        record.joined_at = self.store.version
+        self.store.members.add(worker)
+        if rejoin:
+            await self.rule.on_join(worker)
+            record.joined_at = self.store.version  # a round may have closed meanwhile
+            self.store.notify()
+        elif all(w.joined for w in self.workers):
+            self._start()
+        while not self._all_joined.is_set():
+            if self.store.stopping:
+                raise RunStopped
+            await self._all_joined.wait()
+        self.run.log("rejoin" if rejoin else "join", worker=worker, version=self.store.version)
+        reply = self.store.current()
+        reply.meta["workers"] = len(self.workers)
+        return reply
+
+    async def _leave(self, worker: int) -> None:
+        record = self.workers[worker]
+        record.left = True
+        record.state = "left"
+        await self._drop(worker)
+
+    def status(self) -> dict[str, Any]:
+        """A read-only snapshot for dashboards."""
+        latest = self.evals[-1] if self.evals else None
+        return {
+            "protocol": self.protocol.name, "run_id": self.run_id,
+            "version": self.store.version, "elapsed_s": self.elapsed(),
+            "time_s": self.settings.time_s, "started": self.run.started,
+            "stopping": self.store.stopping, "finished": self.finished.is_set(),
+            "accuracy": latest.accuracy if latest else None,
+            "best_accuracy": max((p.accuracy for p in self.evals), default=None),
+            "workers": [record.summary(rank, rank in self.store.waiting)
+                        for rank, record in enumerate(self.workers)],
+        }
+
+
+def all_finite(vector: torch.Tensor, chunk: int = 1 << 20) -> bool:
+    """No NaN or Inf in `vector`, checked a slice at a time (no model-sized mask)."""
+    return all(bool(torch.isfinite(vector[i : i + chunk]).all())
+               for i in range(0, vector.numel(), chunk))
+
+
+def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
+               settings: ServerSettings | None = None, *, protocol_params: Any = None,
+               test_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+               events: JsonlLog | None = None, seam: ServerSeam | None = None) -> ServerCore:
+    """A `ServerCore` whose initial global model is `model`'s current parameters."""
+    proto = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
+    params = proto.params() if protocol_params is None else protocol_params
+    flat = FlatModule(copy.deepcopy(model), torch.device("cpu"))
+    evaluator = make_evaluator(model, *test_data) if test_data is not None else None
+    return ServerCore(flat.flat, proto, params, workers, settings or ServerSettings(),
+                      num_params=flat.num_params, evaluator=evaluator, events=events,
+                      seam=seam)

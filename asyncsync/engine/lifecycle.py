@@ -1,0 +1,148 @@
+"""The run's lifecycle: its clock, budget, periodic evaluation and checkpoints, stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from asyncsync.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from asyncsync.engine.evaluation import EvalPoint, Evaluator
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.store import ParameterStore
+from asyncsync.metrics import JsonlLog
+
+if TYPE_CHECKING:
+    from asyncsync.protocols.base import ServerRule
+
+
+class RunLifecycle:
+    """Starts the run's clock and its periodic tasks, and ends the run.
+
+    Attributes:
+        evals: every evaluation so far.
+        started: whether the run's clock runs; stopped: whether `stop` completed.
+    """
+
+    def __init__(self, settings: ServerSettings, store: ParameterStore, rule: ServerRule,
+                 events: JsonlLog, evaluator: Evaluator | None) -> None:
+        self.settings = settings
+        self.store = store
+        self.rule = rule
+        self.events = events
+        self.evaluator = evaluator
+        self.evals: list[EvalPoint] = []
+        self.started = False
+        self.stopped = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def elapsed(self) -> float:
+        """Seconds of the run so far (0 before it starts)."""
+        return self.store.now() if self.started else 0.0
+
+    def log(self, event: str, flush: bool = False, **fields: object) -> None:
+        """Write an event stamped with the run's time."""
+        self.events.write({"event": event, "t": round(self.elapsed(), 3), **fields}, flush)
+
+    def start(self, elapsed: float = 0.0, *extra: Callable[[], Awaitable[None]]) -> None:
+        """Start the clock (at `elapsed` seconds when resuming) and the periodic tasks,
+        with `extra` ones (e.g. the membership monitor)."""
+        self.store.run_time.start(elapsed)
+        self.started = True
+        jobs: list[Callable[[], Awaitable[None]]] = [self._budget, *extra]
+        if self.evaluator is not None:
+            jobs.append(self._evaluations)
+        if self.settings.checkpoint_path is not None:
+            jobs.append(self._checkpoints)
+        self._tasks += [asyncio.create_task(job()) for job in jobs]  # type: ignore[arg-type]
+
+    async def _budget(self) -> None:
+        if self.settings.time_s is not None:
+            await asyncio.sleep(max(0.0, self.settings.time_s - self.elapsed()))
+            await self.stop()
+
+    async def _evaluations(self) -> None:
+        """Evaluate every `eval_interval_s`; stop at the target when asked to."""
+        target = self.settings.target_accuracy
+        next_eval = self.elapsed()
+        while not self.store.stopping:
+            point = await self.evaluate()
+            if self.settings.stop_at_target and target is not None and point.accuracy >= target:
+                await self.stop()
+                return
+            next_eval += self.settings.eval_interval_s
+            await asyncio.sleep(max(0.0, next_eval - self.elapsed()))
+
+    async def evaluate(self) -> EvalPoint:
+        """Evaluate the rule's evaluation vector through the server's seam, and log it."""
+        assert self.evaluator is not None
+        vector, version, t = self.rule.eval_vector(), self.store.version, self.elapsed()
+        accuracy, loss = await self.store.seam.evaluate(self.evaluator, vector)
+        point = EvalPoint(round(t, 3), version, accuracy, loss)
+        self.evals.append(point)
+        self.events.write({"event": "eval", "t": point.t, "version": version,
+                           "accuracy": accuracy, "loss": loss})
+        return point
+
+    async def _checkpoints(self) -> None:
+        while not self.store.stopping:
+            await asyncio.sleep(self.settings.checkpoint_s)
+            if not self.store.stopping:
+                await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        """Write model, version, optimizer and rule state atomically."""
+        path = self.settings.checkpoint_path
+        assert path is not None
+        async with self.store.lock:
+            arrays = {"w": self.store.w, "version": torch.tensor(self.store.version),
+                      "elapsed": torch.tensor(self.elapsed(), dtype=torch.float64)}
+            if self.store.optimizer.momentum_buffer is not None:
+                arrays["momentum"] = self.store.optimizer.momentum_buffer.clone()
+            arrays.update({f"rule.{k}": v.clone() for k, v in self.rule.state_dict().items()})
+        await asyncio.to_thread(save_checkpoint, path, self.settings.run_id, arrays)
+        self.log("checkpoint", flush=True, version=int(arrays["version"]))
+
+    def restore(self, path: Path) -> float:
+        """Load the checkpoint at `path` into the store and rule; returns the run time it
+        was taken at."""
+        arrays = load_checkpoint(path, self.settings.run_id)
+        if arrays["w"].shape != self.store.w.shape:
+            raise CheckpointError(f"checkpoint {path} holds {arrays['w'].numel()} parameters, "
+                                  f"the model has {self.store.w.numel()}")
+        self.store.w = arrays["w"]
+        self.store.version = int(arrays["version"])
+        if "momentum" in arrays:
+            self.store.optimizer.momentum_buffer = arrays["momentum"]
+        self.rule.load_state_dict({k.removeprefix("rule."): v for k, v in arrays.items()
+                                   if k.startswith("rule.")})
+        return float(arrays["elapsed"])
+
+    async def stop(self) -> bool:
+        """End the run: release every waiter, evaluate once more, checkpoint, log the totals.
+
+        Returns False when the run was already stopping.
+        """
+        if self.store.stopping:
+            return False
+        self.store.stop()
+        stopped_at = round(self.elapsed(), 3)
+        if self.evaluator is not None and self.started:
+            await self.evaluate()
+        if self.settings.checkpoint_path is not None and self.started:
+            await self.checkpoint()
+        stale = self.store.staleness
+        self.events.write({"event": "stop", "t": stopped_at, "versions": self.store.version,
+                           "updates": stale.count, "mean_staleness": stale.mean,
+                           "max_staleness": stale.maximum}, flush=True)
+        self.stopped = True
+        return True
+
+    async def close(self) -> None:
+        """Cancel the periodic tasks."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,43 @@
+"""The typed settings of a parameter server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How a server runs: its optimizer, budget, evaluation, fault handling.
+
+    Attributes:
+        run_id: requests must name this run.
+        lr, momentum, weight_decay: the server optimizer (applied to gradient pushes).
+        eval_interval_s: seconds between evaluations of the global model.
+        time_s: the run's budget (None: until stopped).
+        target_accuracy: the time-to-accuracy threshold; stop_at_target: end the run there.
+        worker_timeout_s: drop a worker not heard from for this long (None: never).
+        checkpoint_path: where to checkpoint (None: no checkpoints), every checkpoint_s.
+    """
+
+    run_id: str = "run"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    eval_interval_s: float = 2.0
+    time_s: float | None = None
+    target_accuracy: float | None = None
+    stop_at_target: bool = False
+    worker_timeout_s: float | None = 30.0
+    checkpoint_path: Path | None = None
+    checkpoint_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.eval_interval_s <= 0:
+            raise ValueError(f"eval_interval_s must be > 0, got {self.eval_interval_s}")
+        if self.time_s is not None and self.time_s <= 0:
+            raise ValueError(f"time_s must be > 0, got {self.time_s}")
+        if self.worker_timeout_s is not None and self.worker_timeout_s <= 0:
+            raise ValueError(f"worker_timeout_s must be > 0, got {self.worker_timeout_s}")
+        if self.checkpoint_s <= 0:
+            raise ValueError(f"checkpoint_s must be > 0, got {self.checkpoint_s}")

@@ -1,0 +1,136 @@
+"""The parameter store: the global vector, its versions, and the waits on them.
+
+Implements the SDK's `Store` port. The vector is replaced on each commit (never written
+in place), so a refused request cannot change it and a pull can stream an old version
+while the next is made. Commits are counted, and the most recent kept for inspection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Set
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from asyncsync.clock import Stopwatch
+from asyncsync.engine.compute import ServerSeam, ThreadedServerSeam
+from asyncsync.optim import FlatSGD
+from asyncsync.protocols.base import HISTORY, NotInRun, Reply, RunStopped
+from asyncsync.protocols.ports import Contributions
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One new version: who contributed, from which base versions."""
+
+    version: int
+    contributions: Contributions
+
+
+@dataclass
+class StalenessStats:
+    """Staleness of applied updates (version at apply time - base version)."""
+
+    count: int = 0
+    total: int = 0
+    maximum: int = 0
+
+    def add(self, value: int) -> None:
+        self.count += 1
+        self.total += value
+        self.maximum = max(self.maximum, value)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+
+class ParameterStore:
+    """The global vector and its versions; the only way a rule changes the model.
+
+    Attributes:
+        live: the ranks in the run now (joined, not left or lost); barriers count these.
+        commits: the most recent commits (at most `HISTORY`); `version` counts them all.
+        blocked_s: seconds each worker's requests spent in `wait_for`.
+        run_time: the run's clock (seconds since the run started).
+    """
+
+    def __init__(self, vector: torch.Tensor, workers: int, optimizer: FlatSGD,
+                 num_params: int | None = None, seam: ServerSeam | None = None) -> None:
+        self.w = vector
+        self.numel = vector.numel()
+        self.num_params = self.numel if num_params is None else num_params
+        self.version = 0
+        self.workers = workers
+        self.optimizer = optimizer
+        self.seam = seam or ThreadedServerSeam(self.numel)
+        self.lock = asyncio.Lock()
+        self.stopping = False
+        self.commits: deque[Commit] = deque(maxlen=HISTORY)
+        self.staleness = StalenessStats()
+        self.members: set[int] = set()
+        self.waiting: set[int] = set()
+        self.blocked_s: dict[int, float] = {}
+        self.run_time = Stopwatch()
+        self._changed = asyncio.Event()
+
+    @property
+    def live(self) -> Set[int]:
+        return self.members
+
+    def now(self) -> float:
+        return self.run_time.elapsed()
+
+    def current(self) -> Reply:
+        return Reply(vector=self.w, version=self.version)
+
+    async def compute(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self.seam.math(fn, *args)
+
+    async def apply_gradient(self, gradient: torch.Tensor, contributions: Contributions) -> None:
+        n = self.num_params
+
+        def step() -> torch.Tensor:
+            new = torch.empty_like(self.w)
+            new[:n] = self.w[:n] - self.optimizer.update(self.w[:n], gradient[:n])
+            new[n:] = gradient[n:]
+            return new
+
+        self.commit(await self.compute(step), contributions)
+
+    def commit(self, vector: torch.Tensor, contributions: Contributions) -> None:
+        for _, base in contributions:
+            self.staleness.add(self.version - base)
+        self.w = vector
+        self.version += 1
+        self.commits.append(Commit(self.version, contributions))
+        self.notify()
+
+    def notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_for(self, ready: Callable[[], bool], worker: int) -> None:
+        if ready():
+            return
+        self.waiting.add(worker)
+        began = self.now()
+        try:
+            while not ready():
+                if self.stopping:
+                    raise RunStopped
+                if worker not in self.members:
+                    raise NotInRun(f"worker {worker} was dropped while its request waited")
+                await self._changed.wait()
+        finally:
+            self.waiting.discard(worker)
+            self.blocked_s[worker] = self.blocked_s.get(worker, 0.0) + self.now() - began
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.notify()

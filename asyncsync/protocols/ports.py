@@ -1,0 +1,157 @@
+"""The SDK's ports: what a `ServerRule` may touch of the store, what a `WorkerLoop` may do.
+
+Both are `typing.Protocol`s implemented by the engine; a protocol module sees nothing else
+of it. Time comes from ``store.now()`` (the run's one clock, virtual or real); waiting is
+done with ``store.wait_for`` or asyncio primitives, never with a sleep on the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Set
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from asyncsync.protocols.messages import Reply
+
+T = TypeVar("T")
+Contributions = list[tuple[int, int]]
+"""``(worker, base_version)`` of each update that makes a commit."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one local computation produced: last loss, samples used, seconds charged."""
+
+    loss: float
+    samples: int
+    compute_s: float
+
+
+class Store(Protocol):
+    """The global model as a rule may see and change it.
+
+    Attributes:
+        w: the current global vector (parameters first, then float buffers); read only.
+        numel: its length; num_params: how many leading elements are parameters (the rest
+            are buffers such as BatchNorm statistics, which are averaged, never stepped).
+        version: the number of commits so far (after a resume: since the first run).
+        workers: the run's configured size; live: the ranks in the run now.
+        lock: held by a rule while it reads and commits, so updates do not interleave.
+    """
+
+    w: torch.Tensor
+    numel: int
+    num_params: int
+    version: int
+    workers: int
+    lock: asyncio.Lock
+
+    @property
+    def live(self) -> Set[int]: ...
+
+    def now(self) -> float:
+        """Seconds on the run's clock (virtual in virtual mode)."""
+        ...
+
+    def current(self) -> Reply:
+        """A reply carrying the current model and version."""
+        ...
+
+    async def compute(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run O(model) vector math through the server's compute seam."""
+        ...
+
+    async def apply_gradient(self, gradient: torch.Tensor, contributions: Contributions) -> None:
+        """Commit ``w - server_optimizer.update(w, g)`` (parameters; buffer slots of
+        `gradient` carry buffer values, which replace the global ones)."""
+        ...
+
+    def commit(self, vector: torch.Tensor, contributions: Contributions) -> None:
+        """Install `vector` as the next version and wake every waiter."""
+        ...
+
+    def notify(self) -> None:
+        """Wake coroutines in `wait_for` so they re-check their condition."""
+        ...
+
+    async def wait_for(self, ready: Callable[[], bool], worker: int) -> None:
+        """Block `worker`'s request until `ready()`; raises `RunStopped` when the run ends and
+        `NotInRun` when the worker is dropped meanwhile."""
+        ...
+
+
+class Context(Protocol):
+    """What a worker loop may do: compute locally, and talk to the server.
+
+    Attributes:
+        rank: this worker's rank; workers: the run's size; numel: the model's length.
+        version: the global version the local model was last adopted from.
+        batch_size: the default local batch size.
+
+    Vectors are CPU tensors; those a verb returns belong to the loop. Every verb that
+    computes goes through the worker's compute seam (its time is charged as computation);
+    every request may raise `RunStopped`.
+    """
+
+    rank: int
+    workers: int
+    numel: int
+    version: int
+    batch_size: int
+
+    async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
+        """One batch's gradient as a vector (buffer slots carry the buffers' values)."""
+        ...
+
+    async def steps(self, count: int = 1, batch_size: int | None = None,
+                    proximal: tuple[torch.Tensor, float] | None = None) -> StepResult:
+        """`count` local SGD steps; with ``proximal=(center, rho)`` on the objective
+        ``f(x) + rho/2 ||x - center||^2``."""
+        ...
+
+    async def snapshot(self) -> torch.Tensor:
+        """A copy of the local model."""
+        ...
+
+    async def delta_since(self, anchor: torch.Tensor, start: int = 0,
+                          stop: int | None = None) -> torch.Tensor:
+        """``w_i - anchor`` on ``[start, stop)`` (`anchor` is a full-length vector)."""
+        ...
+
+    async def delta_and_snapshot(self, anchor: torch.Tensor) -> tuple[torch.Tensor,
+                                                                      torch.Tensor]:
+        """``(w_i - anchor, copy of w_i)``: the progress since `anchor`, and the next anchor."""
+        ...
+
+    async def mix_toward(self, target: torch.Tensor, weight: float, start: int = 0,
+                         stop: int | None = None) -> None:
+        """``w_i <- (1 - weight) w_i + weight target`` on ``[start, stop)``; `target` holds
+        just that slice."""
+        ...
+
+    async def adopt(self, vector: torch.Tensor, version: int) -> None:
+        """Make `vector` (global version `version`) the local model."""
+        ...
+
+    async def compute(self, fn: Callable[..., T], *args: Any) -> T:
+        """Vector math on tensors the loop holds, off the event loop (not the local model:
+        use the verbs above for that)."""
+        ...
+
+    async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
+                   meta: dict[str, Any] | None = None,
+                   base_version: int | None = None) -> dict[str, Any]:
+        """Send a gradient, delta or model (`steps` and `samples` it took); the reply's meta."""
+        ...
+
+    async def pull(self, meta: dict[str, Any] | None = None, base_version: int | None = None
+                   ) -> tuple[torch.Tensor, int, dict[str, Any]]:
+        """Fetch the global model (or the fragment `meta` names): ``(vector, version, meta)``."""
+        ...
+
+    async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """A protocol-specific control message; the reply's meta."""
+        ...

@@ -1,0 +1,23 @@
+"""Reading a run's log files: JSONL records, and the label a run goes by in reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file; a torn last line (a killed writer) is skipped."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def label(summary: dict[str, Any]) -> str:
+    """``recipe/run``: unique across recipes."""
+    return f"{summary.get('recipe', '?')}/{summary['run']}"
