@@ -1,17 +1,22 @@
-"""Compute profiles: factors over time, paced mode and overruns, recipe tables."""
+"""Compute profiles: factors and padding over run time, paced mode and overruns through the
+worker's compute seam, recipe tables."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import pytest
 
+from asyncsync.engine.compute import ThreadedWorkerSeam
 from asyncsync.hetero.compute import (
+    ComputeProfile,
     MovingStraggler,
     Paced,
     PeriodicStraggler,
     RandomSlowdown,
+    Scaled,
     StaticSlowdown,
     StepDelay,
     TraceSlowdown,
@@ -19,34 +24,65 @@ from asyncsync.hetero.compute import (
 )
 from asyncsync.recipe import ComputeSpec
 from asyncsync.schema import ConfigError, from_mapping
-from asyncsync.trainer import Trainer
+from asyncsync.trainer import Computed, Trainer
 from tests.helpers import batches_of, tiny_data, tiny_model
 
 
+def assert_pads_by_factor(profile: ComputeProfile, times: list[float]) -> None:
+    """A factor profile pads a step of c seconds to factor x c, at every run time."""
+    for t in times:
+        for compute_s in (0.0, 0.01, 0.25):
+            assert profile.padding(t, compute_s) == pytest.approx(
+                (profile.factor_at(t) - 1.0) * compute_s), (t, compute_s)
+
+
 def test_static_and_step_delay() -> None:
-    assert StaticSlowdown(3.0).padding(0.1) == pytest.approx(0.2)
-    assert StepDelay(0.5).padding(0.01) == 0.5
+    static = StaticSlowdown(3.0)
+    assert [static.factor_at(t) for t in (0.0, 1.0, 1e6)] == [3.0, 3.0, 3.0]
+    assert static.padding(0.0, 0.1) == pytest.approx(0.2)
+    assert static.padding(50.0, 0.1) == pytest.approx(0.2)
+    assert static.describe() == "3x"
+    assert StaticSlowdown(1.0).padding(7.0, 0.3) == 0.0
+    delay = StepDelay(0.5)
+    # a fixed sleep per step, whatever the step took and whenever it ran
+    assert [delay.padding(t, c) for t, c in ((0.0, 0.01), (9.0, 0.0), (3.0, 2.0))] == [0.5] * 3
+    assert delay.describe() == "+0.5s/step"
+    assert StepDelay(0.0).padding(1.0, 0.1) == 0.0
     with pytest.raises(ValueError, match="factor"):
         StaticSlowdown(0.5)
+    with pytest.raises(ValueError, match="delay"):
+        StepDelay(-0.1)
 
 
 def test_random_factors_are_seeded_and_held_for_a_period() -> None:
     a = RandomSlowdown(1.0, 4.0, period_s=10.0, seed=7, rank=2)
     b = RandomSlowdown(1.0, 4.0, period_s=10.0, seed=7, rank=2)
-    draws = [a.factor_at(t) for t in (0.0, 5.0, 9.9, 10.0, 25.0)]
-    assert draws == [b.factor_at(t) for t in (0.0, 5.0, 9.9, 10.0, 25.0)]
+    times = [0.0, 5.0, 9.9, 10.0, 25.0]
+    draws = [a.factor_at(t) for t in times]
+    assert draws == [b.factor_at(t) for t in times]
+    assert draws == [a.factor_at(t) for t in times]  # a pure function of t
     assert draws[0] == draws[1] == draws[2]  # held within a period
     assert draws[2] != draws[3]  # re-drawn at the next
     assert all(1.0 <= d <= 4.0 for d in draws)
     other = RandomSlowdown(1.0, 4.0, period_s=10.0, seed=7, rank=3)
     assert other.factor_at(0.0) != draws[0]
+    assert RandomSlowdown(1.0, 4.0, period_s=10.0, seed=8, rank=2).factor_at(0.0) != draws[0]
+    assert_pads_by_factor(a, times)
+    assert a.describe(25.0) == f"{draws[4]:.3g}x"
+    with pytest.raises(ValueError, match="low"):
+        RandomSlowdown(3.0, 2.0, period_s=1.0, seed=0, rank=0)
 
 
 def test_periodic_straggler_only_slows_its_worker_in_its_window() -> None:
     slow = PeriodicStraggler(worker=1, slow=5.0, duration_s=2.0, period_s=10.0, rank=1)
     other = PeriodicStraggler(worker=1, slow=5.0, duration_s=2.0, period_s=10.0, rank=0)
-    assert [slow.factor_at(t) for t in (0.5, 1.9, 2.1, 9.0, 10.5)] == [5, 5, 1, 1, 5]
-    assert all(other.factor_at(t) == 1.0 for t in (0.5, 10.5))
+    times = [0.5, 1.9, 2.1, 9.0, 10.5]
+    assert [slow.factor_at(t) for t in times] == [5, 5, 1, 1, 5]
+    assert all(other.factor_at(t) == 1.0 for t in times)
+    assert_pads_by_factor(slow, times)
+    assert slow.padding(0.5, 0.1) == pytest.approx(0.4)
+    assert slow.padding(2.1, 0.1) == 0.0
+    assert other.padding(0.5, 0.1) == 0.0
 
 
 def test_moving_straggler_visits_every_worker_in_turn() -> None:
@@ -54,52 +90,145 @@ def test_moving_straggler_visits_every_worker_in_turn() -> None:
     for t, straggler in ((0.5, 0), (1.5, 1), (2.5, 2), (3.5, 0)):
         assert [p.factor_at(t) for p in profiles] == [3.0 if r == straggler else 1.0
                                                       for r in range(3)]
+        assert [p.padding(t, 0.1) for p in profiles] == pytest.approx(
+            [0.2 if r == straggler else 0.0 for r in range(3)])
+        assert [p.describe(t) for p in profiles] == ["3x" if r == straggler else "1x"
+                                                     for r in range(3)]
 
 
 def test_trace_file(tmp_path: Path) -> None:
     trace = tmp_path / "trace.csv"
     trace.write_text("time_s,worker,factor\n0,1,2\n5,1,4\n3,0,1.5\n")
     profile = TraceSlowdown(trace, rank=1)
-    assert [profile.factor_at(t) for t in (0.0, 4.9, 5.0, 100.0)] == [2.0, 2.0, 4.0, 4.0]
+    times = [0.0, 4.9, 5.0, 100.0]
+    assert [profile.factor_at(t) for t in times] == [2.0, 2.0, 4.0, 4.0]
+    assert_pads_by_factor(profile, times)
+    assert profile.padding(5.0, 0.1) == pytest.approx(0.3)
     assert TraceSlowdown(trace, rank=0).factor_at(1.0) == 1.0
     assert TraceSlowdown(trace, rank=0).factor_at(3.0) == 1.5
+    assert TraceSlowdown(trace, rank=2).factor_at(50.0) == 1.0  # not in the trace
     bad = tmp_path / "bad.csv"
     bad.write_text("0,1,0.5\n")
     with pytest.raises(ValueError, match=r"bad\.csv:1"):
         TraceSlowdown(bad, rank=0)
 
 
-def test_paced_steps_last_base_times_factor_and_count_overruns() -> None:
-    x, y = tiny_data()
-    paced = Paced(StaticSlowdown(2.0), base_step_s=0.03)
-    trainer = Trainer(tiny_model(), batches_of(x, y, 0), slowdown=paced, device="cpu")
-    for _ in range(5):
-        began = time.perf_counter()
-        result = trainer.local_step(8)
-        assert 0.059 <= time.perf_counter() - began < 0.12
-        assert result.compute_s == pytest.approx(0.06, abs=0.01)
+def test_scaled_multiplies_the_inner_factor_and_stretches_its_padding() -> None:
+    periodic = Scaled(PeriodicStraggler(worker=0, slow=3.0, duration_s=1.0, period_s=2.0,
+                                        rank=0), 2.0)
+    assert [periodic.factor_at(t) for t in (0.5, 1.5)] == [6.0, 2.0]
+    assert_pads_by_factor(periodic, [0.5, 1.5])
+    # a step delay inner: the delayed step (c + delay) lasts `scale` times as long
+    delayed = Scaled(StepDelay(0.5), 2.0)
+    assert 0.1 + delayed.padding(0.0, 0.1) == pytest.approx(2.0 * (0.1 + 0.5))
+
+
+def test_paced_padding_targets_base_times_factor() -> None:
+    paced = Paced(StaticSlowdown(2.0), base_step_s=0.05)
+    assert paced.factor_at(3.0) == 2.0
+    assert paced.describe() == "2x paced"
+    # whatever the computation took (below the target), the step lasts 0.05 x 2
+    for compute_s in (0.0, 0.001, 0.03, 0.099):
+        assert compute_s + paced.padding(0.0, compute_s) == pytest.approx(0.1)
     assert paced.overruns == 0
-    tight = Paced(StaticSlowdown(1.0), base_step_s=1e-6)
-    Trainer(tiny_model(), batches_of(x, y, 0), slowdown=tight, device="cpu").local_step(8)
-    assert tight.overruns == 1
+    assert paced.padding(0.0, 0.15) == 0.0  # longer than the target: an overrun, no padding
+    assert paced.overruns == 1
+    # a time-varying inner factor: the target follows it
+    straggler = Paced(PeriodicStraggler(worker=0, slow=4.0, duration_s=1.0, period_s=2.0,
+                                        rank=0), base_step_s=0.05)
+    assert 0.01 + straggler.padding(0.5, 0.01) == pytest.approx(0.2)
+    assert 0.01 + straggler.padding(1.5, 0.01) == pytest.approx(0.05)
+    # a step delay inner adds its delay to the paced step
+    delayed = Paced(StepDelay(0.02), base_step_s=0.05)
+    assert 0.01 + delayed.padding(0.0, 0.01) == pytest.approx(0.07)
+    assert delayed.overruns == 0
 
 
-def test_trainer_reports_the_effective_factor() -> None:
+def paced_trainer() -> Trainer:
     x, y = tiny_data()
-    trainer = Trainer(tiny_model(), batches_of(x, y, 0), slowdown=StepDelay(0.02),
-                      device="cpu")
-    trainer.local_step(8)
-    assert trainer.last_factor > 2.0  # a ~1 ms step padded by 20 ms
+    return Trainer(tiny_model(), batches_of(x, y, 0), device="cpu")
+
+
+async def test_paced_steps_last_base_times_factor_and_count_overruns() -> None:
+    trainer = paced_trainer()
+    paced = Paced(StaticSlowdown(2.0), base_step_s=0.05)
+    seam = ThreadedWorkerSeam(paced)
+    try:
+        seam.start()
+        for _ in range(5):
+            began = time.monotonic()
+            charged = await seam.step(trainer.local_step, 8)
+            elapsed = time.monotonic() - began
+            assert isinstance(charged.result, Computed) and charged.result.samples == 8
+            # the tiny model's real step (~1 ms) is padded to 0.05 x 2; on a busy machine
+            # the step may end late, never early
+            assert charged.seconds == pytest.approx(0.1, abs=1e-6)
+            assert elapsed >= 0.1 - 1e-3
+            assert elapsed < 1.0
+            assert charged.factor > 1.0
+        assert paced.overruns == seam.overruns == 0
+    finally:
+        seam.close()
+
+    # a computation longer than its paced duration runs unpadded and counts as an overrun
+    tight = Paced(StaticSlowdown(1.0), base_step_s=0.05)
+    seam = ThreadedWorkerSeam(tight)
+    try:
+        seam.start()
+        charged = await seam.step(time.sleep, 0.08)
+        assert charged.seconds >= 0.08
+        assert charged.factor == pytest.approx(1.0)
+        assert tight.overruns == seam.overruns == 1
+        fitting = await seam.step(time.sleep, 0.0)  # fits its 50 ms: padded, no overrun
+        assert fitting.seconds == pytest.approx(0.05, abs=1e-6)
+        assert tight.overruns == seam.overruns == 1
+    finally:
+        seam.close()
+
+
+async def test_seam_pads_and_reports_the_effective_factor() -> None:
+    trainer = paced_trainer()
+    seam = ThreadedWorkerSeam(StepDelay(0.02))
+    try:
+        seam.start()
+        began = time.monotonic()
+        charged = await seam.step(trainer.local_step, 8)
+        assert time.monotonic() - began >= 0.02 - 1e-3
+        assert charged.seconds >= 0.02
+        real = charged.seconds - 0.02
+        assert real > 0
+        # the factor in force is the padded step over the real one (a ~1 ms step: > 2)
+        assert charged.factor == pytest.approx(charged.seconds / real)
+        assert charged.factor > 1.0
+    finally:
+        seam.close()
+    static = ThreadedWorkerSeam(StaticSlowdown(3.0))
+    try:
+        static.start()
+        began = time.monotonic()
+        charged = await static.step(time.sleep, 0.01)
+        assert time.monotonic() - began >= 0.03 - 1e-3
+        assert charged.seconds >= 0.03 - 1e-6
+        assert charged.factor == pytest.approx(3.0)
+        assert static.overruns == 0
+    finally:
+        static.close()
 
 
 def test_recipe_profile_tables(tmp_path: Path) -> None:
     odd = ComputeSpec(profile={"name": "step_delay", "seconds": 0.5, "ranks": "odd"})
-    assert [odd.build(r, 4, 0).padding(0.0) for r in range(4)] == [0.0, 0.5, 0.0, 0.5]
+    assert [odd.build(r, 4, 0).padding(0.0, 0.01) for r in range(4)] == [0.0, 0.5, 0.0, 0.5]
+    per_rank = ComputeSpec(profile={"name": "step_delay", "seconds": [0.1, 0.2]})
+    assert [per_rank.build(r, 3, 0).padding(0.0, 0.01) for r in range(3)] == [0.1, 0.2, 0.0]
     scaled = ComputeSpec(slowdown=[2.0], profile={"name": "periodic", "worker": 0,
                                                    "factor": 3.0})
-    assert scaled.build(0, 2, 0).factor() == 6.0
+    assert scaled.build(0, 2, 0).factor_at(0.0) == 6.0
+    assert scaled.build(0, 2, 0).factor_at(10.0) == 2.0  # outside the straggling window
+    assert scaled.build(1, 2, 0).factor_at(0.0) == 1.0
+    assert ComputeSpec(slowdown=[1.0, 2.5]).build(1, 2, 0).factor_at(0.0) == 2.5
     paced = ComputeSpec(base_step_s=0.1).build(0, 1, 0)
     assert isinstance(paced, Paced)
+    assert 0.01 + paced.padding(0.0, 0.01) == pytest.approx(0.1)
     for table, message in (
         ({"name": "periodic", "worker": -1}, "worker: must be >= 0"),
         ({"name": "zigzag"}, "profile.name: must be one of"),
@@ -111,10 +240,37 @@ def test_recipe_profile_tables(tmp_path: Path) -> None:
             from_mapping(ComputeSpec, {"profile": table}, "defaults.compute")
 
 
-def test_built_profiles_start_with_the_run() -> None:
+class RecordingProfile(ComputeProfile):
+    """Records the run time each padding was asked at."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def padding(self, t: float, compute_s: float) -> float:
+        self.times.append(t)
+        return 0.0
+
+
+def test_built_profiles_are_functions_of_run_time() -> None:
     profile = build_profile({"name": "moving", "factor": 2.0, "dwell_s": 0.05}, 1.0, 0.0,
                             rank=1, workers=2, seed=0)
-    profile.start()
-    assert profile.factor() == 1.0
-    time.sleep(0.06)
-    assert profile.factor() == 2.0
+    assert [profile.factor_at(t) for t in (0.0, 0.049, 0.06, 0.11, 0.16)] == [
+        1.0, 1.0, 2.0, 1.0, 2.0]
+    assert profile.padding(0.06, 0.1) == pytest.approx(0.1)
+    assert profile.padding(0.0, 0.1) == 0.0
+
+
+async def test_seam_run_time_starts_with_the_run() -> None:
+    profile = RecordingProfile()
+    seam = ThreadedWorkerSeam(profile)
+    try:
+        await asyncio.sleep(0.3)  # set-up time before the run starts does not count
+        seam.start()
+        await seam.step(lambda: None)
+        await asyncio.sleep(0.3)
+        await seam.step(lambda: None)
+    finally:
+        seam.close()
+    first, second = profile.times
+    assert 0.0 <= first < 0.3
+    assert second >= first + 0.3 - 1e-3

@@ -13,6 +13,7 @@ import msgpack
 import pytest
 import torch
 
+from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire import CONTENT_TYPE, PREFIX, encode_header, tensor_chunks
 from tests.helpers import tiny_model
@@ -22,7 +23,7 @@ RUN = "hostile"
 
 @pytest.fixture
 async def live() -> AsyncIterator[tuple[ParameterServer, aiohttp.ClientSession, int]]:
-    server = ParameterServer(tiny_model(), "asp", workers=1, run_id=RUN)
+    server = ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN))
     await server.start()
     numel = server.core.store.numel
     async with aiohttp.ClientSession() as session:
@@ -91,7 +92,7 @@ def cases(numel: int) -> list[tuple[str, str, bytes, str, int, str]]:
          "unknown worker"),
         ("bool worker", "push", body(push_header(worker=True), good), CONTENT_TYPE, 400,
          "worker"),
-        ("wrong run", "push", body(push_header(run_id="other"), good), CONTENT_TYPE, 409,
+        ("wrong run", "push", body(push_header(run_id="other"), good), CONTENT_TYPE, 403,
          "wrong run"),
         ("missing run", "push", body(push_header(run_id=None), good), CONTENT_TYPE, 400,
          "run_id"),
@@ -138,7 +139,7 @@ async def test_every_bad_request_is_refused_and_changes_nothing(
 
 
 async def test_push_before_join_is_refused() -> None:
-    async with ParameterServer(tiny_model(), "asp", workers=2, run_id=RUN) as server:
+    async with ParameterServer(tiny_model(), "asp", 2, ServerSettings(run_id=RUN)) as server:
         numel = server.core.store.numel
         async with aiohttp.ClientSession() as session:
             resp = await post(session, server.url, "push",

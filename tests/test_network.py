@@ -18,8 +18,9 @@ from tests.helpers import tiny_model
 async def timed_push(server: ParameterServer, link: Link | None, vector: torch.Tensor) -> float:
     transport = HttpTransport(server.url, vector.numel(), link=link)
     try:
-        await transport.request("join", {"worker": 0, "run_id": "net"})
-        header = {"worker": 0, "run_id": "net", "base_version": 0, "kind": "gradient",
+        joined, _ = await transport.request("join", {"worker": 0, "run_id": "net"})
+        header = {"worker": 0, "run_id": "net", "base_version": joined["version"],
+                  "kind": "gradient",
                   "steps": 1, "samples": 1}
         began = time.monotonic()
         await transport.request("push", header, vector)
@@ -40,7 +41,7 @@ async def test_45_mb_push_over_100_mbit_uplink_takes_3_6_s() -> None:
 
 
 async def test_latency_adds_to_each_request() -> None:
-    async with ParameterServer(tiny_model(), "asp", workers=1, run_id="net") as server:
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id="net")) as server:
         vector = torch.zeros(server.core.store.numel)
         plain = await timed_push(server, None, vector)
         delayed = await timed_push(server, Link(LinkSpec(latency_ms=60)), vector)

@@ -1,8 +1,8 @@
-"""DiLoCo: the outer Nesterov step on the mean pseudo-gradient, by hand; the worker's
-pseudo-gradient; a run over HTTP.
+"""DiLoCo: the outer Nesterov step on the negated mean delta, by hand; buffers take the
+workers' mean, never the outer step; the worker's delta; a run over HTTP.
 
-`FakeContext` (a scripted `WorkerContext`) is shared with the overlap_local_sgd and
-streaming_diloco tests.
+`FakeContext` (a scripted implementation of the SDK's `Context` port) is shared with the
+overlap_local_sgd, streaming_diloco and membership tests.
 """
 
 from __future__ import annotations
@@ -10,33 +10,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 import torch
 
 from asyncsync.engine.store import ParameterStore
-from asyncsync.engine.worker import RunStopped, WorkerContext
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import Pull, Push
+from asyncsync.protocols.base import OutOfStep, Pull, Push, Refused, RunStopped
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer, DilocoWorker
-from asyncsync.trainer import StepResult
-from asyncsync.wire import WireError
+from asyncsync.protocols.ports import Context, StepResult
 from tests.helpers import run_http, run_local
 
-
-class FakeTrainer:
-    """A flat vector only."""
-
-    def __init__(self, numel: int) -> None:
-        self.flat = torch.zeros(numel)
-        self.numel = numel
-
-    def vector_copy(self) -> torch.Tensor:
-        return self.flat.clone()
-
-    def load(self, vector: torch.Tensor) -> None:
-        self.flat.copy_(vector)
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,12 +48,27 @@ class Answer:
 
 
 @dataclass
+class Mix:
+    """One `mix_toward` call: after which local step, on which slice, with which weight."""
+
+    step: int
+    start: int
+    stop: int
+    weight: float
+    target: torch.Tensor
+
+
+@dataclass
 class FakeContext:
-    """A `WorkerContext` stand-in: each local step adds 1 to every element and takes 1 ms;
-    pull `n` answers ``reply(n, meta)`` at version n + 1, once `lag` more local steps have
-    run (so a loop that waits for its own pull before stepping never gets an answer); the
-    `fail_push`-th push raises `RunStopped`; stepping past `max_steps` raises `RunStopped`;
-    a query answers that the exchange schedule stands at `start_step`."""
+    """A scripted `Context`: the local model is the flat vector `local` (zeros at first).
+
+    Each local step adds 1 to every element of `local` and takes 1 ms; stepping once
+    `max_steps` steps are done raises `RunStopped` (a block already begun finishes). Pull
+    `n` answers ``reply(n, meta)`` at version n + 1, once `lag` more local steps have run
+    (so a loop that waits for its own pull before stepping never gets an answer); the
+    `fail_push`-th push raises `RunStopped`; a query answers that the exchange schedule
+    stands at `start_step`. Pushes, pull answers, adoptions and mixes are recorded.
+    """
 
     numel: int
     max_steps: int
@@ -79,33 +80,69 @@ class FakeContext:
     version: int = 0
     rank: int = 0
     workers: int = 1
+    batch_size: int = 16
     sent: list[Sent] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)
     adopted: list[tuple[torch.Tensor, int]] = field(default_factory=list)
-    trainer: FakeTrainer = field(init=False)
+    mixes: list[Mix] = field(default_factory=list)
+    local: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.trainer = FakeTrainer(self.numel)
+        self.local = torch.zeros(self.numel)
 
-    def as_context(self) -> WorkerContext:
-        return cast(WorkerContext, self)
+    def as_context(self) -> Context:
+        return cast(Context, self)
 
-    async def steps(self, count: int = 1, batch_size: int | None = None) -> StepResult:
+    def _stop_if_spent(self) -> None:
         if self.done >= self.max_steps:
             raise RunStopped
+
+    # ---- computation -------------------------------------------------------------------
+    async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
+        """The gradient of a step that adds 1 (at lr 1): -1 everywhere; not a local step."""
+        self._stop_if_spent()
+        await asyncio.sleep(0.001)
+        return StepResult(0.5, batch_size or self.batch_size, 0.001), -torch.ones(self.numel)
+
+    async def steps(self, count: int = 1, batch_size: int | None = None,
+                    proximal: tuple[torch.Tensor, float] | None = None) -> StepResult:
+        assert proximal is None, "no protocol under test here takes proximal steps"
+        self._stop_if_spent()
         for _ in range(count):
             await asyncio.sleep(0.001)
-            self.trainer.flat.add_(1)
+            self.local.add_(1)
             self.done += 1
-        return StepResult(0.5, 16 * count, 0.001 * count)
+        return StepResult(0.5, (batch_size or self.batch_size) * count, 0.001 * count)
 
-    async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """Where the exchange schedule stands (what streaming DiLoCo asks at its start)."""
-        return {"step": self.start_step}
+    async def snapshot(self) -> torch.Tensor:
+        return self.local.clone()
 
-    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def delta_since(self, anchor: torch.Tensor, start: int = 0,
+                          stop: int | None = None) -> torch.Tensor:
+        assert anchor.shape == (self.numel,), "the anchor is a full-length vector"
+        return self.local[start:stop] - anchor[start:stop]
+
+    async def delta_and_snapshot(self, anchor: torch.Tensor) -> tuple[torch.Tensor,
+                                                                      torch.Tensor]:
+        return self.local - anchor, self.local.clone()
+
+    async def mix_toward(self, target: torch.Tensor, weight: float, start: int = 0,
+                         stop: int | None = None) -> None:
+        part = self.local[start:stop]
+        assert target.shape == part.shape, "the target holds just the slice"
+        self.mixes.append(Mix(self.done, start, self.numel if stop is None else stop, weight,
+                              target.clone()))
+        part.mul_(1 - weight).add_(target, alpha=weight)
+
+    async def adopt(self, vector: torch.Tensor, version: int) -> None:
+        self.local.copy_(vector)
+        self.version = version
+        self.adopted.append((vector.clone(), version))
+
+    async def compute(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
 
+    # ---- messages ----------------------------------------------------------------------
     async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
                    meta: dict[str, Any] | None = None,
                    base_version: int | None = None) -> dict[str, Any]:
@@ -125,32 +162,36 @@ class FakeContext:
         self.answers.append(Answer(asked, self.done, dict(meta or {})))
         return self.reply(number, dict(meta or {})), number + 1, {}
 
-    async def adopt(self, vector: torch.Tensor, version: int) -> None:
-        self.trainer.load(vector)
-        self.version = version
-        self.adopted.append((vector.clone(), version))
+    async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Where the exchange schedule stands (what streaming DiLoCo asks at its start)."""
+        return {"step": self.start_step}
 
 
-def make_store(vector: torch.Tensor, workers: int) -> ParameterStore:
+def make_store(vector: torch.Tensor, workers: int, num_params: int | None = None
+               ) -> ParameterStore:
     """A store whose `workers` ranks are all in the run."""
-    store = ParameterStore(vector, workers, FlatSGD(0.1))
+    store = ParameterStore(vector, workers, FlatSGD(0.1), num_params=num_params)
     store.live.update(range(workers))
     return store
 
 
-async def outer_round(rule: DilocoServer, grads: list[torch.Tensor],
+async def outer_round(rule: DilocoServer, deltas: list[torch.Tensor],
                       meta: dict[str, Any] | None = None) -> list[tuple[torch.Tensor, int]]:
-    """Every worker pushes its pseudo-gradient and pulls; returns the pull replies."""
+    """Worker i pushes ``deltas[i]`` and every worker pulls; returns the pull replies."""
     base = rule.store.version
-    for worker, grad in enumerate(grads):
-        await rule.on_push(Push(worker, base, "gradient", grad, 5, 80, dict(meta or {})))
+    for worker, delta in enumerate(deltas):
+        await rule.on_push(Push(worker, base, "delta", delta, 5, 80, dict(meta or {})))
     replies = [await rule.on_pull(Pull(worker, base, dict(meta or {})))
-               for worker in range(len(grads))]
+               for worker in range(len(deltas))]
     out = []
     for reply in replies:
         assert reply.vector is not None and reply.version is not None
         out.append((reply.vector.clone(), reply.version))
     return out
+
+
+def test_the_server_takes_deltas_only() -> None:
+    assert DilocoServer.push_kinds == frozenset({"delta"})
 
 
 async def test_outer_nesterov_step_matches_a_hand_computation() -> None:
@@ -162,56 +203,149 @@ async def test_outer_nesterov_step_matches_a_hand_computation() -> None:
     rounds = [[torch.randn(6, generator=gen) for _ in range(3)] for _ in range(2)]
 
     # the pull of a worker whose round is incomplete waits
-    await rule.on_push(Push(0, 0, "gradient", rounds[0][0], 5, 80))
+    await rule.on_push(Push(0, 0, "delta", rounds[0][0], 5, 80))
     waiting = asyncio.create_task(rule.on_pull(Pull(0, 0)))
     await asyncio.sleep(0.02)
     assert not waiting.done() and store.version == 0
-    with pytest.raises(WireError) as dup:
-        await rule.on_push(Push(0, 0, "gradient", rounds[0][0], 5, 80))
-    assert dup.value.status == 409
+    with pytest.raises(Refused) as dup:
+        await rule.on_push(Push(0, 0, "delta", rounds[0][0], 5, 80))
+    assert isinstance(dup.value, OutOfStep)
     for worker in (1, 2):
-        await rule.on_push(Push(worker, 0, "gradient", rounds[0][worker], 5, 80))
+        await rule.on_push(Push(worker, 0, "delta", rounds[0][worker], 5, 80))
     first = await waiting
     assert first.version == 1
 
-    # by hand, in float64: buf <- mu buf + g; w <- w - lr (g + mu buf)
-    mean = torch.stack(rounds[0]).double().mean(dim=0)
-    buf = mean.clone()
-    w = w0.double() - lr * (mean + mu * buf)
+    # by hand, in float64: g = -mean delta; buf <- mu buf + g; w <- w - lr (g + mu buf)
+    g = -torch.stack(rounds[0]).double().mean(dim=0)
+    buf = g.clone()
+    w = w0.double() - lr * (g + mu * buf)
     assert first.vector is not None
     assert torch.allclose(first.vector.double(), w, atol=1e-6)
 
     replies = await outer_round(rule, rounds[1])
-    mean = torch.stack(rounds[1]).double().mean(dim=0)
-    buf = mu * buf + mean
-    w = w - lr * (mean + mu * buf)
+    g = -torch.stack(rounds[1]).double().mean(dim=0)
+    buf = mu * buf + g
+    w = w - lr * (g + mu * buf)
     for vector, version in replies:
         assert version == 2
         assert torch.allclose(vector.double(), w, atol=1e-6)
     assert torch.allclose(store.w.double(), w, atol=1e-6)
-    # each version took exactly the three pseudo-gradients of its round, none stale
+    # each version took exactly the three deltas of its round, none stale
     assert [sorted(c.contributions) for c in store.commits] == [
         [(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1), (2, 1)]]
+    assert [sorted(r.steps) for r in rule.rounds] == [[0, 1, 2], [0, 1, 2]]
     assert store.staleness.maximum == 0
+
+
+async def test_outer_step_matches_torch_nesterov_sgd() -> None:
+    gen = torch.Generator().manual_seed(2)
+    w0 = torch.randn(5, generator=gen)
+    store = make_store(w0.clone(), 2)
+    rule = DilocoServer(DilocoParams(outer_lr=0.5, outer_momentum=0.8), store)
+    reference = torch.nn.Parameter(w0.double().clone())
+    sgd = torch.optim.SGD([reference], lr=0.5, momentum=0.8, nesterov=True)
+    for _ in range(3):
+        deltas = [torch.randn(5, generator=gen) for _ in range(2)]
+        await outer_round(rule, deltas)
+        reference.grad = -(deltas[0].double() + deltas[1].double()) / 2
+        sgd.step()
+        assert torch.allclose(store.w.double(), reference.detach(), atol=1e-6)
+
+
+async def test_buffers_take_the_workers_mean_not_the_outer_step() -> None:
+    # four parameters, then two buffer slots: a running variance and a running mean
+    lr, mu = 0.7, 0.9
+    w0 = torch.tensor([0.25, -1.0, 2.0, 0.5, 0.5, 0.0])
+    store = make_store(w0.clone(), 3, num_params=4)
+    rule = DilocoServer(DilocoParams(outer_lr=lr, outer_momentum=mu), store)
+    # the buffer parts differ per worker (values exact in binary floating point)
+    deltas = [torch.tensor([0.5, 0.25, -1.0, 0.125, -0.25, 0.125]),
+              torch.tensor([-0.25, 0.75, 0.5, 0.375, -0.5, -0.25]),
+              torch.tensor([1.0, -0.5, 0.25, -0.125, -0.5625, 0.5])]
+    replies = await outer_round(rule, deltas)
+
+    mean = (deltas[0] + deltas[1] + deltas[2]) / 3
+    buffers = w0[4:] + mean[4:]
+    assert buffers.tolist() == [0.0625, 0.125]  # the workers' mean of each buffer
+    for vector, version in replies:
+        assert version == 1
+        assert torch.equal(vector[4:], buffers)
+    assert torch.equal(store.w[4:], buffers)
+    assert store.w[4] > 0  # the running variance stays positive
+
+    # the parameters: one Nesterov step on g = -mean delta, by hand in float64
+    g = -torch.stack(deltas).double().mean(dim=0)
+    params = w0[:4].double() - lr * (g[:4] + mu * g[:4])
+    assert torch.allclose(store.w[:4].double(), params, atol=1e-6)
+    # the old behaviour, the outer step on the buffers too, would have made the variance
+    # negative: 0.5 - 0.7 * 1.9 * 0.4375
+    stepped = w0[4:].double() - lr * (g[4:] + mu * g[4:])
+    assert stepped[0] < 0 and not torch.allclose(stepped, buffers.double())
+    # the outer momentum covers the parameters only
+    assert rule.state_dict()["outer.0.momentum"].shape == (4,)
+
+    # a second round: momentum carries on for the parameters; buffers are the mean again
+    second = [torch.tensor([0.5, 0.5, 0.5, 0.5, 0.0625, -0.125]),
+              torch.tensor([0.0, 0.0, 0.0, 0.0, -0.0625, 0.375]),
+              torch.tensor([-0.5, 0.25, 0.5, 1.0, 0.0, 0.125])]
+    await outer_round(rule, second)
+    assert torch.equal(store.w[4:], buffers + (second[0] + second[1] + second[2])[4:] / 3)
+    g2 = -torch.stack(second).double().mean(dim=0)[:4]
+    buf = mu * g[:4] + g2
+    params = params - lr * (g2 + mu * buf)
+    assert torch.allclose(store.w[:4].double(), params, atol=1e-6)
 
 
 async def test_zero_outer_momentum_is_plain_outer_sgd() -> None:
     store = make_store(torch.ones(4), 2)
     rule = DilocoServer(DilocoParams(outer_lr=1.0, outer_momentum=0.0), store)
-    grads = [torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([3.0, 2.0, 1.0, 0.0])]
+    deltas = [torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([3.0, 2.0, 1.0, 0.0])]
     for _ in range(2):
-        await outer_round(rule, grads)
-    assert torch.allclose(store.w, torch.ones(4) - 2 * torch.full((4,), 2.0))
+        await outer_round(rule, deltas)
+    # outer lr 1 without momentum: w + mean delta, the workers' mean model, twice
+    assert torch.allclose(store.w, torch.ones(4) + 2 * torch.full((4,), 2.0))
+    assert rule.state_dict() == {}
 
 
-async def test_pull_before_push_is_refused() -> None:
-    rule = DilocoServer(DilocoParams(), make_store(torch.zeros(3), 2))
-    with pytest.raises(WireError) as err:
-        await rule.on_pull(Pull(1, 0))
-    assert err.value.status == 409
+async def test_a_pull_before_its_push_waits_for_the_round() -> None:
+    store = make_store(torch.zeros(3), 2)
+    rule = DilocoServer(DilocoParams(outer_lr=1.0, outer_momentum=0.0), store)
+    early = asyncio.create_task(rule.on_pull(Pull(1, 0)))
+    await asyncio.sleep(0.02)
+    assert not early.done()
+    await outer_round(rule, [torch.ones(3), 3 * torch.ones(3)])
+    reply = await asyncio.wait_for(early, 1)
+    assert reply.version == 1 and reply.vector is not None
+    assert torch.equal(reply.vector, torch.full((3,), 2.0))
 
 
-async def test_worker_pushes_global_minus_local_and_adopts_the_answer() -> None:
+async def test_a_push_of_another_version_is_refused() -> None:
+    store = make_store(torch.zeros(3), 2)
+    rule = DilocoServer(DilocoParams(), store)
+    with pytest.raises(Refused) as err:
+        await rule.on_push(Push(0, 1, "delta", torch.ones(3), 5, 80))
+    assert isinstance(err.value, OutOfStep)
+    assert store.version == 0 and not rule.pending[0]
+
+
+async def test_a_lost_workers_delta_is_withdrawn_and_the_round_closes_without_it() -> None:
+    store = make_store(torch.zeros(2), 3)
+    rule = DilocoServer(DilocoParams(outer_lr=1.0, outer_momentum=0.0), store)
+    await rule.on_push(Push(2, 0, "delta", torch.full((2,), 100.0), 5, 80))
+    await rule.on_push(Push(0, 0, "delta", torch.full((2,), 1.0), 5, 80))
+    store.live.discard(2)
+    await rule.on_leave(2)  # worker 2 is lost: its delta is withdrawn
+    assert store.version == 0 and sorted(rule.pending[0]) == [0]
+    await rule.on_push(Push(1, 0, "delta", torch.full((2,), 3.0), 5, 80))
+    # the round closed with the deltas of the two live workers only
+    assert store.version == 1 and torch.equal(store.w, torch.full((2,), 2.0))
+    assert sorted(store.commits[-1].contributions) == [(0, 0), (1, 0)]
+    await outer_round(rule, [torch.full((2,), 2.0), torch.full((2,), 4.0)])
+    assert sorted(store.commits[-1].contributions) == [(0, 1), (1, 1)]
+    assert torch.equal(store.w, torch.full((2,), 5.0))
+
+
+async def test_worker_pushes_its_delta_and_adopts_the_answer() -> None:
     def reply(number: int, meta: dict[str, Any]) -> torch.Tensor:
         return torch.full((3,), 10.0 * (number + 1))
 
@@ -219,13 +353,14 @@ async def test_worker_pushes_global_minus_local_and_adopts_the_answer() -> None:
     with pytest.raises(RunStopped):
         await asyncio.wait_for(DilocoWorker(DilocoParams(inner_steps=4)).run(ctx.as_context()),
                                5)
-    # start at 0; 4 steps -> 4; g = 0 - 4. Adopt 10; 4 steps -> 14; g = 10 - 14. And so on.
+    # start at 0; 4 steps -> 4; d = 4 - 0. Adopt 10; 4 steps -> 14; d = 14 - 10. And so on.
     assert [s.step for s in ctx.sent] == [4, 8, 12]
-    assert [s.vector.tolist() for s in ctx.sent] == [[-4.0] * 3] * 3
-    assert all(s.kind == "gradient" and s.steps == 4 and s.samples == 64 for s in ctx.sent)
+    assert [s.vector.tolist() for s in ctx.sent] == [[4.0] * 3] * 3
+    assert all(s.kind == "delta" and s.steps == 4 and s.samples == 64 for s in ctx.sent)
     assert [s.base_version for s in ctx.sent] == [0, 1, 2]
     assert [version for _, version in ctx.adopted] == [1, 2, 3]
-    assert ctx.trainer.flat.tolist() == [30.0] * 3
+    assert [v.tolist() for v, _ in ctx.adopted] == [[10.0] * 3, [20.0] * 3, [30.0] * 3]
+    assert ctx.local.tolist() == [30.0] * 3
 
 
 async def test_diloco_run_every_version_is_one_full_round() -> None:
@@ -237,7 +372,8 @@ async def test_diloco_run_every_version_is_one_full_round() -> None:
         assert sorted(worker for worker, _ in commit.contributions) == [0, 1, 2]
     assert core.store.staleness.maximum == 0
     # workers only ever stop between inner steps of a round: H steps per version
-    assert all(f["steps"] in (5 * len(commits), 5 * len(commits) + 5) for f in finals)
+    versions = core.store.version
+    assert all(f["steps"] in (5 * versions, 5 * versions + 5) for f in finals)
 
 
 async def test_diloco_over_http() -> None:

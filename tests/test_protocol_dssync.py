@@ -12,9 +12,8 @@ import torch
 
 from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import Pull, Push
+from asyncsync.protocols.base import OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.dssync import DsSyncParams, DsSyncServer, Group, partition
-from asyncsync.wire import WireError
 from tests.helpers import run_http, run_local
 
 
@@ -54,12 +53,12 @@ async def test_each_group_average_involves_exactly_its_members() -> None:
     rule = DsSyncServer(DsSyncParams(), store)
     models = [torch.full((3,), float(2 ** i)) for i in range(4)]  # 1, 2, 4, 8
 
-    with pytest.raises(WireError) as early:
+    with pytest.raises(Refused) as early:
         await rule.on_pull(Pull(0, 0, {"iteration": 0}))
-    assert early.value.status == 409
-    with pytest.raises(WireError) as wrong:
+    assert isinstance(early.value, OutOfStep)
+    with pytest.raises(Refused) as wrong:
         await rule.on_push(Push(0, 0, "model", models[0], 0, 0, {"iteration": 1}))
-    assert wrong.value.status == 409 and store.version == 0
+    assert isinstance(wrong.value, OutOfStep) and store.version == 0
 
     # iteration 0: {0,1} {2,3}. Worker 0 waits for worker 1 only, not for 2 or 3.
     await rule.on_push(Push(0, 0, "model", models[0], 0, 0, {"iteration": 0}))

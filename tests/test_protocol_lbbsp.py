@@ -16,12 +16,12 @@ from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
 from asyncsync.engine.worker import Worker
+from asyncsync.hetero.compute import StaticSlowdown
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import Pull, Push
+from asyncsync.protocols.base import BadRequest, OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.lbbsp import LbbspParams, LbbspServer, apportion
 from asyncsync.trainer import BatchSource, FlatModule
 from asyncsync.transport.local import LocalTransport
-from asyncsync.wire import WireError
 from tests.helpers import run_http, tiny_data, tiny_model
 
 
@@ -42,7 +42,7 @@ async def test_step_is_the_global_batch_gradient_and_sizes_follow_speed() -> Non
     x, y = tiny_data()
     module = FlatModule(tiny_model(), torch.device("cpu"))
     store = ParameterStore(module.flat.detach().clone(), 3, FlatSGD(0.1))
-    store.live.update(range(3))
+    store.members.update(range(3))
     rule = LbbspServer(LbbspParams(), store)
     sizes = [5, 11, 16]  # first batches: X = 32 is inferred from them
     for version in range(2):
@@ -67,14 +67,17 @@ async def test_step_is_the_global_batch_gradient_and_sizes_follow_speed() -> Non
 
 async def test_pushes_that_break_the_assignment_are_rejected() -> None:
     store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
-    store.live.update(range(2))
+    store.members.update(range(2))
     rule = LbbspServer(LbbspParams(global_batch=20), store)
-    bad: list[tuple[dict[str, Any], int]] = [
-        ({}, 10), ({"compute_s": 0.0}, 10), ({"compute_s": "1"}, 10), ({"compute_s": 0.1}, 11)]
-    for meta, samples in bad:
-        with pytest.raises(WireError) as err:
+    bad: list[tuple[dict[str, Any], int, type[Refused]]] = [
+        ({}, 10, BadRequest), ({"compute_s": 0.0}, 10, BadRequest),
+        ({"compute_s": "1"}, 10, BadRequest), ({"compute_s": float("nan")}, 10, BadRequest),
+        ({"compute_s": 0.1}, 0, BadRequest),  # a gradient of no samples cannot be weighted
+        ({"compute_s": 0.1}, 11, OutOfStep),  # more samples than the 10 assigned
+    ]
+    for meta, samples, refusal in bad:
+        with pytest.raises(refusal):
             await rule.on_push(Push(0, 0, "gradient", torch.ones(10), 1, samples, meta))
-        assert err.value.status in (400, 409)
     assert store.version == 0
     # nothing of the rejected pushes was kept: two valid pushes complete the barrier
     await push_round(rule, 0, [torch.ones(10), torch.ones(10)], [10, 10], [0.1, 0.1])
@@ -82,9 +85,20 @@ async def test_pushes_that_break_the_assignment_are_rejected() -> None:
     assert torch.allclose(store.w, torch.full((10,), -0.1))
 
 
+async def test_a_smaller_batch_counts_by_the_samples_it_held() -> None:
+    store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
+    store.members.update(range(2))
+    rule = LbbspServer(LbbspParams(global_batch=20), store)
+    assert rule.batches == {0: 10, 1: 10}
+    # worker 0's source ran short: 4 of its 10 samples; the step weights 4 : 10
+    await push_round(rule, 0, [torch.ones(10), torch.full((10,), 8.0)], [4, 10], [0.1, 0.1])
+    assert store.version == 1
+    assert torch.allclose(store.w, torch.full((10,), -0.1 * (4 * 1.0 + 10 * 8.0) / 14))
+
+
 async def test_damping_halves_the_step_when_an_adjustment_reverses() -> None:
     store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
-    store.live.update(range(2))
+    store.members.update(range(2))
     rule = LbbspServer(LbbspParams(global_batch=64, smoothing=0.0), store)
     grads = [torch.zeros(10), torch.zeros(10)]
     assert rule.batches == {0: 32, 1: 32}
@@ -195,3 +209,114 @@ async def test_lbbsp_over_http() -> None:
     assert all(f["steps"] > 5 and f["bytes_up"] > 0 for f in finals)
     assert sum(f["samples"] for f in finals) >= 48 * core.store.version
     assert core.evals and core.evals[-1].accuracy > 0.5
+
+
+def recording_batches(seed: int, per_sample_s: float, short_every: int = 0
+                      ) -> tuple[BatchSource, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A batch source costing `per_sample_s` per sample that records every batch it returns;
+    with `short_every`, every such batch holds one sample fewer than asked (a source at the
+    end of its data)."""
+    x, y = tiny_data()
+    gen = torch.Generator().manual_seed(seed)
+    returned: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def next_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(size * per_sample_s)
+        if short_every and (len(returned) + 1) % short_every == 0 and size > 1:
+            size -= 1
+        idx = torch.randint(len(y), (size,), generator=gen)
+        returned.append((x[idx], y[idx]))
+        return x[idx], y[idx]
+
+    return next_batch, returned
+
+
+async def test_degenerate_lbbsp_is_large_batch_sgd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fixed lr, no momentum: each version is one plain SGD step on the mean cross-entropy of
+    the union of that round's batches, whatever sizes the workers were assigned."""
+    lr, steps = 0.1, 12
+    params = LbbspParams(global_batch=36)
+    core = build_core(tiny_model(), "lbbsp", 3, ServerSettings(lr=lr), protocol_params=params)
+    rule = core.rule
+    assert isinstance(rule, LbbspServer)
+    pushed: dict[tuple[int, int], int] = {}  # (worker, base version) -> samples
+    original = rule.on_push
+
+    async def recording(push: Push) -> dict[str, Any]:
+        reply = await original(push)
+        assert (push.worker, push.base_version) not in pushed
+        pushed[push.worker, push.base_version] = push.samples
+        return reply
+
+    monkeypatch.setattr(rule, "on_push", recording)
+    # per-sample costs 1 : 2 : 4 make the assigned sizes differ; worker 2 runs short at times
+    sources = [recording_batches(0, 0.0005), recording_batches(1, 0.001),
+               recording_batches(2, 0.002, short_every=3)]
+    workers = [Worker(rank, LocalTransport(core), tiny_model(), source, "lbbsp",
+                      protocol_params=params, lr=lr, momentum=0.0, device="cpu",
+                      slowdown=StaticSlowdown(1.0), max_steps=steps)
+               for rank, (source, _) in enumerate(sources)]
+
+    async def run(worker: Worker) -> dict[str, Any]:
+        final = await worker.run()
+        await core.stop()
+        return final
+
+    finals = await asyncio.gather(*(run(w) for w in workers))
+    await core.close()
+    assert [f["steps"] for f in finals] == [steps] * 3
+    assert core.store.version == steps
+    recorded = [batches for _, batches in sources]
+    assert [len(batches) for batches in recorded] == [steps] * 3
+
+    # which batches made which version: one gradient per worker per version, based on the
+    # version before, and worker w's k-th batch made its k-th push
+    commits = list(core.store.commits)
+    assert [c.version for c in commits] == list(range(1, steps + 1))
+    rounds: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    for commit in commits:
+        base = commit.version - 1
+        assert sorted(commit.contributions) == [(w, base) for w in range(3)], commit
+        batches = [recorded[w][base] for w, _ in commit.contributions]
+        assert [pushed[w, base] for w, _ in commit.contributions] == [
+            len(y) for _, y in batches]
+        rounds.append(batches)
+    sizes = [[len(y) for _, y in batches] for batches in rounds]
+    assert any(len(set(row)) > 1 for row in sizes), sizes  # the weighting mattered
+    assert any(sum(row) < 36 for row in sizes), sizes  # and a short batch counted as such
+
+    torch.testing.assert_close(core.store.w, sgd_reference(rounds, lr, union=True),
+                               rtol=0, atol=1e-6)
+    # the plain mean of the workers' gradients (BSP's step) lands elsewhere
+    assert not torch.allclose(core.store.w, sgd_reference(rounds, lr, union=False), atol=1e-5)
+
+
+def sgd_reference(rounds: list[list[tuple[torch.Tensor, torch.Tensor]]], lr: float,
+                  union: bool) -> torch.Tensor:
+    """The flat parameters after one `torch.optim.SGD` step per round from the initial
+    model: on the mean cross-entropy of the union of the round's batches, or (not `union`)
+    on the plain mean of the batches' mean losses."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
+    for batches in rounds:
+        optimizer.zero_grad()
+        if union:
+            inputs = torch.cat([x for x, _ in batches])
+            targets = torch.cat([y for _, y in batches])
+            loss = F.cross_entropy(model(inputs), targets)
+        else:
+            loss = torch.stack([F.cross_entropy(model(x), y) for x, y in batches]).mean()
+        torch.autograd.backward(loss)
+        optimizer.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_an_iterable_batch_source_is_refused() -> None:
+    x, y = tiny_data()
+    core = build_core(tiny_model(), "lbbsp", 1)
+    fixed = [(x[:8], y[:8]), (x[8:16], y[8:16])]
+    with pytest.raises(ValueError, match="callable"):
+        Worker(0, LocalTransport(core), tiny_model(), fixed, "lbbsp", device="cpu")
+    # a protocol that keeps batch sizes takes the same iterable
+    Worker(0, LocalTransport(build_core(tiny_model(), "bsp", 1)), tiny_model(), fixed, "bsp",
+           device="cpu")

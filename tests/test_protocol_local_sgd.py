@@ -9,9 +9,8 @@ import torch
 
 from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import Pull, Push
+from asyncsync.protocols.base import OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer
-from asyncsync.wire import WireError
 from tests.helpers import run_http, run_local
 
 
@@ -26,9 +25,9 @@ async def test_round_adds_the_mean_delta_and_releases_pulls_when_complete() -> N
     await rule.on_push(Push(0, 0, "delta", deltas[0], 4, 10))
     waiting = asyncio.create_task(rule.on_pull(Pull(0, 0)))
     await rule.on_push(Push(2, 0, "delta", deltas[2], 4, 99))
-    with pytest.raises(WireError) as err:
+    with pytest.raises(Refused) as err:
         await rule.on_push(Push(2, 0, "delta", deltas[2], 4, 99))
-    assert err.value.status == 409
+    assert isinstance(err.value, OutOfStep)
     await asyncio.sleep(0.05)
     assert not waiting.done() and store.version == 0 and store.w is w0
 

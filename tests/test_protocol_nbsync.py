@@ -13,7 +13,7 @@ import torch
 from asyncsync.engine.worker import WorkerContext
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.protocols.nbsync import NbsyncParams
-from asyncsync.trainer import StepResult, Trainer
+from asyncsync.protocols.ports import StepResult
 from tests.helpers import run_http, run_local
 
 # pulling the model (~0.8 kB with its header) takes ~0.55 s, over three 0.15 s steps;
@@ -23,35 +23,35 @@ SLOW_LINK = LinkSpec(uplink_mbps=0.05, downlink_mbps=0.012, latency_ms=5)
 
 async def test_slow_link_compute_never_waits_and_deltas_hold_one_sync(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    increments: dict[Trainer, list[torch.Tensor]] = defaultdict(list)
+    # per rank: each local step's change of the local model, in order
+    increments: dict[int, list[torch.Tensor]] = defaultdict(list)
     pushes: dict[int, list[tuple[int, int, torch.Tensor]]] = defaultdict(list)
     pushed_at: dict[int, list[float]] = defaultdict(list)
     pulled_at: dict[int, list[float]] = defaultdict(list)
-    trainers: dict[int, Trainer] = {}
-    local_step = Trainer.local_step
-    push, pull = WorkerContext.push, WorkerContext.pull
+    steps_verb, push, pull = WorkerContext.steps, WorkerContext.push, WorkerContext.pull
 
-    def recording_step(self: Trainer, batch_size: int) -> StepResult:
-        before = self.vector_copy()
-        result = local_step(self, batch_size)
-        increments[self].append(self.vector_copy() - before)
+    async def recording_steps(self: WorkerContext, count: int = 1, *args: Any,
+                              **kw: Any) -> StepResult:
+        assert count == 1  # nbsync steps one at a time, so each increment is one step
+        before = await self.snapshot()
+        result = await steps_verb(self, count, *args, **kw)
+        increments[self.rank].append(await self.snapshot() - before)
         return result
 
     async def recording_push(self: WorkerContext, kind: str, vector: torch.Tensor,
                              steps: int, samples: int, **kw: Any) -> dict[str, Any]:
-        # steps finished when this push left, as the worker's own counter has them
-        trainers[self.rank] = self.trainer
-        pushes[self.rank].append((self.metrics.stats.steps, steps, vector.clone()))
+        # steps finished when this push left (the loop is computing the next one)
+        pushes[self.rank].append((len(increments[self.rank]), steps, vector.clone()))
         pushed_at[self.rank].append(time.monotonic())
         return await push(self, kind, vector, steps, samples, **kw)
 
-    async def recording_pull(self: WorkerContext, **kw: Any) -> tuple[torch.Tensor, int,
-                                                                      dict[str, Any]]:
-        reply = await pull(self, **kw)
+    async def recording_pull(self: WorkerContext, *args: Any, **kw: Any
+                             ) -> tuple[torch.Tensor, int, dict[str, Any]]:
+        reply = await pull(self, *args, **kw)
         pulled_at[self.rank].append(time.monotonic())
         return reply
 
-    monkeypatch.setattr(Trainer, "local_step", recording_step)
+    monkeypatch.setattr(WorkerContext, "steps", recording_steps)
     monkeypatch.setattr(WorkerContext, "push", recording_push)
     monkeypatch.setattr(WorkerContext, "pull", recording_pull)
     delays = [0.15, 0.15, 0.4]
@@ -69,7 +69,7 @@ async def test_slow_link_compute_never_waits_and_deltas_hold_one_sync(
             # the delta is exactly the steps made since the previous push left, i.e. while
             # the previous synchronization was in flight (the first: the first step)
             assert steps == finished - done >= 1
-            expected = torch.stack(increments[trainers[rank]][done:finished]).sum(0)
+            expected = torch.stack(increments[rank][done:finished]).sum(0)
             torch.testing.assert_close(delta, expected, rtol=1e-5, atol=1e-6)
             done = finished
         # each next push leaves at the first step boundary after the previous sync ended

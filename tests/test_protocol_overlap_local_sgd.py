@@ -9,15 +9,13 @@ from typing import Any
 import pytest
 import torch
 
-from asyncsync.engine.worker import RunStopped
 from asyncsync.hetero.network import LinkSpec
-from asyncsync.protocols.base import Pull, Push
+from asyncsync.protocols.base import OutOfStep, Pull, Push, Refused, RunStopped
 from asyncsync.protocols.overlap_local_sgd import (
     OverlapLocalSgdParams,
     OverlapLocalSgdServer,
     OverlapLocalSgdWorker,
 )
-from asyncsync.wire import WireError
 from tests.helpers import run_http, run_local
 from tests.test_protocol_diloco import FakeContext, make_store
 
@@ -31,19 +29,20 @@ async def test_server_anchor_is_the_mean_of_the_round_models() -> None:
     store = make_store(torch.zeros(4), 3)
     rule = OverlapLocalSgdServer(OverlapLocalSgdParams(), store)
     models = [torch.tensor([1.0, 2.0, 3.0, 4.0]) * (i + 1) for i in range(3)]
-    with pytest.raises(WireError) as early:
-        await rule.on_pull(Pull(0, 0))
-    assert early.value.status == 409
+    early = asyncio.create_task(rule.on_pull(Pull(2, 0)))  # waits for its push's round
     await rule.on_push(Push(0, 0, "model", models[0], 8, 128))
+    with pytest.raises(Refused) as twice:
+        await rule.on_push(Push(0, 0, "model", models[0], 8, 128))
+    assert isinstance(twice.value, OutOfStep)
     await rule.on_push(Push(1, 0, "model", models[1], 8, 128))
     waiting = asyncio.create_task(rule.on_pull(Pull(0, 0)))
     await asyncio.sleep(0.02)
-    assert not waiting.done() and store.version == 0
+    assert not waiting.done() and not early.done() and store.version == 0
     await rule.on_push(Push(2, 0, "model", models[2], 8, 128))
-    reply = await waiting
-    assert reply.version == 1 and reply.vector is not None
-    assert torch.equal(reply.vector, torch.tensor([2.0, 4.0, 6.0, 8.0]))
-    assert torch.equal(store.w, reply.vector)
+    for reply in (await waiting, await asyncio.wait_for(early, 1)):
+        assert reply.version == 1 and reply.vector is not None
+        assert torch.equal(reply.vector, torch.tensor([2.0, 4.0, 6.0, 8.0]))
+    assert torch.equal(store.w, torch.tensor([2.0, 4.0, 6.0, 8.0]))
     assert sorted(store.commits[0].contributions) == [(0, 0), (1, 0), (2, 0)]
     assert rule.tensor_numel("push", {}) == 4 and rule.tensor_numel("pull", {}) is None
 
@@ -63,12 +62,13 @@ async def test_worker_pulls_toward_the_previous_anchor_while_averaging_in_backgr
 
     # by hand: every step adds 1; z starts at the initial model (0) and is one round old
     x, z, expected = 0.0, 0.0, []
-    for number in range(4):
+    for number in range(5):
         x += tau
         if number > 0:
             z = 100.0 * number
         x = (1 - alpha) * x + alpha * z
         expected.append(x)
+    assert torch.allclose(ctx.local, torch.full((5,), expected.pop()))  # the fifth mix
     assert len(ctx.sent) == 4
     for sent, value in zip(ctx.sent, expected, strict=True):
         assert torch.allclose(sent.vector, torch.full((5,), value)), (sent.vector, value)
@@ -77,6 +77,12 @@ async def test_worker_pulls_toward_the_previous_anchor_while_averaging_in_backgr
     assert [s.base_version for s in ctx.sent] == [0, 1, 2, 3]
     # every averaging was answered while local steps went on, before its result was used
     assert [(a.asked, a.answered) for a in ctx.answers] == [(3, 5), (6, 8), (9, 11), (12, 14)]
+    # after every block of tau steps the whole model is pulled toward the anchor averaged
+    # from the models pushed one block earlier (at step 3: the starting model)
+    assert [(m.step, m.start, m.stop, m.weight) for m in ctx.mixes] == [
+        (step, 0, 5, alpha) for step in (3, 6, 9, 12, 15)]
+    assert [m.target.tolist() for m in ctx.mixes] == [
+        [value] * 5 for value in (0.0, 100.0, 200.0, 300.0, 400.0)]
     assert not ctx.adopted  # the local model is only ever pulled toward the anchor
     # the fifth averaging, started when the step budget ran out, was cancelled, not leaked
     assert asyncio.all_tasks() == {asyncio.current_task()}

@@ -18,9 +18,9 @@ async def test_versions_advance_only_on_the_fixed_slow_workers_pushes() -> None:
     core, finals = await run_local("wbsp", [0.005, 0.01, 0.04],
                                    params=WbspParams(slow_worker=2), time_s=2.0)
     rule = _rule(core)
-    published = [p.worker for p in rule.pushes if p.published]
-    assert published == [2] * core.store.version
-    assert core.store.version == sum(1 for p in rule.pushes if p.worker == 2)
+    # among the recent pushes (the rule keeps a bounded window), exactly worker 2's publish
+    assert any(p.worker != 2 for p in rule.pushes)
+    assert all(p.published == (p.worker == 2) for p in rule.pushes)
     assert core.store.version >= 15
     # each version carries several fast deltas, ending with the slowest worker's step
     for commit in core.store.commits:

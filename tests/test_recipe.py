@@ -37,8 +37,8 @@ def test_quickstart_resolves() -> None:
     recipe = load_recipe(QUICKSTART)
     assert recipe.name == "quickstart"
     assert [r.protocol.name for r in recipe.runs] == ["bsp", "asp"]
-    assert recipe.runs[0].compute_profile(3).factor() == 3.0
-    assert recipe.runs[0].compute_profile(0).factor() == 1.0
+    assert recipe.runs[0].compute_profile(3).factor_at(0.0) == 3.0
+    assert recipe.runs[0].compute_profile(0).factor_at(0.0) == 1.0
 
 
 def test_run_overrides_defaults_and_set_overrides_defaults(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from asyncsync.protocols.base import (
     BadRequest,
     Forbidden,
     NotInRun,
+    OutOfStep,
     Protocol,
     Pull,
     Push,
@@ -220,9 +221,9 @@ class ServerCore:
             raise BadRequest("push carries no tensor")
         push = Push(worker, base_version, kind, vector, require_count(header, "steps"),
                     require_count(header, "samples"), meta)
-        if base_version > self.store.version:
-            raise BadRequest(f"base version {base_version} is ahead of the server's "
-                             f"{self.store.version}")
+        if base_version > self.store.version:  # e.g. the server resumed an older checkpoint
+            raise OutOfStep(f"base version {base_version} is ahead of the server's "
+                            f"{self.store.version}")
         self.workers[worker].check_base(worker, base_version)
         if not await self.store.compute(all_finite, vector):
             self._report_nonfinite(worker)

@@ -67,6 +67,8 @@ class WorkerContext:
 
     async def steps(self, count: int = 1, batch_size: int | None = None,
                     proximal: tuple[torch.Tensor, float] | None = None) -> StepResult:
+        if count < 1:
+            raise ValueError(f"steps: count must be >= 1, got {count}")
         center, rho = proximal if proximal is not None else (None, 0.0)
         size = batch_size or self.batch_size
         self._check_budget()

@@ -1,0 +1,96 @@
+"""The engine's own rules: refusing pushes from before a rejoin (once, for every protocol),
+bounded waits, and rule state that survives a resume."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.store import ParameterStore
+from asyncsync.optim import FlatSGD
+from asyncsync.protocols.base import NotInRun, OutOfStep
+from asyncsync.protocols.wbsp import WbspParams
+from tests.helpers import tiny_model
+
+RUN = "run"
+
+
+def header(worker: int, **fields: Any) -> dict[str, Any]:
+    return {"run_id": RUN, "worker": worker, "meta": {}, **fields}
+
+
+def push(worker: int, base: int, kind: str) -> dict[str, Any]:
+    return header(worker, kind=kind, base_version=base, steps=1, samples=8)
+
+
+async def join_all(core: ServerCore, workers: int) -> None:
+    await asyncio.gather(*(core.handle("join", header(w), None) for w in range(workers)))
+
+
+@pytest.mark.parametrize(("protocol", "kind", "params"), [
+    ("asp", "gradient", None), ("ssp", "gradient", None), ("fedasync", "model", None),
+    ("wbsp", "delta", WbspParams(slow_worker=1)),
+])
+async def test_a_push_from_before_a_rejoin_is_refused_by_the_engine(
+        protocol: str, kind: str, params: Any) -> None:
+    core = build_core(tiny_model(), protocol, 2, ServerSettings(worker_timeout_s=None),
+                      protocol_params=params)
+    numel = core.store.numel
+    try:
+        await join_all(core, 2)
+        await core.handle("push", push(1, 0, kind), torch.zeros(numel))
+        assert core.store.version == 1
+        await core.handle("join", header(0), None)  # worker 0 restarted: it rejoins at 1
+        w = core.store.w
+        with pytest.raises(OutOfStep, match="rejoined at version 1"):
+            await core.handle("push", push(0, 0, kind), torch.ones(numel))
+        assert core.store.version == 1 and core.store.w is w
+        await core.handle("push", push(0, 1, kind), torch.zeros(numel))
+        await core.handle("push", push(1, 1, kind), torch.zeros(numel))
+        assert core.store.version >= 2
+    finally:
+        await core.stop()
+        await core.close()
+
+
+async def test_a_wait_ends_when_its_worker_is_dropped() -> None:
+    store = ParameterStore(torch.zeros(4), 2, FlatSGD(0.1))
+    store.members.update({0, 1})
+    waiting = asyncio.create_task(store.wait_for(lambda: False, 1))
+    await asyncio.sleep(0)
+    store.members.discard(1)
+    store.notify()
+    with pytest.raises(NotInRun):
+        await asyncio.wait_for(waiting, 5)
+
+
+async def test_wbsp_continues_from_the_resumed_model(tmp_path: Any) -> None:
+    """After a resume, the first published version builds on the checkpointed model (it
+    used to build on the initial one, throwing the resumed model away)."""
+    settings = ServerSettings(checkpoint_path=tmp_path / "checkpoint.npz",
+                              worker_timeout_s=None)
+    params = WbspParams(slow_worker=0)
+    first = build_core(tiny_model(), "wbsp", 1, settings, protocol_params=params)
+    delta = torch.full((first.store.numel,), 0.5)
+    await join_all(first, 1)
+    await first.handle("push", push(0, 0, "delta"), delta)
+    saved = first.store.w.clone()
+    await first.stop()  # writes the final checkpoint
+    await first.close()
+
+    second = build_core(tiny_model(), "wbsp", 1, settings, protocol_params=params)
+    try:
+        second.resume(settings.checkpoint_path)  # type: ignore[arg-type]
+        assert torch.equal(second.store.w, saved) and second.store.version == 1
+        await second.handle("join", header(0), None)
+        await second.handle("push", push(0, 1, "delta"), delta)
+        assert second.store.version == 2
+        torch.testing.assert_close(second.store.w, saved + delta)
+    finally:
+        await second.stop()
+        await second.close()

@@ -1,0 +1,68 @@
+"""The README's "Writing a protocol" example, run from the README text itself."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncsync.engine.core import build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.store import ParameterStore
+from asyncsync.engine.worker import Worker
+from asyncsync.optim import FlatSGD
+from asyncsync.protocols.base import PROTOCOLS, Protocol, Push
+from asyncsync.transport.local import LocalTransport
+from tests.helpers import batches_of, tiny_data, tiny_model
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture
+def example() -> Iterator[types.ModuleType]:
+    """The example block, executed as module `mix_every_k` (its protocol registered)."""
+    text = README.read_text(encoding="utf-8")
+    code = text.split("<!-- protocol-example -->")[1].split("<!-- /protocol-example -->")[0]
+    code = code.strip().removeprefix("```python").removesuffix("```")
+    module = types.ModuleType("mix_every_k")
+    sys.modules["mix_every_k"] = module
+    try:
+        exec(compile(code, str(README), "exec"), module.__dict__)
+        yield module
+    finally:
+        PROTOCOLS.pop("mix_every_k", None)
+        del sys.modules["mix_every_k"]
+
+
+async def test_the_server_mixes_each_model_with_weight_a(example: types.ModuleType) -> None:
+    store = ParameterStore(torch.zeros(4), 1, FlatSGD(0.1))
+    rule = example.MixServer(example.MixParams(weight=0.25), store)
+    await rule.on_push(Push(0, 0, "model", torch.full((4,), 8.0), 4, 64))
+    assert torch.equal(store.w, torch.full((4,), 2.0))  # 0.75 * 0 + 0.25 * 8
+    await rule.on_push(Push(0, 1, "model", torch.full((4,), 2.0), 4, 64))
+    assert torch.equal(store.w, torch.full((4,), 2.0))  # 0.75 * 2 + 0.25 * 2
+    with pytest.raises(ValueError, match="weight"):
+        example.MixParams(weight=0.0)
+
+
+async def test_the_example_trains_through_the_engine(example: types.ModuleType) -> None:
+    protocol: Protocol = example.MIX
+    params = example.MixParams(every=3, weight=0.5)
+    x, y = tiny_data()
+    core = build_core(tiny_model(), protocol, 2, ServerSettings(lr=0.1, time_s=30.0),
+                      protocol_params=params, test_data=(x, y))
+    workers = [Worker(rank, LocalTransport(core), tiny_model(), batches_of(x, y, rank),
+                      protocol, protocol_params=params, lr=0.1, batch_size=16, max_steps=30)
+               for rank in range(2)]
+    finals = await asyncio.gather(*(w.run() for w in workers))
+    await core.stop()
+    await core.close()
+    # each push carried k = 3 steps, one version per push, and the model learned
+    assert all(f["steps"] == 30 for f in finals)
+    assert core.store.version == 20
+    assert core.evals[-1].accuracy > 0.7
