@@ -91,7 +91,8 @@ def serve(numel: int, workers: int, port: Any, done: Any) -> None:
 
     async def main() -> None:
         model = torch.nn.Linear(numel, 1, bias=False)
-        server = ParameterServer(model, SINK, workers, ServerSettings(run_id=RUN, worker_timeout_s=None))
+        settings = ServerSettings(run_id=RUN, worker_timeout_s=None)
+        server = ParameterServer(model, SINK, workers, settings)
         await server.start()
         monitor = asyncio.create_task(SinkRule.monitor.run())
         port.value = server.port

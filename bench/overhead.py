@@ -54,7 +54,8 @@ def serve(seconds: float, port: Any) -> None:
         data = synthetic(seed=0)
         torch.manual_seed(0)
         model = build_model("cnn", data.input_shape, data.num_classes, {})
-        async with ParameterServer(model, "bsp", 1, ServerSettings(lr=LR, time_s=seconds)) as server:
+        settings = ServerSettings(lr=LR, time_s=seconds)
+        async with ParameterServer(model, "bsp", 1, settings) as server:
             port.value = server.port
             await server.wait_finished()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,12 @@ from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.trainer import BatchSource
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
+
+
+def keep_every_commit(core: ServerCore) -> ServerCore:
+    """Tests inspect the whole history: lift the store's bound on remembered commits."""
+    core.store.commits = deque(core.store.commits)
+    return core
 
 
 def tiny_model() -> torch.nn.Module:
@@ -62,8 +69,8 @@ async def run_local(
     """
     x, y = tiny_data()
     settings = ServerSettings(lr=lr, time_s=time_s, eval_interval_s=0.25)
-    core = build_core(tiny_model(), protocol, len(delays), settings, protocol_params=params,
-                      test_data=(x, y))
+    core = keep_every_commit(build_core(tiny_model(), protocol, len(delays), settings,
+                                        protocol_params=params, test_data=(x, y)))
     workers = [
         Worker(rank, LocalTransport(core, Link(link, seed=rank) if link else None),
                tiny_model(), batches_of(x, y, rank), protocol, protocol_params=params,
@@ -88,6 +95,7 @@ async def run_http(protocol: str, workers: int = 3, *, params: Any = None,
     server = ParameterServer(tiny_model(), protocol, workers,
                              ServerSettings(lr=0.1, time_s=time_s, eval_interval_s=0.25),
                              protocol_params=params, test_data=(x, y))
+    keep_every_commit(server.core)
     url = await server.start()
     try:
         nodes = [Worker(rank, url, tiny_model(), batches_of(x, y, rank), protocol,
@@ -168,8 +176,9 @@ async def run_crash_and_rejoin(
     `timeout_s` (an `AssertionError` names the phase that did not).
     """
     x, y = tiny_data()
-    core = build_core(tiny_model(), protocol, len(delays),
-                      ServerSettings(lr=0.1, worker_timeout_s=0.5), protocol_params=params)
+    core = keep_every_commit(build_core(tiny_model(), protocol, len(delays),
+                                        ServerSettings(lr=0.1, worker_timeout_s=0.5),
+                                        protocol_params=params))
 
     def start(rank: int, transport: LocalTransport) -> asyncio.Task[dict[str, Any]]:
         worker = Worker(rank, transport, tiny_model(), batches_of(x, y, rank), protocol,

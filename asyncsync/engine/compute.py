@@ -4,8 +4,10 @@ A worker's seam runs its trainer's work and charges it time; a server's seam run
 math and evaluation. Real mode (here): a worker computes in one dedicated thread, so the
 event loop keeps moving bytes meanwhile, and its emulated slowness is padding slept on
 the loop after each real step (counted as computation); the server runs small models'
-vector math inline and large ones, and every evaluation, in threads. A virtual-time seam
-implements the same two protocols with inline math charged in virtual seconds.
+vector math inline and large ones, and every evaluation, in threads. Virtual mode: the
+same math runs inline (it costs no virtual time) and each local step is charged
+``base_step_s x the slowdown at that instant``, scaled by its batch size, as an asyncio
+sleep on the virtual clock.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ class WorkerSeam(Protocol):
         """The run started: profile time counts from now."""
         ...
 
-    async def step(self, fn: Callable[..., Any], *args: Any) -> Charged:
-        """Run one local step and charge it (its real time and emulated slowness)."""
+    async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
+        """Run one local step of `batch` samples and charge it."""
         ...
 
     async def math(self, fn: Callable[..., T], *args: Any) -> T:
@@ -83,7 +85,7 @@ class ThreadedWorkerSeam:
     async def math(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def step(self, fn: Callable[..., Any], *args: Any) -> Charged:
+    async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
         began = now()
         result = await self.math(fn, *args)
         real = now() - began
@@ -116,3 +118,49 @@ class ThreadedServerSeam:
 
     def close(self) -> None:
         self._eval_pool.shutdown(wait=True)
+
+
+class VirtualWorkerSeam:
+    """Virtual mode: real math inline; a step of `batch` samples is charged
+    ``base_step_s * batch / reference_batch`` padded by the profile, in virtual seconds."""
+
+    def __init__(self, profile: ComputeProfile, base_step_s: float,
+                 reference_batch: int) -> None:
+        if base_step_s <= 0:
+            raise ValueError(f"base_step_s must be > 0, got {base_step_s}")
+        self.profile = profile
+        self.base_step_s = base_step_s
+        self.reference_batch = reference_batch
+        self.run_time = Stopwatch()
+        self.overruns = 0
+
+    def start(self) -> None:
+        self.run_time.start()
+
+    async def math(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
+        result = fn(*args)
+        base = self.base_step_s * (batch / self.reference_batch if batch else 1.0)
+        t = self.run_time.elapsed()
+        seconds = base + self.profile.padding(t, base)
+        await asyncio.sleep(seconds)
+        return Charged(result, seconds, seconds / base)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class InlineServerSeam:
+    """Virtual mode: the server's vector math and evaluation run inline, in no virtual time
+    (the server's aggregation time is not modelled)."""
+
+    async def math(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    async def evaluate(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    def close(self) -> None:
+        """Nothing to release."""

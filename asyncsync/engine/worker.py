@@ -61,7 +61,7 @@ class WorkerContext:
 
         self._check_budget()
         start = self._metrics.now()
-        charged = await self._seam.step(work)
+        charged = await self._seam.step(work, batch=batch_size or self.batch_size)
         computed, grad = charged.result
         return self._account(start, [charged], [computed]), grad
 
@@ -75,7 +75,8 @@ class WorkerContext:
         start = self._metrics.now()
         charges: list[Charged] = []
         for _ in range(count):
-            charges.append(await self._seam.step(self._trainer.local_step, size, center, rho))
+            charges.append(await self._seam.step(self._trainer.local_step, size, center, rho,
+                                                 batch=size))
         return self._account(start, charges, [c.result for c in charges])
 
     def _account(self, start: float, charges: list[Charged],
