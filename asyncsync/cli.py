@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="run only this run (repeatable)")
     run.add_argument("--logs", type=Path, default=Path("logs"), help="log root (default logs/)")
     run.add_argument("--plain", action="store_true", help="plain progress lines, no live view")
+    run.add_argument("--clock", choices=("real", "virtual"), default=None,
+                     help="run every run on this clock (default: the recipe's, else real)")
 
     check = sub.add_parser("check", help="validate a recipe and print its resolved runs")
     check.add_argument("recipe", type=Path)
@@ -88,7 +90,7 @@ def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
 
 
 async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
-    from asyncsync.runner import build_server, checkpoint_file
+    from asyncsync.assembly import build_server, checkpoint_file
 
     recipe = load_recipe(args.recipe)
     spec = _pick_run(recipe, args.run)
@@ -112,7 +114,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
 
 
 async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
-    from asyncsync.runner import build_worker
+    from asyncsync.assembly import build_worker
 
     recipe = load_recipe(args.recipe)
     spec = _pick_run(recipe, args.run)
@@ -161,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             from asyncsync.runner import run_recipe_file
 
-            summaries = run_recipe_file(args.recipe, args.overrides, args.only, args.logs,
+            clock = [f'clock="{args.clock}"'] if args.clock else []
+            summaries = run_recipe_file(args.recipe, [*args.overrides, *clock], args.only,
+                                        args.logs,
                                         live=False if args.plain else None)
             return 1 if any("error" in s for s in summaries) else 0
         if args.command == "check":

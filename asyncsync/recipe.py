@@ -164,6 +164,9 @@ class ProtocolSpec:
         return {"name": self.name, **dataclasses.asdict(self.params)}
 
 
+CLOCKS = ("real", "virtual")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One fully resolved run."""
@@ -173,6 +176,9 @@ class RunSpec:
     workers: int = option(4, _positive, "must be > 0")
     seed: int = 0
     device: str = option("cpu", help="auto | cpu | cuda | cuda:i")
+    clock: str = option("real", lambda v: v in CLOCKS, f"must be one of {', '.join(CLOCKS)}",
+                        "real: processes and HTTP in real time; virtual: one process on a "
+                        "virtual clock")
     token: str = option("", help="shared bearer token of the run's nodes; the environment "
                                  "variable ASYNCSYNC_TOKEN takes precedence")
     stop: StopSpec = field(default_factory=StopSpec)

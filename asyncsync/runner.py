@@ -23,75 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
+from asyncsync.assembly import run_data
 from asyncsync.dashboard import Dashboard
-from asyncsync.data import BatchSampler, Dataset, load_dataset
-from asyncsync.engine.settings import ServerSettings
-from asyncsync.engine.worker import Worker
-from asyncsync.hetero.partition import partition
-from asyncsync.metrics import JsonlLog
-from asyncsync.models import build_model
-from asyncsync.protocols.base import Refused, get_protocol
+from asyncsync.protocols.base import Refused
 from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import publish, summarize_run
+from asyncsync.simulation import calibrate_step_s, simulate, write_summary
 from asyncsync.transport.http_client import HttpTransport
-from asyncsync.transport.http_server import ParameterServer
 
 STARTUP_S = 120.0
 """How long processes may take to start and join before a run is abandoned."""
-
-
-def _run_data(spec: RunSpec) -> Dataset:
-    return load_dataset(spec.data.name, spec.seed, spec.data.root, spec.data.download)
-
-
-def _model(spec: RunSpec, data: Dataset) -> torch.nn.Module:
-    torch.manual_seed(spec.seed)
-    return build_model(spec.model.name, data.input_shape, data.num_classes, spec.model.options)
-
-
-def build_server(spec: RunSpec, run_id: str, log_dir: Path | None, host: str = "127.0.0.1",
-                 port: int = 0) -> ParameterServer:
-    """The parameter server of one run, as the CLI's ``server`` command starts it."""
-    data = _run_data(spec)
-    events = JsonlLog(log_dir / "events.jsonl" if log_dir else None)
-    settings = ServerSettings(
-        run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
-        weight_decay=spec.optim.weight_decay, eval_interval_s=spec.eval.interval_s,
-        time_s=spec.stop.time_s, target_accuracy=spec.stop.target_accuracy,
-        stop_at_target=spec.stop.stop_at_target, worker_timeout_s=spec.fault.worker_timeout_s,
-        checkpoint_path=checkpoint_file(log_dir) if spec.fault.checkpoint_s and log_dir
-        else None, checkpoint_s=spec.fault.checkpoint_s or 10.0)
-    return ParameterServer(
-        _model(spec, data), get_protocol(spec.protocol.name), spec.workers, settings,
-        host=host, port=port, token=spec.resolved_token(),
-        protocol_params=spec.protocol.params, test_data=(data.test_x, data.test_y),
-        events=events)
-
-
-def checkpoint_file(log_dir: Path) -> Path:
-    """Where a run's server keeps its checkpoint."""
-    return log_dir / "checkpoint.npz"
-
-
-def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
-                 log_dir: Path | None, local_addr: str | None = None) -> Worker:
-    """Worker `rank` of one run, as the CLI's ``worker`` command starts it."""
-    if not 0 <= rank < spec.workers:
-        raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
-    data = _run_data(spec)
-    shards = partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
-                       spec.data.alpha, spec.data.classes_per_worker)
-    sampler = BatchSampler(data, shards[rank], seed=spec.seed * 1000 + rank)
-    return Worker(
-        rank, url, _model(spec, data), sampler.next, get_protocol(spec.protocol.name),
-        protocol_params=spec.protocol.params, run_id=run_id, lr=spec.optim.lr,
-        momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
-        batch_size=spec.data.batch_size, slowdown=spec.compute_profile(rank), device=spec.device,
-        link=spec.network.link(rank), local_addr=local_addr, token=spec.resolved_token(),
-        heartbeat_s=spec.fault.heartbeat_s,
-        log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 
 
 @dataclass
@@ -124,12 +65,14 @@ async def _wait_for_port(port_file: Path, server: _Node, timeout_s: float) -> in
 async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
                    index: int) -> dict[str, Any]:
     if spec.data.name != "synthetic":  # fail here, with the path, not in N processes
-        await asyncio.to_thread(_run_data, spec)
+        await asyncio.to_thread(run_data, spec)
     run_dir.mkdir(parents=True)
     recipe_file = run_dir / "recipe.json"
     recipe_file.write_text(json.dumps(
         {"name": recipe.name, "baseline": spec.name, "runs": [spec.as_table()]},
         indent=2))
+    if spec.clock == "virtual":
+        return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index)
     run_id = f"{recipe.name}/{spec.name}/{secrets.token_hex(4)}"
     common = ["--recipe", str(recipe_file), "--run", spec.name, "--run-id", run_id,
               "--log-dir", str(run_dir)]
@@ -148,7 +91,40 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
     finally:
         await _reap(nodes)
     summary = summarize_run(run_dir)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(run_dir, summary)
+    return summary
+
+
+_CALIBRATED: dict[str, float] = {}
+
+
+def calibrated_step_s(spec: RunSpec) -> float:
+    """The base step time of a virtual run, measured once per model, data and batch size in
+    this process (so the runs of a recipe are charged alike)."""
+    key = json.dumps([spec.model.name, spec.model.options, spec.data.name,
+                      spec.data.batch_size], sort_keys=True)
+    if key not in _CALIBRATED:
+        _CALIBRATED[key] = calibrate_step_s(spec)
+    return _CALIBRATED[key]
+
+
+async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Dashboard,
+                       index: int) -> dict[str, Any]:
+    """Simulate the run in a thread of its own (its loop is virtual); show its progress."""
+    base_step_s = spec.compute.base_step_s or await asyncio.to_thread(calibrated_step_s, spec)
+    latest: list[dict[str, Any]] = []
+
+    def sink(status: dict[str, Any]) -> None:  # called from the simulation's thread
+        latest[:] = [status]
+
+    job = asyncio.ensure_future(asyncio.to_thread(simulate, spec, run_dir, run_id,
+                                                  base_step_s, sink))
+    while not job.done():
+        if latest:
+            dashboard.update(spec, index, latest[0])
+        await asyncio.wait({job}, timeout=0.5)
+    summary = {**summarize_run(run_dir), **job.result()}
+    write_summary(run_dir, summary)
     return summary
 
 

@@ -1,0 +1,127 @@
+"""Virtual time: the same protocol code on a virtual clock, deterministic, leak-proof."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncsync.clock import VirtualTimeError, VirtualTimeLoop, now
+from asyncsync.recipe import NetworkSpec, RunSpec, load_recipe
+from asyncsync.report import summarize_run
+from asyncsync.simulation import simulate
+
+RECIPE = """
+name = "virtual"
+[defaults]
+workers = 3
+clock = "virtual"
+[defaults.stop]
+time_s = 6
+target_accuracy = 0.5
+[defaults.model]
+name = "mlp"
+[defaults.data]
+batch_size = 16
+[defaults.eval]
+interval_s = 1.0
+[defaults.compute]
+slowdown = [1, 1, 3]
+base_step_s = 0.05
+[defaults.network]
+bandwidth_mbps = 200
+latency_ms = 5
+jitter_ms = 2
+[[runs]]
+name = "bsp"
+protocol = "bsp"
+[[runs]]
+name = "asp"
+protocol = "asp"
+"""
+
+
+def spec_of(tmp_path: Path, name: str) -> RunSpec:
+    path = tmp_path / "virtual.toml"
+    path.write_text(RECIPE)
+    return load_recipe(path).run(name)
+
+
+def run(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
+    run_dir.mkdir(parents=True)
+    (run_dir / "recipe.json").write_text(json.dumps(
+        {"name": "virtual", "baseline": spec.name, "runs": [spec.as_table()]}))
+    facts = simulate(spec, run_dir, f"virtual/{spec.name}", spec.compute.base_step_s)
+    return {**summarize_run(run_dir), **facts}
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "asp"])
+def test_the_same_recipe_and_seed_give_identical_logs(tmp_path: Path, protocol: str) -> None:
+    spec = spec_of(tmp_path, protocol)
+    first, second = run(spec, tmp_path / "a"), run(spec, tmp_path / "b")
+    for name in ["events.jsonl", *(f"worker-{rank}.jsonl" for rank in range(3))]:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    wall_clock = {"real_s", "virtual_per_real"}
+    assert {k: v for k, v in first.items() if k not in wall_clock} == {
+        k: v for k, v in second.items() if k not in wall_clock}
+    assert first["wall_s"] == 6.0  # the budget is virtual seconds
+    assert first["clock"] == "virtual" and first["base_step_s"] == 0.05
+
+
+def test_steps_are_charged_base_step_times_slowdown(tmp_path: Path) -> None:
+    """asp never waits, and without link costs its messages take no virtual time: in 6
+    virtual s a worker does 6 / (0.05 x factor) steps."""
+    spec = dataclasses.replace(spec_of(tmp_path, "asp"), network=NetworkSpec())
+    summary = run(spec, tmp_path / "asp")
+    finals = [json.loads(line) for rank in range(3)
+              for line in (tmp_path / "asp" / f"worker-{rank}.jsonl").read_text().splitlines()
+              if '"ev":"final"' in line]
+    steps = [f["steps"] for f in finals]
+    assert 119 <= steps[0] <= 121 and 119 <= steps[1] <= 121, steps
+    assert 39 <= steps[2] <= 41, steps  # 3x slower
+    for final, factor in zip(finals, (1, 1, 3), strict=True):
+        assert final["compute_s"] == pytest.approx(final["steps"] * 0.05 * factor)
+    # every gradient makes a version, but the one each worker computed when the run ended
+    assert sum(steps) - 3 <= summary["versions"] <= sum(steps)
+
+
+def test_a_thread_in_virtual_time_fails_loudly() -> None:
+    loop = VirtualTimeLoop()
+    try:
+        with pytest.raises(VirtualTimeError, match="thread"):
+            loop.run_until_complete(asyncio.to_thread(sum, [1, 2]))
+    finally:
+        loop.close()
+
+
+def test_a_stuck_run_names_what_waits() -> None:
+    loop = VirtualTimeLoop()
+
+    async def waits_forever() -> None:
+        await asyncio.Event().wait()
+
+    task = loop.create_task(waits_forever(), name="waits_forever")
+    try:
+        with pytest.raises(VirtualTimeError, match="stuck.*waits_forever"):
+            loop.run_until_complete(task)
+    finally:
+        task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        loop.close()
+
+
+def test_sleeping_costs_no_real_time() -> None:
+    loop = VirtualTimeLoop()
+
+    async def sleepers() -> float:
+        await asyncio.gather(*(asyncio.sleep(3600.0 * k) for k in range(1, 5)))
+        return now()
+
+    try:
+        assert loop.run_until_complete(asyncio.wait_for(sleepers(), 1e6)) == 4 * 3600.0
+    finally:
+        loop.close()
