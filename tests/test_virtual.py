@@ -106,7 +106,7 @@ def test_a_stuck_run_names_what_waits() -> None:
 
     task = loop.create_task(waits_forever(), name="waits_forever")
     try:
-        with pytest.raises(VirtualTimeError, match="stuck.*waits_forever"):
+        with pytest.raises(VirtualTimeError, match=r"stuck.*waits_forever"):
             loop.run_until_complete(task)
     finally:
         task.cancel()
