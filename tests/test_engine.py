@@ -4,11 +4,13 @@ bounded waits, and rule state that survives a resume."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 import torch
 
+from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
@@ -18,6 +20,7 @@ from asyncsync.protocols.wbsp import WbspParams
 from tests.helpers import tiny_model
 
 RUN = "run"
+T = TypeVar("T")
 
 
 def header(worker: int, **fields: Any) -> dict[str, Any]:
@@ -94,3 +97,36 @@ async def test_wbsp_continues_from_the_resumed_model(tmp_path: Any) -> None:
     finally:
         await second.stop()
         await second.close()
+
+
+class GatedEvaluations(InlineServerSeam):
+    """Evaluations wait for `gate` once the run is stopping (a slow final evaluation)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.stopping = lambda: False
+
+    async def evaluate(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.stopping():
+            await self.gate.wait()
+        return fn(*args)
+
+
+async def test_a_run_ended_by_its_budget_finishes_when_its_workers_leave() -> None:
+    """Workers that leave during the budget's final evaluation still finish the run (the
+    budget used to stop the run without checking whether everyone had left)."""
+    seam = GatedEvaluations()
+    x = torch.randn(64, 8)
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(time_s=0.2, eval_interval_s=60),
+                      test_data=(x, (x[:, 0] > 0).long()), seam=seam)
+    seam.stopping = lambda: core.store.stopping
+    try:
+        await join_all(core, 1)
+        while not core.store.stopping:
+            await asyncio.sleep(0.01)
+        await core.handle("leave", header(0), None)
+        assert not core.run.stopped and not core.finished.is_set()
+        seam.gate.set()  # the final evaluation ends
+        await asyncio.wait_for(core.finished.wait(), 10)
+    finally:
+        await core.close()

@@ -75,7 +75,8 @@ class ServerCore:
         self.rule: ServerRule = protocol.server(protocol_params, self.store)
         self.workers = [WorkerRecord() for _ in range(workers)]
         self.events = events or JsonlLog(None)
-        self.run = RunLifecycle(settings, self.store, self.rule, self.events, evaluator)
+        self.run = RunLifecycle(settings, self.store, self.rule, self.events, evaluator,
+                                on_stopped=self._check_finished)
         self.finished = asyncio.Event()
         self._all_joined = asyncio.Event()
 
@@ -129,8 +130,7 @@ class ServerCore:
 
     async def stop(self) -> None:
         """End the run: release every waiter, evaluate once more, log the totals."""
-        if await self.run.stop():
-            self._check_finished()
+        await self.run.stop()
 
     def _check_finished(self) -> None:
         if self.run.stopped and not self.store.members:

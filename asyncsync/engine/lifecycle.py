@@ -28,12 +28,14 @@ class RunLifecycle:
     """
 
     def __init__(self, settings: ServerSettings, store: ParameterStore, rule: ServerRule,
-                 events: JsonlLog, evaluator: Evaluator | None) -> None:
+                 events: JsonlLog, evaluator: Evaluator | None,
+                 on_stopped: Callable[[], None] = lambda: None) -> None:
         self.settings = settings
         self.store = store
         self.rule = rule
         self.events = events
         self.evaluator = evaluator
+        self.on_stopped = on_stopped
         self.evals: list[EvalPoint] = []
         self.started = False
         self.stopped = False
@@ -122,7 +124,8 @@ class RunLifecycle:
         return float(arrays["elapsed"])
 
     async def stop(self) -> bool:
-        """End the run: release every waiter, evaluate once more, checkpoint, log the totals.
+        """End the run: release every waiter, evaluate once more, checkpoint, log the totals,
+        then call `on_stopped`, whoever stopped it (a request, the budget, the target).
 
         Returns False when the run was already stopping.
         """
@@ -139,6 +142,7 @@ class RunLifecycle:
                            "updates": stale.count, "mean_staleness": stale.mean,
                            "max_staleness": stale.maximum}, flush=True)
         self.stopped = True
+        self.on_stopped()
         return True
 
     async def close(self) -> None:
