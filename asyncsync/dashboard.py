@@ -94,7 +94,7 @@ class Dashboard:
             f"{self._title(spec, index)}\nversion {status['version']}  "
             f"accuracy {_acc(status['accuracy'])} (best {_acc(status['best_accuracy'])}, "
             f"target {_acc(spec.stop.target_accuracy)})  "
-            f"elapsed {status['elapsed_s']:.0f}/{budget:.0f} s"
+            f"elapsed {status['elapsed_s']:.0f}/{budget:.0f} s{_virtual(status)}"
             + ("  [yellow]stopping[/yellow]" if status.get("stopping") else ""))
         table = Table(expand=False, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
         # short headers, no wrapping: the panel stays legible in an 80-column terminal
@@ -119,7 +119,8 @@ class Dashboard:
             f"w{w['rank']}:{w['state'][:4]}/{w['steps']}st/{w['compute_proportion']:.0%}"
             + (f"/{w['overruns']}overruns" if w["overruns"] else "")
             for w in status["workers"])
-        return (f"[{spec.name}] t={status['elapsed_s']:.0f}s v={status['version']} "
+        return (f"[{spec.name}] t={status['elapsed_s']:.0f}s{_virtual(status)} "
+                f"v={status['version']} "
                 f"acc={_acc(status['accuracy'])} best={_acc(status['best_accuracy'])} "
                 f"{workers}")
 
@@ -133,3 +134,9 @@ class Dashboard:
                     f"time to target {'-' if ttt is None else f'{ttt:.1f} s'}, "
                     f"compute proportion {summary['compute_proportion'] or 0:.2f}")
         self.console.print(f"[{index + 1}/{len(self.recipe.runs)}] {line}")
+
+
+def _virtual(status: dict[str, Any]) -> str:
+    """`` virtual (N x real time)`` for a virtual-time run's status, else nothing."""
+    speed = status.get("virtual_per_real")
+    return "" if speed is None else f" virtual ({speed:.2g}x real time)"

@@ -92,7 +92,14 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
             device="cpu", heartbeat_s=spec.fault.heartbeat_s,
             log_path=run_dir / f"worker-{rank}.jsonl",
             seam=VirtualWorkerSeam(profile, base_step_s, spec.data.batch_size)))
-    reporter = asyncio.create_task(_report(core.status, status)) if status else None
+    began = time.perf_counter()
+
+    def progress() -> dict[str, Any]:
+        real_s = time.perf_counter() - began
+        return {**core.status(),
+                "virtual_per_real": core.elapsed() / real_s if real_s > 0 else None}
+
+    reporter = asyncio.create_task(_report(progress, status)) if status else None
     try:
         await asyncio.gather(*(worker.run() for worker in workers))
         await core.stop()

@@ -46,3 +46,14 @@ def test_plain_line_and_link_labels() -> None:
     assert "w3:wait/1234st/50%/2overruns" in line
     assert link_label(LinkSpec()) == "-"
     assert link_label(LinkSpec(10, 0, 25, 5)) == "10/infM 25~5ms"
+
+
+def test_a_virtual_run_shows_virtual_time_and_its_speed() -> None:
+    recipe = load_recipe(RECIPES / "quickstart.toml")
+    line = Dashboard.plain_line(recipe.runs[0], {**status(overruns=0), "version": 9,
+                                                 "virtual_per_real": 2.5})
+    assert line.startswith("[bsp] t=12s virtual (2.5x real time) v=9")
+    console = Console(width=80, record=True, color_system=None)
+    console.print(Dashboard(recipe, live=False, console=console).render(
+        recipe.runs[0], 0, {**status(overruns=0), "virtual_per_real": 0.4}))
+    assert "virtual (0.4x real time)" in console.export_text()
