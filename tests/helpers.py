@@ -102,6 +102,12 @@ async def _local_run(protocol: str, delays: list[float], params: Any, max_steps:
                seam=VirtualWorkerSeam(StepDelay(delay), STEP_S, batch_size))
         for rank, delay in enumerate(delays)
     ]
+    return core, await run_workers(core, workers)
+
+
+async def run_workers(core: ServerCore, workers: list[Worker]) -> list[dict[str, Any]]:
+    """Run `workers` against `core`; the first to end (e.g. at its step limit) stops the
+    run, so nobody waits at a barrier for a finished peer. Closes the core."""
 
     async def run(worker: Worker) -> dict[str, Any]:
         final = await worker.run()
@@ -110,7 +116,7 @@ async def _local_run(protocol: str, delays: list[float], params: Any, max_steps:
 
     finals = await asyncio.gather(*(run(w) for w in workers))
     await core.close()
-    return core, list(finals)
+    return list(finals)
 
 
 async def run_http(protocol: str, workers: int = 3, *, params: Any = None,

@@ -22,7 +22,7 @@ from asyncsync.protocols.base import BadRequest, OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.lbbsp import LbbspParams, LbbspServer, apportion
 from asyncsync.trainer import BatchSource, FlatModule
 from asyncsync.transport.local import LocalTransport
-from tests.helpers import run_http, tiny_data, tiny_model
+from tests.helpers import run_http, run_workers, tiny_data, tiny_model
 
 
 def batch_gradient(module: FlatModule, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -256,14 +256,7 @@ async def test_degenerate_lbbsp_is_large_batch_sgd(monkeypatch: pytest.MonkeyPat
                       protocol_params=params, lr=lr, momentum=0.0, device="cpu",
                       slowdown=StaticSlowdown(1.0), max_steps=steps)
                for rank, (source, _) in enumerate(sources)]
-
-    async def run(worker: Worker) -> dict[str, Any]:
-        final = await worker.run()
-        await core.stop()
-        return final
-
-    finals = await asyncio.gather(*(run(w) for w in workers))
-    await core.close()
+    finals = await run_workers(core, workers)
     assert [f["steps"] for f in finals] == [steps] * 3
     assert core.store.version == steps
     recorded = [batches for _, batches in sources]
