@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +108,19 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
         tmp.replace(args.port_file)
     print(f"asyncsync server for {recipe.name}/{spec.name} ({spec.protocol.name}) at {url}",
           flush=True)
+    stopping: list[asyncio.Task[None]] = []
+    _on_signals(lambda: stopping.append(asyncio.ensure_future(server.stop())))
     try:
         await server.wait_finished()
     finally:
         await server.close()
+
+
+def _on_signals(handler: Callable[[], None]) -> None:
+    """Call `handler` on SIGTERM (what Slurm and Kubernetes send) and SIGINT."""
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, handler)
 
 
 async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
@@ -120,7 +130,17 @@ async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
     spec = _pick_run(recipe, args.run)
     worker = build_worker(spec, rank, url, args.run_id or f"{recipe.name}/{spec.name}",
                           args.log_dir, local_addr=args.bind)
-    final = await worker.run()
+    run = asyncio.ensure_future(worker.run())
+
+    def cancel() -> None:  # the worker leaves the run on its way out
+        run.cancel()
+
+    _on_signals(cancel)
+    try:
+        final = await run
+    except asyncio.CancelledError:
+        print(f"worker {rank} stopped by a signal; it left the run", flush=True)
+        return
     print(f"worker {rank} done: {final['steps']} steps, {final['samples']} samples",
           flush=True)
 

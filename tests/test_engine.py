@@ -4,9 +4,11 @@ bounded waits, and rule state that survives a resume."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
+from asyncsync.metrics import JsonlLog
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import NotInRun, OutOfStep
 from asyncsync.protocols.wbsp import WbspParams
@@ -130,3 +133,37 @@ async def test_a_run_ended_by_its_budget_finishes_when_its_workers_leave() -> No
         await asyncio.wait_for(core.finished.wait(), 10)
     finally:
         await core.close()
+
+
+async def test_a_failing_checkpoint_is_logged_counted_and_retried(tmp_path: Any) -> None:
+    """A checkpoint path that became a directory: each write fails, is counted, leaves no
+    temporary file, and the run goes on; once writable again, the next period writes it;
+    a failing final write does not keep the run from stopping."""
+    path = tmp_path / "checkpoint.npz"
+    events = tmp_path / "events.jsonl"
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(
+        checkpoint_path=path, checkpoint_s=0.05, worker_timeout_s=None),
+        events=JsonlLog(events))
+    try:
+        path.mkdir()
+        await join_all(core, 1)
+        while core.run.checkpoint_failures < 2:
+            await asyncio.sleep(0.01)
+        assert not core.store.stopping and core.status()["checkpoint_failures"] >= 2
+        assert not (tmp_path / "checkpoint.npz.tmp").exists()
+        await core.handle("push", push(0, 0, "gradient"), torch.zeros(core.store.numel))
+        path.rmdir()
+        while not path.is_file():
+            await asyncio.sleep(0.01)
+        with np.load(path, allow_pickle=False) as saved:
+            assert int(saved["version"]) == 1
+        path.unlink()
+        path.mkdir()  # the final write fails too
+        await asyncio.wait_for(core.stop(), 10)
+        await core.handle("leave", header(0), None)
+        assert core.finished.is_set()
+    finally:
+        await core.close()
+    logged = [json.loads(line)["event"] for line in events.read_text().splitlines()]
+    assert "checkpoint_failed" in logged and "checkpoint" in logged
+    assert logged[-1] == "stop"

@@ -171,3 +171,29 @@ def test_killed_server_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert later and min(e["t"] for e in later) >= resumed["t"]
     assert (tmp_path / "checkpoint.npz").exists()
     assert not (tmp_path / "checkpoint.npz.tmp").exists()
+
+
+def test_sigterm_stops_a_worker_and_the_server_cleanly(tmp_path: Path) -> None:
+    """What Slurm and Kubernetes send: a worker leaves the run (it is not lost), and the
+    server writes its final checkpoint and stop event, then exits 0."""
+    cluster = Cluster(tmp_path, "asp", time_s=600, checkpoint_s=60)
+    try:
+        cluster.server()
+        for rank in range(3):
+            cluster.worker(rank)
+        cluster.wait_for(lambda e: e["event"] == "eval" and e["version"] > 20)
+        cluster.procs["worker-0"].send_signal(signal.SIGTERM)
+        assert cluster.procs["worker-0"].wait(timeout=60) == 0
+        out = (tmp_path / "worker-0.out").read_text()
+        assert "stopped by a signal" in out
+        time.sleep(2.5)  # longer than the 1.5 s worker timeout: a lost worker would show
+        cluster.procs["server"].send_signal(signal.SIGTERM)
+        cluster.finish(timeout_s=60)
+    finally:
+        cluster.close()
+    events = cluster.events()
+    names = [e["event"] for e in events]
+    assert "worker_lost" not in names
+    assert names[-1] == "stop" and "checkpoint" in names
+    with np.load(tmp_path / "checkpoint.npz", allow_pickle=False) as saved:
+        assert int(saved["version"]) == events[-1]["versions"]

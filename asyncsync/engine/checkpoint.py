@@ -15,12 +15,25 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(path: Path, run_id: str, arrays: dict[str, torch.Tensor]) -> None:
-    """Write tensors as an uncompressed ``.npz``, atomically (write, then rename)."""
+    """Write tensors as an uncompressed ``.npz``, atomically and durably: write a temporary
+    file, fsync it, rename it over `path`, fsync the directory. A failure raises `OSError`
+    and leaves the last good checkpoint as it was and no temporary file behind."""
     tmp = path.with_name(path.name + ".tmp")
     named: dict[str, Any] = {k: v.numpy() for k, v in arrays.items()}
-    with tmp.open("wb") as handle:
-        np.savez(handle, run_id=np.array(run_id), **named)
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as handle:
+            np.savez(handle, run_id=np.array(run_id), **named)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def load_checkpoint(path: Path, run_id: str) -> dict[str, torch.Tensor]:

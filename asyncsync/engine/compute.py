@@ -64,6 +64,10 @@ class ServerSeam(Protocol):
 
     async def evaluate(self, fn: Callable[..., T], *args: Any) -> T: ...
 
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Blocking work that is not computation (file writes, fsync)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -116,6 +120,9 @@ class ThreadedServerSeam:
     async def evaluate(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._eval_pool, fn, *args)
 
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
     def close(self) -> None:
         self._eval_pool.shutdown(wait=True)
 
@@ -160,6 +167,9 @@ class InlineServerSeam:
         return fn(*args)
 
     async def evaluate(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
 
     def close(self) -> None:

@@ -277,6 +277,7 @@ class ServerCore:
             "version": self.store.version, "elapsed_s": self.elapsed(),
             "time_s": self.settings.time_s, "started": self.run.started,
             "stopping": self.store.stopping, "finished": self.finished.is_set(),
+            "checkpoint_failures": self.run.checkpoint_failures,
             "accuracy": latest.accuracy if latest else None,
             "best_accuracy": max((p.accuracy for p in self.evals), default=None),
             "workers": [record.summary(rank, rank in self.store.waiting)

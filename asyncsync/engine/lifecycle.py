@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,8 @@ from asyncsync.metrics import JsonlLog
 
 if TYPE_CHECKING:
     from asyncsync.protocols.base import ServerRule
+
+LOG = logging.getLogger("asyncsync.server")
 
 
 class RunLifecycle:
@@ -37,6 +40,7 @@ class RunLifecycle:
         self.evaluator = evaluator
         self.on_stopped = on_stopped
         self.evals: list[EvalPoint] = []
+        self.checkpoint_failures = 0
         self.started = False
         self.stopped = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -95,8 +99,10 @@ class RunLifecycle:
             if not self.store.stopping:
                 await self.checkpoint()
 
-    async def checkpoint(self) -> None:
-        """Write model, version, optimizer and rule state atomically."""
+    async def checkpoint(self) -> bool:
+        """Write model, version, optimizer and rule state atomically; returns whether it was
+        written. A failed write (disk full, a path that became a directory) is logged and
+        counted, and leaves the last good checkpoint in place; it never ends the run."""
         path = self.settings.checkpoint_path
         assert path is not None
         async with self.store.lock:
@@ -105,8 +111,17 @@ class RunLifecycle:
             if self.store.optimizer.momentum_buffer is not None:
                 arrays["momentum"] = self.store.optimizer.momentum_buffer.clone()
             arrays.update({f"rule.{k}": v.clone() for k, v in self.rule.state_dict().items()})
-        await asyncio.to_thread(save_checkpoint, path, self.settings.run_id, arrays)
+        try:
+            await self.store.seam.blocking(save_checkpoint, path, self.settings.run_id, arrays)
+        except OSError as exc:
+            self.checkpoint_failures += 1
+            LOG.warning("checkpoint %d to %s failed (%s); the last good one stays, retrying "
+                        "at the next period", self.checkpoint_failures, path, exc)
+            self.log("checkpoint_failed", flush=True, version=int(arrays["version"]),
+                     error=str(exc)[:200], failures=self.checkpoint_failures)
+            return False
         self.log("checkpoint", flush=True, version=int(arrays["version"]))
+        return True
 
     def restore(self, path: Path) -> float:
         """Load the checkpoint at `path` into the store and rule; returns the run time it
