@@ -25,6 +25,8 @@ from typing import Any
 import msgpack
 import torch
 
+from asyncsync.protocols.messages import brief
+
 CONTENT_TYPE = "application/x-asyncsync"
 PREFIX = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
@@ -122,14 +124,15 @@ def tensor_spec(header: dict[str, Any], limits: Limits | None,
     if not isinstance(spec, dict):
         raise WireError(400, "'tensor' must be a map with dtype and shape")
     dtype = spec.get("dtype")
-    if dtype not in DTYPES or DTYPES[dtype] != limits.dtype:
-        raise WireError(422, f"wrong dtype {dtype!r}: expected {DTYPE_NAMES[limits.dtype]!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPES or DTYPES[dtype] != limits.dtype:
+        raise WireError(422, f"wrong dtype {brief(dtype)}: expected "
+                             f"{DTYPE_NAMES[limits.dtype]!r}")
     shape = spec.get("shape")
     if up_to and isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int) \
             and not isinstance(shape[0], bool) and 0 < shape[0] <= limits.numel:
         return shape[0] * limits.dtype.itemsize
     if shape != [limits.numel]:
-        raise WireError(422, f"wrong shape {shape!r}: expected [{limits.numel}]")
+        raise WireError(422, f"wrong shape {brief(shape)}: expected [{limits.numel}]")
     return limits.tensor_bytes
 
 
@@ -192,28 +195,3 @@ class FrameReader:
     async def end(self) -> None:
         if self._pending or await self._read_any():
             raise WireError(400, "trailing bytes after the message")
-
-
-def require(header: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    """Return header[key] if it has the given type (bool is not an int), else a 400."""
-    if key not in header:
-        raise WireError(400, f"missing field {key!r}")
-    value = header[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        raise WireError(400, f"field {key!r} must be {_names(kinds)}")
-    if not isinstance(value, kinds):
-        raise WireError(400, f"field {key!r} must be {_names(kinds)}")
-    return value
-
-
-def require_count(header: dict[str, Any], key: str) -> int:
-    """A non-negative integer field."""
-    value: int = require(header, key, int)
-    if value < 0:
-        raise WireError(400, f"field {key!r} must be >= 0")
-    return value
-
-
-def _names(kinds: tuple[type, ...]) -> str:
-    return " or ".join(k.__name__ for k in kinds)

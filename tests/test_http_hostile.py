@@ -3,6 +3,7 @@ reason, and the global model and version stay exactly as they were."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -14,6 +15,11 @@ import pytest
 import torch
 
 from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.store import ParameterStore
+from asyncsync.optim import FlatSGD
+from asyncsync.protocols.base import BadRequest, OutOfStep, Push
+from asyncsync.protocols.diloco import DilocoParams, DilocoServer
+from asyncsync.protocols.dssync import DsSyncParams, DsSyncServer
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire import CONTENT_TYPE, PREFIX, encode_header, tensor_chunks
 from tests.helpers import tiny_model
@@ -113,7 +119,26 @@ def cases(numel: int) -> list[tuple[str, str, bytes, str, int, str]]:
          "content type"),
         ("unknown operation", "explode", body({"run_id": RUN}), CONTENT_TYPE, 404,
          "unknown operation"),
+        ("dtype a list", "push", spec_body(numel, dtype=[1, 2]), CONTENT_TYPE, 422, "dtype"),
+        ("dtype a map", "push", spec_body(numel, dtype={"a": 1}), CONTENT_TYPE, 422, "dtype"),
+        ("shape nested 1000 deep", "push", spec_body(numel, shape=nested(1000)), CONTENT_TYPE,
+         422, "shape"),
+        ("kind nested 1000 deep", "push", body(push_header(kind=nested(1000)), good),
+         CONTENT_TYPE, 400, "kind"),
     ]
+
+
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = [1]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def spec_body(numel: int, **spec: Any) -> bytes:
+    """A push whose tensor descriptor says `spec` (dtype, shape) over float32 bytes."""
+    tensor = {"dtype": "float32", "shape": [numel], **spec}
+    return raw_header(msgpack.packb({**push_header(), "tensor": tensor})) + bytes(4 * numel)
 
 
 async def test_every_bad_request_is_refused_and_changes_nothing(
@@ -166,3 +191,40 @@ async def test_a_worker_that_keeps_sending_nan_is_reported(
     assert "worker 0 has sent 3 non-finite updates" in caplog.text
     assert server.core.status()["workers"][0]["nonfinite"] == 3
     assert server.core.store.version == 0
+
+
+async def test_infinite_stats_in_a_heartbeat_do_not_break_the_status(
+    live: tuple[ParameterServer, aiohttp.ClientSession, int],
+) -> None:
+    server, session, _ = live
+    beat = {"worker": 0, "run_id": RUN, "stats": {"steps": math.inf, "wall_s": math.nan,
+                                                 "samples": 5}}
+    assert (await post(session, server.url, "heartbeat", body(beat))).status == 200
+    resp = await post(session, server.url, "status", body({}))
+    assert resp.status == 200
+    assert server.core.status()["workers"][0]["steps"] == 0  # the infinite count was dropped
+
+
+async def test_a_non_utf8_authorization_header_gets_401() -> None:
+    async with ParameterServer(tiny_model(), "asp", 1, token="s3cret") as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        payload = encode_header({"run_id": "run"}, None)
+        writer.write(b"POST /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe"
+                     b"\r\nContent-Type: " + CONTENT_TYPE.encode() + b"\r\nContent-Length: "
+                     + str(len(payload)).encode() + b"\r\nConnection: close\r\n\r\n" + payload)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+        writer.close()
+        assert status_line.split()[1] == b"401", status_line
+
+
+async def test_protocol_refusals_never_repr_deep_peer_data() -> None:
+    deep = nested(5000)
+    store = ParameterStore(torch.zeros(8), 2, FlatSGD(0.1))
+    with pytest.raises(BadRequest) as fragment:
+        DilocoServer(DilocoParams(), store).fragment_of({"fragment": deep})
+    rule = DsSyncServer(DsSyncParams(), store)
+    with pytest.raises(OutOfStep) as iteration:
+        await rule.on_push(Push(0, 0, "model", torch.zeros(8), 1, 1, {"iteration": deep}))
+    for refusal in (fragment.value, iteration.value):
+        assert len(refusal.reason) < 200 and "..." in refusal.reason

@@ -36,6 +36,7 @@ from asyncsync.protocols.base import (
     RunStopped,
     ServerRule,
     Unacceptable,
+    brief,
     get_protocol,
     require,
     require_count,
@@ -146,7 +147,7 @@ class ServerCore:
         """How many elements the tensor of a request must have (None: no tensor), as the
         protocol's rule decides; its refusals are raised."""
         if op not in OPS:
-            raise UnknownOperation(f"unknown operation {op!r}")
+            raise UnknownOperation(f"unknown operation {brief(op)}")
         meta = header.get("meta", {})
         return self.rule.tensor_numel(op, meta if isinstance(meta, dict) else {})
 
@@ -154,12 +155,12 @@ class ServerCore:
                      vector: torch.Tensor | None) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Validate and answer one message; raises a `Refused` for anything refused."""
         if op not in OPS:
-            raise UnknownOperation(f"unknown operation {op!r}")
+            raise UnknownOperation(f"unknown operation {brief(op)}")
         if op == "status":
             return self.status(), None
         run_id = require(header, "run_id", str)
         if run_id != self.run_id:
-            raise Forbidden(f"wrong run {run_id!r}: this server runs {self.run_id!r}")
+            raise Forbidden(f"wrong run {brief(run_id)}: this server runs {self.run_id!r}")
         if op == "stop":
             await self.stop()
             return {"stop": True}, None
@@ -215,7 +216,7 @@ class ServerCore:
         kind = require(header, "kind", str)
         if kind not in self.rule.push_kinds:
             accepted = ", ".join(sorted(self.rule.push_kinds))
-            raise BadRequest(f"push kind {kind!r} not accepted by {self.protocol.name} "
+            raise BadRequest(f"push kind {brief(kind)} not accepted by {self.protocol.name} "
                              f"(accepts: {accepted})")
         if vector is None:
             raise BadRequest("push carries no tensor")

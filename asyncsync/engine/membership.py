@@ -29,11 +29,11 @@ class WorkerRecord:
     stats: dict[str, float] = field(default_factory=dict)
 
     def take_stats(self, stats: object) -> None:
-        """Keep the worker's reported totals (known numeric fields only)."""
+        """Keep the worker's reported totals (known, finite numeric fields only)."""
         if isinstance(stats, dict):
             self.stats = {k: float(v) for k, v in stats.items()
                           if k in STAT_FIELDS and isinstance(v, int | float)
-                          and not isinstance(v, bool)}
+                          and not isinstance(v, bool) and math.isfinite(v)}
 
     def check_base(self, worker: int, base_version: int) -> None:
         """Refuse an update computed before this worker last (re)joined."""

@@ -47,6 +47,7 @@ from asyncsync.protocols.messages import (
     Reply,
     RunStopped,
     Unacceptable,
+    brief,
     require,
     require_count,
 )
@@ -56,7 +57,7 @@ from asyncsync.schema import check_fields, option
 __all__ = [
     "HISTORY", "BadRequest", "Context", "FlatSGD", "Forbidden", "NoParams", "NotInRun",
     "OutOfStep", "Protocol", "Pull", "Push", "Refused", "Reply", "RunStopped", "ServerRule",
-    "StepResult", "Store", "Unacceptable", "WorkerLoop", "check_fields", "get_protocol",
+    "StepResult", "Store", "Unacceptable", "WorkerLoop", "brief", "check_fields", "get_protocol",
     "option", "register", "require", "require_count",
 ]
 

@@ -47,6 +47,7 @@ from asyncsync.protocols.base import (
     Reply,
     ServerRule,
     WorkerLoop,
+    brief,
     check_fields,
     option,
     register,
@@ -124,7 +125,7 @@ class DsSyncServer(ServerRule):
     def _iteration(self, meta: dict[str, Any], expected: int) -> int:
         iteration = meta.get("iteration")
         if iteration != expected or isinstance(iteration, bool):
-            raise OutOfStep(f"iteration {iteration!r} in meta, but the server expects "
+            raise OutOfStep(f"iteration {brief(iteration)} in meta, but the server expects "
                             f"{expected}")
         return expected
 

@@ -5,10 +5,20 @@ Re-exported by `asyncsync.protocols.base`, where protocol authors import them fr
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 40, 40
+
+
+def brief(value: object) -> str:
+    """A short, bounded repr of peer data for a refusal's reason (never the whole value:
+    a peer may send a list nested a thousand deep)."""
+    return _BRIEF.repr(value)
 
 
 class Refused(Exception):

@@ -39,6 +39,7 @@ from asyncsync.protocols.base import (
     Push,
     Reply,
     ServerRule,
+    brief,
 )
 from asyncsync.protocols.ports import Contributions, Store
 
@@ -141,7 +142,7 @@ class RoundServer(ServerRule):
         fragment = meta.get("fragment", 0)
         if (not isinstance(fragment, int) or isinstance(fragment, bool)
                 or not 0 <= fragment < len(self.bounds)):
-            raise BadRequest(f"unknown fragment {fragment!r}: this run has fragments "
+            raise BadRequest(f"unknown fragment {brief(fragment)}: this run has fragments "
                              f"0..{len(self.bounds) - 1}")
         return fragment
 

@@ -88,7 +88,7 @@ def bearer_auth(token: str) -> Middleware:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode()
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, expected):
             return web.Response(status=401, text="missing or wrong bearer token",
                                 headers={"WWW-Authenticate": "Bearer"})
