@@ -14,6 +14,10 @@ from rich.table import Table
 from asyncsync.runlogs import label, read_jsonl
 
 
+SMOOTHING = 3
+"""Evaluations in the moving average of `time_to_target_avg_s`."""
+
+
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     """Build ``summary.json``'s fields from ``recipe.json``, ``events.jsonl`` and workers' logs."""
     recipe = json.loads((run_dir / "recipe.json").read_text())
@@ -37,6 +41,10 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     known = [p for p in per_worker if p is not None]
     reached = next((e["t"] for e in evals if target is not None and e["accuracy"] >= target),
                    None)
+    accuracies = [e["accuracy"] for e in evals]
+    steady = next((evals[i]["t"] for i in range(SMOOTHING - 1, len(evals))
+                   if target is not None
+                   and sum(accuracies[i - SMOOTHING + 1 : i + 1]) / SMOOTHING >= target), None)
     samples = sum(f["samples"] for f in finals.values())
     return {
         "recipe": recipe["name"],
@@ -46,6 +54,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "wall_s": wall,
         "target_accuracy": target,
         "time_to_target_s": reached,
+        "time_to_target_avg_s": steady,
         "best_accuracy": max((e["accuracy"] for e in evals), default=None),
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "compute_proportion": round(sum(known) / len(known), 4) if known else None,
@@ -95,7 +104,7 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                   None)
     mixed = len({s.get("recipe") for s in summaries}) > 1
     table = Table(title=f"{title}: comparison (baseline {baseline})" if title else None)
-    for column in ("run", "protocol", f"t->{_fmt(target, '.2f')} (s)", "best acc",
+    for column in ("run", "protocol", f"t->{_fmt(target, '.2f')} (s)", "avg3 (s)", "best acc",
                    "final acc", "speedup", "compute", "samples/s", "MB moved",
                    "staleness", "versions"):
         table.add_column(column, justify="left" if column in ("run", "protocol") else "right")
@@ -107,7 +116,8 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
         ttt = s["time_to_target_s"]
         moved = (s["bytes_up"] + s["bytes_down"]) / 1e6
         table.add_row(
-            name, s["protocol"], _fmt(ttt, ".1f"), _fmt(s["best_accuracy"]),
+            name, s["protocol"], _fmt(ttt, ".1f"), _fmt(s.get("time_to_target_avg_s"), ".1f"),
+            _fmt(s["best_accuracy"]),
             _fmt(s["final_accuracy"]), _speedup_text(*speedup(s, base)),
             _fmt(s["compute_proportion"], ".2f"), _fmt(s["samples_per_s"], ".0f"),
             _fmt(moved, ".0f"), _fmt(s["mean_staleness"], ".2f"), _fmt(s["versions"], "d"))
@@ -134,7 +144,7 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, str]:
 
 
 CSV_FIELDS = ("recipe", "run", "protocol", "workers", "wall_s", "target_accuracy",
-              "time_to_target_s", "speedup", "speedup_is_lower_bound", "best_accuracy",
+              "time_to_target_s", "time_to_target_avg_s", "speedup", "speedup_is_lower_bound", "best_accuracy",
               "final_accuracy",
               "compute_proportion", "samples_per_s", "bytes_up", "bytes_down", "versions",
               "mean_staleness", "max_staleness")

@@ -40,11 +40,21 @@ def test_summary_from_logs(tmp_path: Path) -> None:
     run_dir = fake_run(tmp_path, "r", "fast", "asp", [0.1, 0.4, 0.6, 0.55])
     summary = summarize_run(run_dir)
     assert summary["time_to_target_s"] == 4.0
+    assert summary["time_to_target_avg_s"] == 6.0  # (0.4 + 0.6 + 0.55) / 3 >= 0.5
     assert summary["best_accuracy"] == 0.6 and summary["final_accuracy"] == 0.55
     assert summary["compute_proportion_per_worker"] == [0.5, 0.8]
     assert summary["compute_proportion"] == 0.65
     assert summary["samples_per_s"] == 16.0
     assert summary["bytes_up"] == 200 and summary["versions"] == 30
+
+
+def test_a_lucky_evaluation_does_not_make_the_smoothed_time_to_target(tmp_path: Path) -> None:
+    """A spike above the target that falls back (non-IID data) counts as the first crossing
+    but not in the moving average of 3 evaluations, which needs sustained accuracy."""
+    run_dir = fake_run(tmp_path, "r", "spiky", "fedavg", [0.1, 0.7, 0.2, 0.45, 0.55, 0.6, 0.6])
+    summary = summarize_run(run_dir)
+    assert summary["time_to_target_s"] == 2.0
+    assert summary["time_to_target_avg_s"] == 10.0  # mean(0.45, 0.55, 0.6) first >= 0.5
 
 
 def test_report_across_recipes_writes_csv_and_plots(tmp_path: Path) -> None:
