@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="run only this run (repeatable)")
     run.add_argument("--logs", type=Path, default=Path("logs"), help="log root (default logs/)")
     run.add_argument("--plain", action="store_true", help="plain progress lines, no live view")
+    run.add_argument("--repeats", type=int, default=None, metavar="K",
+                     help="run every run K times, seeds seed..seed+K-1 (default: the "
+                          "recipe's repeats, else 1)")
     run.add_argument("--clock", choices=("real", "virtual"), default=None,
                      help="run every run on this clock (default: the recipe's, else real)")
 
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
             clock = [f'clock="{args.clock}"'] if args.clock else []
             summaries = run_recipe_file(args.recipe, [*args.overrides, *clock], args.only,
-                                        args.logs,
+                                        args.logs, repeats=args.repeats,
                                         live=False if args.plain else None)
             return 1 if any("error" in s for s in summaries) else 0
         if args.command == "check":

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from asyncsync.runlogs import label, read_jsonl
 
 COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "wait": "#ff8c00"}
@@ -37,17 +39,26 @@ def _pyplot() -> Any:
 
 
 def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str]) -> Path:
+    """Accuracy vs time per run; with repeats, their mean (on the first repeat's evaluation
+    times) and a band from the lowest to the highest repeat."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     target = next((s["target_accuracy"] for s in summaries if s.get("target_accuracy")), None)
+    runs: dict[str, list[dict[str, Any]]] = {}
     for s, name in zip(summaries, names, strict=True):
-        points = s.get("evaluations") or []
-        if not points:
-            continue
-        times, accuracy = zip(*points, strict=True)
-        (line,) = ax.plot(times, accuracy, label=name, linewidth=1.6)
-        if s.get("time_to_target_s") is not None and target is not None:
-            ax.plot([s["time_to_target_s"]], [target], "o", color=line.get_color())
+        if s.get("evaluations"):
+            runs.setdefault(name, []).append(s)
+    for name, group in runs.items():
+        times = np.array([t for t, _ in group[0]["evaluations"]])
+        curves = np.array([np.interp(times, *np.array(s["evaluations"]).T) for s in group])
+        (line,) = ax.plot(times, curves.mean(axis=0), linewidth=1.6,
+                          label=name if len(group) == 1 else f"{name} ({len(group)} repeats)")
+        if len(group) > 1:
+            ax.fill_between(times, curves.min(axis=0), curves.max(axis=0),
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+        reached = [s["time_to_target_s"] for s in group if s.get("time_to_target_s") is not None]
+        if reached and target is not None:
+            ax.plot(reached, [target] * len(reached), "o", color=line.get_color())
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1,
                    label=f"target {target:g}")
@@ -144,12 +155,15 @@ def plot_timeline(run_dir: Path, path: Path, name: str) -> Path:
 
 
 def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path) -> list[Path]:
-    """All plots of these runs into `out`; returns the files written."""
+    """All plots of these runs into `out`; returns the files written. With repeats, the
+    accuracy plot shows them all; compute proportions and timelines show the first."""
     mixed = len({s.get("recipe") for s in summaries}) > 1
     names = [label(s) if mixed else s["run"] for s in summaries]
+    first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
     written = [plot_accuracy(summaries, out / "accuracy.png", names),
-               plot_compute_proportion(summaries, out / "compute_proportion.png", names)]
-    for run_dir, name in zip(run_dirs, names, strict=True):
+               plot_compute_proportion([summaries[i] for i in first],
+                                       out / "compute_proportion.png", [names[i] for i in first])]
+    for run_dir, name in [(run_dirs[i], names[i]) for i in first]:
         file_name = "timeline-" + name.replace("/", "-") + ".png"
         written.append(plot_timeline(run_dir, out / file_name, name))
     return written

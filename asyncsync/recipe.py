@@ -207,9 +207,13 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class Recipe:
+    """A resolved recipe: its runs, the baseline, and how often each run is repeated (with
+    seeds seed, seed + 1, ...)."""
+
     name: str
     baseline: str
     runs: list[RunSpec]
+    repeats: int = 1
 
     def run(self, name: str) -> RunSpec:
         for spec in self.runs:
@@ -218,15 +222,19 @@ class Recipe:
         raise ConfigError(f"no run named {name!r}; runs: {', '.join(r.name for r in self.runs)}")
 
     def as_table(self) -> dict[str, Any]:
-        return {"name": self.name, "baseline": self.baseline,
+        return {"name": self.name, "baseline": self.baseline, "repeats": self.repeats,
                 "runs": [r.as_table() for r in self.runs]}
 
+    def repeated(self, spec: RunSpec) -> list[RunSpec]:
+        """`spec` once per repeat, with seeds ``seed .. seed + repeats - 1``."""
+        return [dataclasses.replace(spec, seed=spec.seed + k) for k in range(self.repeats)]
 
-TOP_KEYS = ("name", "baseline", "defaults", "runs")
+
+TOP_KEYS = ("name", "baseline", "repeats", "defaults", "runs")
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (),
-                only: Sequence[str] = ()) -> Recipe:
+                only: Sequence[str] = (), repeats: int | None = None) -> Recipe:
     """Read a recipe (``.toml``, or the ``.json`` a run writes) and resolve every run.
 
     Args:
@@ -234,6 +242,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (),
         overrides: ``KEY=VALUE`` strings setting ``defaults.KEY`` (TOML value syntax; a
             bare word is taken as a string).
         only: run names to keep (all when empty).
+        repeats: overrides the recipe's ``repeats``.
     """
     path = Path(path)
     try:
@@ -244,6 +253,8 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (),
         raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.')}: {exc}") from exc
+    if repeats is not None:
+        raw = {**raw, "repeats": repeats}
     return resolve(raw, path.stem, overrides, only)
 
 
@@ -278,7 +289,10 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
         if unknown:
             raise ConfigError(f"--only: no run named {unknown[0]!r} (runs: {', '.join(names)})")
         runs = [r for r in runs if r.name in only]
-    return Recipe(name, baseline, runs)
+    repeats = raw.get("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ConfigError(f"repeats: must be an integer >= 1, got {repeats!r}")
+    return Recipe(name, baseline, runs, repeats)
 
 
 def _apply_override(defaults: dict[str, Any], item: str) -> None:

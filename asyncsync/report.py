@@ -13,7 +13,6 @@ from rich.table import Table
 
 from asyncsync.runlogs import label, read_jsonl
 
-
 SMOOTHING = 3
 """Evaluations in the moving average of `time_to_target_avg_s`."""
 
@@ -51,6 +50,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "run": spec["name"],
         "protocol": spec["protocol"]["name"],
         "workers": spec["workers"],
+        "repeat": recipe.get("repeat", 0),
+        "seed": spec.get("seed", 0),
         "wall_s": wall,
         "target_accuracy": target,
         "time_to_target_s": reached,
@@ -97,30 +98,94 @@ def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
+T_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+"""Student's t quantile 0.975 for 1..30 degrees of freedom (1.96 beyond)."""
+
+
+def interval(values: list[float]) -> tuple[float, float | None]:
+    """The mean and the half-width of its 95% t-interval (None for a single value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    t = T_95[n - 2] if n - 1 <= len(T_95) else 1.96
+    return mean, t * sd / math.sqrt(n)
+
+
+def _mean_text(values: list[float], spec: str, total: int, suffix: str = "") -> str:
+    """``mean±half-width`` of `values`, with ``(k/n)`` when only k of n repeats have one."""
+    if not values:
+        return "-"
+    mean, half = interval(values)
+    text = _fmt(mean, spec, suffix) + ("" if half is None else "±" + _fmt(half, spec))
+    return text if len(values) == total else f"{text} ({len(values)}/{total})"
+
+
+def _values(group: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(s[key]) for s in group if s.get(key) is not None]
+
+
+def paired_speedups(group: list[dict[str, Any]], base: list[dict[str, Any]]
+                    ) -> tuple[list[float], bool]:
+    """Each repeat's speedup against the baseline's repeat of the same index (seed), and
+    whether any is only a lower bound."""
+    by_repeat = {b.get("repeat", 0): b for b in base}
+    values, bound = [], False
+    for s in group:
+        value, lower = speedup(s, by_repeat.get(s.get("repeat", 0)))
+        if value is not None:
+            values.append(value)
+            bound |= lower
+    return values, bound
+
+
+def groups(summaries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Summaries grouped by run (recipe/run), repeats together, in first-seen order."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for s in summaries:
+        grouped.setdefault(label(s), []).append(s)
+    return list(grouped.values())
+
+
 def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str = "") -> Table:
-    """Time to target, best accuracy, speedup vs `baseline`, compute proportion, throughput."""
-    base = next((s for s in summaries if baseline in (s.get("run"), label(s))), None)
+    """Time to target, best accuracy, speedup vs `baseline`, compute proportion, throughput;
+    with repeats, one row per run: the mean and its 95% interval over the repeats."""
+    runs = groups(summaries)
+    base = next((g for g in runs if baseline in (g[0].get("run"), label(g[0]))), [])
     target = next((s.get("target_accuracy") for s in summaries if s.get("target_accuracy")),
                   None)
     mixed = len({s.get("recipe") for s in summaries}) > 1
-    table = Table(title=f"{title}: comparison (baseline {baseline})" if title else None)
+    repeats = max(len(g) for g in runs)
+    caption = f" - mean±95% interval over {repeats} repeats" if repeats > 1 else ""
+    table = Table(title=f"{title}: comparison (baseline {baseline}){caption}"
+                  if title else None)
     for column in ("run", "protocol", f"t->{_fmt(target, '.2f')} (s)", "avg3 (s)", "best acc",
                    "final acc", "speedup", "compute", "samples/s", "MB moved",
                    "staleness", "versions"):
         table.add_column(column, justify="left" if column in ("run", "protocol") else "right")
-    for s in summaries:
-        name = label(s) if mixed else s["run"]
-        if "error" in s:
-            table.add_row(name, s["protocol"], f"[red]failed: {s['error']}[/red]")
+    for group in runs:
+        first = group[0]
+        name = label(first) if mixed else first["run"]
+        done = [s for s in group if "error" not in s]
+        if not done:
+            table.add_row(name, first["protocol"], f"[red]failed: {first['error']}[/red]")
             continue
-        ttt = s["time_to_target_s"]
-        moved = (s["bytes_up"] + s["bytes_down"]) / 1e6
+        n = len(group)
+        speedups, bound = paired_speedups(done, base)
+        moved = [(s["bytes_up"] + s["bytes_down"]) / 1e6 for s in done]
         table.add_row(
-            name, s["protocol"], _fmt(ttt, ".1f"), _fmt(s.get("time_to_target_avg_s"), ".1f"),
-            _fmt(s["best_accuracy"]),
-            _fmt(s["final_accuracy"]), _speedup_text(*speedup(s, base)),
-            _fmt(s["compute_proportion"], ".2f"), _fmt(s["samples_per_s"], ".0f"),
-            _fmt(moved, ".0f"), _fmt(s["mean_staleness"], ".2f"), _fmt(s["versions"], "d"))
+            name, first["protocol"], _mean_text(_values(done, "time_to_target_s"), ".1f", n),
+            _mean_text(_values(done, "time_to_target_avg_s"), ".1f", n),
+            _mean_text(_values(done, "best_accuracy"), ".3f", n),
+            _mean_text(_values(done, "final_accuracy"), ".3f", n),
+            (">=" if bound else "") + _mean_text(speedups, ".2f", n, "x") if speedups else "-",
+            _mean_text(_values(done, "compute_proportion"), ".2f", n),
+            _mean_text(_values(done, "samples_per_s"), ".0f", n),
+            _mean_text(moved, ".0f", n), _mean_text(_values(done, "mean_staleness"), ".2f", n),
+            _mean_text(_values(done, "versions"), ".0f", n))
     return table
 
 
@@ -143,22 +208,25 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, str]:
     return str(run_dir.parent), index, run_dir.name
 
 
-CSV_FIELDS = ("recipe", "run", "protocol", "workers", "wall_s", "target_accuracy",
-              "time_to_target_s", "time_to_target_avg_s", "speedup", "speedup_is_lower_bound", "best_accuracy",
-              "final_accuracy",
+CSV_FIELDS = ("recipe", "run", "repeat", "seed", "protocol", "workers", "wall_s",
+              "target_accuracy", "time_to_target_s", "time_to_target_avg_s", "speedup",
+              "speedup_is_lower_bound", "best_accuracy", "final_accuracy",
               "compute_proportion", "samples_per_s", "bytes_up", "bytes_down", "versions",
               "mean_staleness", "max_staleness")
 
 
 def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
-    """The comparison table as CSV (one row per run; failed runs keep their error)."""
-    base = next((s for s in summaries if baseline in (s.get("run"), label(s))), None)
+    """The comparison as CSV: one row per run and repeat (speedups against the baseline's
+    repeat with the same index); failed runs keep their error."""
+    base = {s.get("repeat", 0): s for s in summaries
+            if baseline in (s.get("run"), label(s))}
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "error"])
         writer.writeheader()
         for s in summaries:
             row = {k: s.get(k) for k in CSV_FIELDS}
-            row["speedup"], row["speedup_is_lower_bound"] = speedup(s, base)
+            row["speedup"], row["speedup_is_lower_bound"] = speedup(s, base.get(
+                s.get("repeat", 0)))
             row["error"] = s.get("error")
             writer.writerow(row)
     return path

@@ -63,13 +63,14 @@ async def _wait_for_port(port_file: Path, server: _Node, timeout_s: float) -> in
 
 
 async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
-                   index: int) -> dict[str, Any]:
+                   index: int, repeat: int = 0) -> dict[str, Any]:
     if spec.data.name != "synthetic":  # fail here, with the path, not in N processes
         await asyncio.to_thread(run_data, spec)
     run_dir.mkdir(parents=True)
     recipe_file = run_dir / "recipe.json"
     recipe_file.write_text(json.dumps(
-        {"name": recipe.name, "baseline": spec.name, "runs": [spec.as_table()]},
+        {"name": recipe.name, "baseline": spec.name, "repeat": repeat,
+         "runs": [spec.as_table()]},
         indent=2))
     if spec.clock == "virtual":
         return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index)
@@ -172,22 +173,27 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     root.mkdir(parents=True)
     (root / "recipe.json").write_text(json.dumps(recipe.as_table(), indent=2))
     dashboard = Dashboard(recipe, live)
-    summaries = []
+    summaries: list[dict[str, Any]] = []
+    run_dirs: list[Path] = []
     with dashboard:
         for index, spec in enumerate(recipe.runs):
-            try:
-                summary = await _run_one(spec, recipe, root / spec.name, dashboard, index)
-            except RuntimeError as exc:
-                summary = {"run": spec.name, "protocol": spec.protocol.name, "error": str(exc)}
-            summaries.append(summary)
-            dashboard.finished(spec, index, summary)
-    publish([root / spec.name for spec in recipe.runs], summaries, recipe.baseline, root,
-            dashboard.console, title=recipe.name)
+            for repeat, run in enumerate(recipe.repeated(spec)):
+                name = spec.name if recipe.repeats == 1 else f"{spec.name}-r{repeat}"
+                try:
+                    summary = await _run_one(run, recipe, root / name, dashboard, index, repeat)
+                except RuntimeError as exc:
+                    summary = {"run": spec.name, "protocol": spec.protocol.name,
+                               "repeat": repeat, "seed": run.seed, "error": str(exc)}
+                summaries.append(summary)
+                run_dirs.append(root / name)
+                dashboard.finished(spec, index, summary)
+    publish(run_dirs, summaries, recipe.baseline, root, dashboard.console, title=recipe.name)
     dashboard.console.print(f"logs: {root}")
     return summaries
 
 
 def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
-                    logs: Path = Path("logs"), live: bool | None = None) -> list[dict[str, Any]]:
+                    logs: Path = Path("logs"), live: bool | None = None,
+                    repeats: int | None = None) -> list[dict[str, Any]]:
     """Load and run a recipe file (the CLI's ``run``)."""
-    return asyncio.run(run_recipe(load_recipe(path, overrides, only), logs, live))
+    return asyncio.run(run_recipe(load_recipe(path, overrides, only, repeats), logs, live))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -14,13 +15,13 @@ from asyncsync.report import find_runs, publish, summarize_run
 
 
 def fake_run(root: Path, recipe: str, name: str, protocol: str, accuracies: list[float],
-             compute_s: tuple[float, float] = (5.0, 8.0)) -> Path:
-    run_dir = root / recipe / "20260101-000000" / name
+             compute_s: tuple[float, float] = (5.0, 8.0), repeat: int | None = None) -> Path:
+    run_dir = root / recipe / "20260101-000000" / (name if repeat is None else f"{name}-r{repeat}")
     run_dir.mkdir(parents=True)
-    spec = {"name": name, "protocol": {"name": protocol}, "workers": 2,
+    spec = {"name": name, "protocol": {"name": protocol}, "workers": 2, "seed": repeat or 0,
             "stop": {"target_accuracy": 0.5}}
     (run_dir / "recipe.json").write_text(json.dumps({"name": recipe, "baseline": name,
-                                                     "runs": [spec]}))
+                                                     "repeat": repeat or 0, "runs": [spec]}))
     events = [{"event": "eval", "t": 2.0 * i, "version": 3 * i, "accuracy": a, "loss": 1.0}
               for i, a in enumerate(accuracies)]
     events.append({"event": "stop", "t": 10.0, "versions": 30, "mean_staleness": 1.5})
@@ -98,3 +99,28 @@ def test_speedup_is_a_lower_bound_when_the_baseline_never_reaches_the_target(
     rows = list(csv.DictReader((tmp_path / "out" / "table.csv").open()))
     assert rows[1]["speedup"] == "2.5" and rows[1]["speedup_is_lower_bound"] == "True"
     assert rows[0]["speedup"] == ""
+
+
+def test_repeats_give_one_row_per_run_with_95_percent_intervals(tmp_path: Path) -> None:
+    base_curves = [[0.1, 0.2, 0.3, 0.5], [0.1, 0.2, 0.3, 0.5], [0.1, 0.2, 0.3, 0.4, 0.5]]
+    fast_curves = [[0.1, 0.5, 0.6], [0.1, 0.2, 0.5], [0.1, 0.2, 0.5]]
+    runs = [fake_run(tmp_path, "r", "slow", "bsp", curve, repeat=k)
+            for k, curve in enumerate(base_curves)]
+    runs += [fake_run(tmp_path, "r", "fast", "asp", curve, repeat=k)
+             for k, curve in enumerate(fast_curves)]
+    console = Console(record=True, width=250)
+    publish(runs, [summarize_run(r) for r in runs], "slow", tmp_path / "out", console,
+            title="r")
+    text = console.export_text()
+    # times to 0.5: slow 6, 6, 8 s; fast 2, 4, 4 s; paired speedups 3, 1.5, 2
+    t = 4.303  # Student's t, 2 degrees of freedom, 97.5 %
+    slow_half = t * statistics.stdev([6, 6, 8]) / 3 ** 0.5
+    speed_half = t * statistics.stdev([3, 1.5, 2]) / 3 ** 0.5
+    assert f"6.7±{slow_half:.1f}" in text and f"2.17x±{speed_half:.2f}" in text
+    assert "over 3 repeats" in text
+    rows = list(csv.DictReader((tmp_path / "out" / "table.csv").open()))
+    assert [(r["run"], r["repeat"], r["seed"]) for r in rows] == [
+        ("slow", "0", "0"), ("slow", "1", "1"), ("slow", "2", "2"),
+        ("fast", "0", "0"), ("fast", "1", "1"), ("fast", "2", "2")]
+    assert [float(r["speedup"]) for r in rows[3:]] == [3.0, 1.5, 2.0]
+    assert (tmp_path / "out" / "accuracy.png").stat().st_size > 1000

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from asyncsync import cli
 from asyncsync.clock import VirtualTimeError, VirtualTimeLoop, now
 from asyncsync.recipe import NetworkSpec, RunSpec, load_recipe
 from asyncsync.report import summarize_run
+from asyncsync.schema import ConfigError
 from asyncsync.simulation import simulate
 
 RECIPE = """
@@ -125,3 +127,25 @@ def test_sleeping_costs_no_real_time() -> None:
         assert loop.run_until_complete(asyncio.wait_for(sleepers(), 1e6)) == 4 * 3600.0
     finally:
         loop.close()
+
+
+def test_the_cli_runs_repeats_in_virtual_time(tmp_path: Path) -> None:
+    recipe = tmp_path / "virtual.toml"
+    recipe.write_text(RECIPE.replace("time_s = 6", "time_s = 3"))
+    assert cli.main(["run", str(recipe), "--clock", "virtual", "--repeats", "2", "--plain",
+                     "--logs", str(tmp_path / "logs")]) == 0
+    runs = sorted(p.parent.name for p in (tmp_path / "logs").rglob("summary.json"))
+    assert runs == ["asp-r0", "asp-r1", "bsp-r0", "bsp-r1"]
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "logs").rglob("summary.json")]
+    assert {(s["run"], s["seed"], s["clock"]) for s in summaries} == {
+        ("bsp", 0, "virtual"), ("bsp", 1, "virtual"), ("asp", 0, "virtual"),
+        ("asp", 1, "virtual")}
+    rows = (next((tmp_path / "logs").rglob("table.csv"))).read_text().splitlines()
+    assert len(rows) == 1 + 4
+
+
+def test_repeats_must_be_a_positive_integer(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("repeats = 0\n" + RECIPE)
+    with pytest.raises(ConfigError, match="repeats"):
+        load_recipe(path)
