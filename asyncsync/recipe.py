@@ -124,6 +124,9 @@ class NetworkSpec:
                                    "one-way delay, paid in each direction of a request")
     jitter_ms: PerWorker = option(0.0, _non_negative, "must be >= 0",
                                   "uniform extra delay in [0, jitter] per direction")
+    server_mbps: float = option(0.0, lambda v: v >= 0, "must be >= 0",
+                                "the server's own link, shared by all workers, each way "
+                                "(0 = unlimited; virtual clock only)")
 
     def link(self, rank: int) -> LinkSpec:
         up = self.bandwidth_mbps if self.uplink_mbps is None else self.uplink_mbps
@@ -189,6 +192,11 @@ class RunSpec:
     network: NetworkSpec = field(default_factory=NetworkSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
     fault: FaultSpec = field(default_factory=FaultSpec)
+
+    def __post_init__(self) -> None:
+        if self.network.server_mbps and self.clock != "virtual":
+            raise ValueError("network.server_mbps: the server's shared link is modelled on "
+                             "the virtual clock only (set clock = \"virtual\")")
 
     def compute_profile(self, rank: int) -> ComputeProfile:
         return self.compute.build(rank, self.workers, self.seed)

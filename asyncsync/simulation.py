@@ -27,7 +27,7 @@ from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import build_core
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import build_profile
-from asyncsync.hetero.network import Link
+from asyncsync.hetero.network import Link, ServerLink
 from asyncsync.metrics import JsonlLog
 from asyncsync.protocols.base import get_protocol
 from asyncsync.recipe import RunSpec
@@ -77,6 +77,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
                       server_settings(spec, run_id, None), protocol_params=spec.protocol.params,
                       test_data=(data.test_x, data.test_y),
                       events=JsonlLog(run_dir / "events.jsonl"), seam=InlineServerSeam())
+    server_link = ServerLink(spec.network.server_mbps) if spec.network.server_mbps else None
     workers = []
     for rank in range(spec.workers):
         factor = spec.compute.slowdown[rank] if rank < len(spec.compute.slowdown) else 1.0
@@ -85,7 +86,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
         link_spec = spec.network.link(rank)
         link = Link(link_spec, seed=spec.seed * 1000 + rank) if link_spec.shaped else None
         workers.append(Worker(
-            rank, LocalTransport(core, link), run_model(spec, data),
+            rank, LocalTransport(core, link, server_link), run_model(spec, data),
             batch_source(spec, data, rank), protocol, protocol_params=spec.protocol.params,
             run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
             weight_decay=spec.optim.weight_decay, batch_size=spec.data.batch_size,

@@ -9,13 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from asyncsync import cli
 from asyncsync.clock import VirtualTimeError, VirtualTimeLoop, now
+from asyncsync.engine.compute import InlineServerSeam
+from asyncsync.engine.core import build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.hetero.network import ServerLink
 from asyncsync.recipe import NetworkSpec, RunSpec, load_recipe
 from asyncsync.report import summarize_run
 from asyncsync.schema import ConfigError
 from asyncsync.simulation import simulate
+from asyncsync.transport.local import LocalTransport
+from tests.helpers import tiny_model
 
 RECIPE = """
 name = "virtual"
@@ -149,3 +156,41 @@ def test_repeats_must_be_a_positive_integer(tmp_path: Path) -> None:
     path.write_text("repeats = 0\n" + RECIPE)
     with pytest.raises(ConfigError, match="repeats"):
         load_recipe(path)
+
+
+def test_the_servers_link_is_shared_by_every_workers_pushes() -> None:
+    """Four simultaneous pushes of S bytes through a server link of B bit/s: they queue,
+    and the last is through after about 4 S / B, whatever the workers' own links."""
+
+    async def pushes() -> list[float]:
+        core = build_core(tiny_model(), "asp", 4, ServerSettings(worker_timeout_s=None),
+                          seam=InlineServerSeam())
+        server = ServerLink(8.0)  # 1 MB/s each way
+        transports = [LocalTransport(core, None, server) for _ in range(4)]
+        await asyncio.gather(*(t.request("join", {"worker": w, "run_id": "run"})
+                               for w, t in enumerate(transports)))
+        began = now()
+
+        async def push(worker: int) -> float:
+            header = {"worker": worker, "run_id": "run", "base_version": 0, "meta": {},
+                      "kind": "gradient", "steps": 1, "samples": 1}
+            await transports[worker].request("push", header, torch.zeros(core.store.numel))
+            return now() - began
+
+        done = await asyncio.gather(*(push(w) for w in range(4)))
+        await core.stop()
+        await core.close()
+        return sorted(done)
+
+    loop = VirtualTimeLoop()
+    try:
+        done = loop.run_until_complete(pushes())
+    finally:
+        loop.close()
+    one = 4 * tiny_model_numel() / 1e6  # seconds for one push's tensor at 1 MB/s
+    for k, finished in enumerate(done, start=1):
+        assert k * one <= finished <= k * one * 1.01 + 0.001, (k, done)
+
+
+def tiny_model_numel() -> int:
+    return sum(p.numel() for p in tiny_model().parameters())

@@ -38,19 +38,44 @@ class LinkSpec:
         return any((self.uplink_mbps, self.downlink_mbps, self.latency_ms, self.jitter_ms))
 
 
-class _Pacer:
-    """Spaces out bytes so that they leave at most at `mbps` megabits per second."""
+class Pacer:
+    """Spaces out bytes so that they leave at most at `mbps` megabits per second (0: no
+    limit); transfers that overlap queue behind each other."""
 
     def __init__(self, mbps: float) -> None:
         self.bytes_per_s = mbps * 1e6 / 8
         self._free_at = 0.0
 
-    async def sent(self, nbytes: int) -> None:
-        if self.bytes_per_s <= 0 or nbytes <= 0:
-            return
+    def reserve(self, nbytes: int) -> float:
+        """Book `nbytes` on this pacer; returns the time (on the one clock) they are through."""
         now = clock_now()
+        if self.bytes_per_s <= 0 or nbytes <= 0:
+            return now
         self._free_at = max(self._free_at, now) + nbytes / self.bytes_per_s
-        await asyncio.sleep(self._free_at - now)
+        return self._free_at
+
+    async def sent(self, nbytes: int) -> None:
+        """Wait until `nbytes` are through."""
+        await sleep_until(self.reserve(nbytes))
+
+
+async def sleep_until(moment: float) -> None:
+    """Sleep until `moment` on the one clock (at once if it has passed)."""
+    delay = moment - clock_now()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+class ServerLink:
+    """The parameter server's own network interface, shared by every worker's transfers:
+    `incoming` carries pushes, `outgoing` replies (full duplex, `mbps` each way). A message
+    is through when both its worker's link and the server's have carried it."""
+
+    def __init__(self, mbps: float) -> None:
+        if mbps < 0:
+            raise ValueError(f"server_mbps must be >= 0, got {mbps}")
+        self.incoming = Pacer(mbps)
+        self.outgoing = Pacer(mbps)
 
 
 class Link:
@@ -58,8 +83,8 @@ class Link:
 
     def __init__(self, spec: LinkSpec, seed: int = 0) -> None:
         self.spec = spec
-        self.up = _Pacer(spec.uplink_mbps)
-        self.down = _Pacer(spec.downlink_mbps)
+        self.up = Pacer(spec.uplink_mbps)
+        self.down = Pacer(spec.downlink_mbps)
         self._random = random.Random(seed)
 
     async def one_way_delay(self) -> None:

@@ -11,19 +11,23 @@ from typing import Any
 
 import torch
 
+from asyncsync.clock import now as clock_now
 from asyncsync.engine.core import ServerCore
-from asyncsync.hetero.network import Link
+from asyncsync.hetero.network import Link, ServerLink, sleep_until
 from asyncsync.transport.status import refusal_from
 from asyncsync.wire import PREFIX, Limits, WireError, decode_header, encode_header, tensor_spec
 
 
 class LocalTransport:
-    """A client transport bound to an in-process `ServerCore`, optionally over a `Link`
-    (whole messages are paced: one sleep per direction)."""
+    """A client transport bound to an in-process `ServerCore`, optionally over a `Link` and
+    the server's shared `ServerLink` (whole messages are paced: a message is through when
+    both links have carried it)."""
 
-    def __init__(self, core: ServerCore, link: Link | None = None) -> None:
+    def __init__(self, core: ServerCore, link: Link | None = None,
+                 server_link: ServerLink | None = None) -> None:
         self.core = core
         self.link = link
+        self.server_link = server_link
         self.bytes_up = 0
         self.bytes_down = 0
 
@@ -33,9 +37,7 @@ class LocalTransport:
         head = encode_header(header, vector)
         up = len(head) + (0 if vector is None else vector.nbytes)
         self.bytes_up += up
-        if self.link is not None:
-            await self.link.one_way_delay()
-            await self.link.up.sent(up)
+        await self._carry(up, incoming=True)
         try:
             decoded = decode_header(head[PREFIX.size :])
             numel = self.core.tensor_numel(op, decoded)
@@ -49,10 +51,19 @@ class LocalTransport:
         reply_head = encode_header(reply, out)
         down = len(reply_head) + (0 if out is None else out.nbytes)
         self.bytes_down += down
+        await self._carry(down, incoming=False)
+        return decode_header(reply_head[PREFIX.size :]), None if out is None else out.clone()
+
+    async def _carry(self, nbytes: int, incoming: bool) -> None:
+        """One direction of a message: latency, then the bytes through both links."""
+        through = clock_now()
         if self.link is not None:
             await self.link.one_way_delay()
-            await self.link.down.sent(down)
-        return decode_header(reply_head[PREFIX.size :]), None if out is None else out.clone()
+            through = (self.link.up if incoming else self.link.down).reserve(nbytes)
+        if self.server_link is not None:
+            server = self.server_link.incoming if incoming else self.server_link.outgoing
+            through = max(through, server.reserve(nbytes))
+        await sleep_until(through)
 
     async def close(self) -> None:
         """Nothing to release."""
