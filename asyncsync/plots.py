@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from asyncsync.runlogs import label, read_jsonl
+from asyncsync.comparison import groups, interval, is_baseline, paired_speedups
+from asyncsync.runlogs import label, read_jsonl, sweep_suffix
 
 COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "wait": "#ff8c00"}
 TIMELINE_CYCLES = 20
@@ -154,7 +155,48 @@ def plot_timeline(run_dir: Path, path: Path, name: str) -> Path:
     return path
 
 
-def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path) -> list[Path]:
+def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
+    """Time to target, speedup and compute proportion against the swept value, one line per
+    run of the recipe, with the 95% interval over repeats as error bars."""
+    plt = _pyplot()
+    runs = groups(summaries)
+    key = next(iter(runs[0][0]["sweep"]))
+    bases = {sweep_suffix(g[0]["sweep"]): g for g in runs if is_baseline(g[0], baseline)}
+    lines: dict[str, list[tuple[float, tuple[list[float], list[float], list[float]]]]] = {}
+    for group in runs:
+        first = group[0]
+        name = first["run"].removesuffix(sweep_suffix(first["sweep"]))
+        done = [s for s in group if "error" not in s]
+        speedups, _ = paired_speedups(done, bases.get(sweep_suffix(first["sweep"]), []))
+        lines.setdefault(name, []).append((float(first["sweep"][key]), (
+            [s["time_to_target_s"] for s in done if s.get("time_to_target_s") is not None],
+            speedups, [s["compute_proportion"] for s in done
+                       if s.get("compute_proportion") is not None])))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    titles = ("time to target (s)", f"speedup vs {baseline}", "compute proportion")
+    for name, points in lines.items():
+        points.sort(key=lambda point: point[0])
+        for panel, (ax, title) in enumerate(zip(axes, titles, strict=True)):
+            xs, ys, errors = [], [], []
+            for value, panels in points:
+                if panels[panel]:
+                    mean, half = interval(panels[panel])
+                    xs.append(value)
+                    ys.append(mean)
+                    errors.append(half or 0.0)
+            ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=name)
+            ax.set_title(title)
+            ax.set_xlabel(key)
+            ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path,
+                baseline: str = "") -> list[Path]:
     """All plots of these runs into `out`; returns the files written. With repeats, the
     accuracy plot shows them all; compute proportions and timelines show the first."""
     mixed = len({s.get("recipe") for s in summaries}) > 1
@@ -166,4 +208,6 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     for run_dir, name in [(run_dirs[i], names[i]) for i in first]:
         file_name = "timeline-" + name.replace("/", "-") + ".png"
         written.append(plot_timeline(run_dir, out / file_name, name))
+    if baseline and all(s.get("sweep") for s in summaries):
+        written.append(plot_sweep(summaries, baseline, out / "sweep.png"))
     return written

@@ -31,6 +31,7 @@ from asyncsync.hetero.compute import ComputeProfile, build_profile, profile_para
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams, get_protocol
+from asyncsync.runlogs import sweep_suffix
 from asyncsync.schema import ConfigError, from_mapping, option
 
 TOKEN_ENV = "ASYNCSYNC_TOKEN"
@@ -182,6 +183,8 @@ class RunSpec:
     clock: str = option("real", lambda v: v in CLOCKS, f"must be one of {', '.join(CLOCKS)}",
                         "real: processes and HTTP in real time; virtual: one process on a "
                         "virtual clock")
+    sweep: dict[str, Any] = option({}, help="the swept key and value of this run "
+                                            "(set by the recipe's [sweep])")
     token: str = option("", help="shared bearer token of the run's nodes; the environment "
                                  "variable ASYNCSYNC_TOKEN takes precedence")
     stop: StopSpec = field(default_factory=StopSpec)
@@ -200,6 +203,11 @@ class RunSpec:
 
     def compute_profile(self, rank: int) -> ComputeProfile:
         return self.compute.build(rank, self.workers, self.seed)
+
+    @property
+    def base_name(self) -> str:
+        """The run's name in the recipe (without its sweep point)."""
+        return self.name.removesuffix(sweep_suffix(self.sweep))
 
     def as_table(self) -> dict[str, Any]:
         """The resolved run as plain data, the token left out (it never goes to logs)."""
@@ -238,7 +246,7 @@ class Recipe:
         return [dataclasses.replace(spec, seed=spec.seed + k) for k in range(self.repeats)]
 
 
-TOP_KEYS = ("name", "baseline", "repeats", "defaults", "runs")
+TOP_KEYS = ("name", "baseline", "repeats", "sweep", "defaults", "runs")
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (),
@@ -281,11 +289,20 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
     runs_raw = raw.get("runs")
     if not isinstance(runs_raw, list) or not runs_raw:
         raise ConfigError("runs: a recipe needs at least one [[runs]] table")
-    runs = [_resolve_run(defaults, run, index) for index, run in enumerate(runs_raw)]
+    runs = []
+    for point in _sweep_points(raw.get("sweep", {})):
+        table = copy.deepcopy(defaults)
+        for key, value in point.items():
+            _set_default(table, key, value, "sweep")
+        for index, run in enumerate(runs_raw):
+            spec = _resolve_run(table, run, index)
+            runs.append(dataclasses.replace(spec, name=spec.name + sweep_suffix(point),
+                                            sweep=point) if point else spec)
     names = [r.name for r in runs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"runs: duplicate run names {duplicates}")
+    names = list(dict.fromkeys(r.base_name for r in runs))
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not name:
         raise ConfigError(f"name: expected a non-empty string, got {name!r}")
@@ -296,7 +313,7 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
         unknown = [n for n in only if n not in names]
         if unknown:
             raise ConfigError(f"--only: no run named {unknown[0]!r} (runs: {', '.join(names)})")
-        runs = [r for r in runs if r.name in only]
+        runs = [r for r in runs if r.base_name in only]
     repeats = raw.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"repeats: must be an integer >= 1, got {repeats!r}")
@@ -311,13 +328,31 @@ def _apply_override(defaults: dict[str, Any], item: str) -> None:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         value = text
-    parts = key.strip().split(".")
+    _set_default(defaults, key.strip(), value, "--set")
+
+
+def _set_default(defaults: dict[str, Any], key: str, value: Any, origin: str) -> None:
+    """``defaults.KEY = value`` for a dotted `key` (tables made on the way)."""
+    parts = key.split(".")
     table = defaults
     for part in parts[:-1]:
         table = table.setdefault(part, {})
         if not isinstance(table, dict):
-            raise ConfigError(f"--set {key}: defaults.{part} is not a table")
+            raise ConfigError(f"{origin} {key}: defaults.{part} is not a table")
     table[parts[-1]] = value
+
+
+def _sweep_points(sweep: Any) -> list[dict[str, Any]]:
+    """The points of a ``[sweep]`` table: one key (a dotted defaults key) and its values;
+    no sweep is one point without overrides."""
+    if not isinstance(sweep, dict) or len(sweep) > 1:
+        raise ConfigError("sweep: expected a table with one key, e.g. workers = [4, 16, 64]")
+    if not sweep:
+        return [{}]
+    key, values = next(iter(sweep.items()))
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"sweep.{key}: expected a non-empty list of values")
+    return [{key: value} for value in values]
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asyncsync.runlogs import label, read_jsonl
+from asyncsync.comparison import groups, interval, is_baseline, paired_speedups, speedup
+from asyncsync.runlogs import label, read_jsonl, sweep_suffix
 
 SMOOTHING = 3
 """Evaluations in the moving average of `time_to_target_avg_s`."""
@@ -52,6 +53,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "workers": spec["workers"],
         "repeat": recipe.get("repeat", 0),
         "seed": spec.get("seed", 0),
+        "sweep": spec.get("sweep") or {},
         "wall_s": wall,
         "target_accuracy": target,
         "time_to_target_s": reached,
@@ -71,23 +73,6 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> tuple[float | None, bool]:
-    """Baseline's time to target / this run's, and whether that is only a lower bound.
-
-    When the baseline never reached the target, its time to target is at least its wall
-    time, so ``base wall / this run's time`` is a lower bound (flagged True). None when
-    this run did not reach the target.
-    """
-    ttt = summary.get("time_to_target_s")
-    if not base or not ttt:
-        return None, False
-    if base.get("time_to_target_s"):
-        return base["time_to_target_s"] / ttt, False
-    if base.get("wall_s"):
-        return base["wall_s"] / ttt, True
-    return None, False
-
-
 def _speedup_text(value: float | None, lower_bound: bool) -> str:
     return (">=" if lower_bound else "") + _fmt(value, ".2f", "x")
 
@@ -98,21 +83,8 @@ def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
-T_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-"""Student's t quantile 0.975 for 1..30 degrees of freedom (1.96 beyond)."""
-
-
-def interval(values: list[float]) -> tuple[float, float | None]:
-    """The mean and the half-width of its 95% t-interval (None for a single value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    t = T_95[n - 2] if n - 1 <= len(T_95) else 1.96
-    return mean, t * sd / math.sqrt(n)
+def _values(group: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(s[key]) for s in group if s.get(key) is not None]
 
 
 def _mean_text(values: list[float], spec: str, total: int, suffix: str = "") -> str:
@@ -124,37 +96,11 @@ def _mean_text(values: list[float], spec: str, total: int, suffix: str = "") -> 
     return text if len(values) == total else f"{text} ({len(values)}/{total})"
 
 
-def _values(group: list[dict[str, Any]], key: str) -> list[float]:
-    return [float(s[key]) for s in group if s.get(key) is not None]
-
-
-def paired_speedups(group: list[dict[str, Any]], base: list[dict[str, Any]]
-                    ) -> tuple[list[float], bool]:
-    """Each repeat's speedup against the baseline's repeat of the same index (seed), and
-    whether any is only a lower bound."""
-    by_repeat = {b.get("repeat", 0): b for b in base}
-    values, bound = [], False
-    for s in group:
-        value, lower = speedup(s, by_repeat.get(s.get("repeat", 0)))
-        if value is not None:
-            values.append(value)
-            bound |= lower
-    return values, bound
-
-
-def groups(summaries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Summaries grouped by run (recipe/run), repeats together, in first-seen order."""
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    for s in summaries:
-        grouped.setdefault(label(s), []).append(s)
-    return list(grouped.values())
-
-
 def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str = "") -> Table:
     """Time to target, best accuracy, speedup vs `baseline`, compute proportion, throughput;
     with repeats, one row per run: the mean and its 95% interval over the repeats."""
     runs = groups(summaries)
-    base = next((g for g in runs if baseline in (g[0].get("run"), label(g[0]))), [])
+    bases = {sweep_suffix(g[0].get("sweep") or {}): g for g in runs if is_baseline(g[0], baseline)}
     target = next((s.get("target_accuracy") for s in summaries if s.get("target_accuracy")),
                   None)
     mixed = len({s.get("recipe") for s in summaries}) > 1
@@ -174,7 +120,8 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
             table.add_row(name, first["protocol"], f"[red]failed: {first['error']}[/red]")
             continue
         n = len(group)
-        speedups, bound = paired_speedups(done, base)
+        speedups, bound = paired_speedups(
+            done, bases.get(sweep_suffix(first.get("sweep") or {}), []))
         moved = [(s["bytes_up"] + s["bytes_down"]) / 1e6 for s in done]
         table.add_row(
             name, first["protocol"], _mean_text(_values(done, "time_to_target_s"), ".1f", n),
@@ -218,15 +165,15 @@ CSV_FIELDS = ("recipe", "run", "repeat", "seed", "protocol", "workers", "wall_s"
 def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
     """The comparison as CSV: one row per run and repeat (speedups against the baseline's
     repeat with the same index); failed runs keep their error."""
-    base = {s.get("repeat", 0): s for s in summaries
-            if baseline in (s.get("run"), label(s))}
+    base = {(sweep_suffix(s.get("sweep") or {}), s.get("repeat", 0)): s for s in summaries
+            if is_baseline(s, baseline)}
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "error"])
         writer.writeheader()
         for s in summaries:
             row = {k: s.get(k) for k in CSV_FIELDS}
             row["speedup"], row["speedup_is_lower_bound"] = speedup(s, base.get(
-                s.get("repeat", 0)))
+                (sweep_suffix(s.get("sweep") or {}), s.get("repeat", 0))))
             row["error"] = s.get("error")
             writer.writerow(row)
     return path
@@ -253,7 +200,7 @@ def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str
         console.print('plots skipped: matplotlib is not installed (pip install -e ".[plot]")',
                       markup=False)
     elif done:
-        files += write_plots([d for d, _ in done], [s for _, s in done], out)
+        files += write_plots([d for d, _ in done], [s for _, s in done], out, baseline)
     for path in files:
         console.print(f"wrote {path}", highlight=False)
     return files

@@ -21,3 +21,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def label(summary: dict[str, Any]) -> str:
     """``recipe/run``: unique across recipes."""
     return f"{summary.get('recipe', '?')}/{summary['run']}"
+
+
+def sweep_suffix(sweep: dict[str, Any]) -> str:
+    """What a swept run's name carries after its recipe name: ``@key=value``."""
+    return "".join(f"@{key}={value}" for key, value in sweep.items())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -194,3 +195,38 @@ def test_the_servers_link_is_shared_by_every_workers_pushes() -> None:
 
 def tiny_model_numel() -> int:
     return sum(p.numel() for p in tiny_model().parameters())
+
+
+def test_a_sweep_runs_each_value_with_its_own_baseline(tmp_path: Path) -> None:
+    recipe = tmp_path / "sweep.toml"
+    sweep = "name = \"sweep\"\n[sweep]\nworkers = [2, 4]"
+    recipe.write_text(RECIPE.replace("name = \"virtual\"", sweep)
+                      .replace("target_accuracy = 0.5", "target_accuracy = 0.3"))
+    spec_names = [r.name for r in load_recipe(recipe).runs]
+    assert spec_names == ["bsp@workers=2", "asp@workers=2", "bsp@workers=4", "asp@workers=4"]
+    assert cli.main(["run", str(recipe), "--repeats", "2", "--plain",
+                     "--logs", str(tmp_path / "logs")]) == 0
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "logs").rglob("summary.json")]
+    assert sorted((s["run"], s["workers"], s["repeat"]) for s in summaries) == sorted(
+        (f"{name}@workers={n}", n, k) for name in ("asp", "bsp") for n in (2, 4)
+        for k in range(2))
+    rows = list(csv.DictReader(next((tmp_path / "logs").rglob("table.csv")).open()))
+    ttt = {(r["run"], r["repeat"]): r["time_to_target_s"] for r in rows}
+    compared = 0
+    for row in rows:  # every sweep point is compared with its own bsp, repeat by repeat
+        base = ttt[(row["run"].replace("asp@", "bsp@"), row["repeat"])]
+        if row["run"].startswith("asp@") and base and row["time_to_target_s"]:
+            assert float(row["speedup"]) == pytest.approx(
+                float(base) / float(row["time_to_target_s"]))
+            compared += 1
+    assert compared >= 2
+    assert next((tmp_path / "logs").rglob("sweep.png")).stat().st_size > 1000
+
+
+def test_a_sweep_names_its_problem(tmp_path: Path) -> None:
+    for sweep, problem in (("workers = []", "non-empty"), ("workers = [2]\nseed = [1]",
+                                                            "one key")):
+        path = tmp_path / "bad.toml"
+        path.write_text(RECIPE.replace('name = "virtual"', f'name = "x"\n[sweep]\n{sweep}'))
+        with pytest.raises(ConfigError, match=problem):
+            load_recipe(path)

@@ -1,0 +1,71 @@
+"""Comparing runs: speedups against the baseline, and 95% intervals over repeats."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from asyncsync.runlogs import label, sweep_suffix
+
+
+def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> tuple[float | None, bool]:
+    """Baseline's time to target / this run's, and whether that is only a lower bound.
+
+    When the baseline never reached the target, its time to target is at least its wall
+    time, so ``base wall / this run's time`` is a lower bound (flagged True). None when
+    this run did not reach the target.
+    """
+    ttt = summary.get("time_to_target_s")
+    if not base or not ttt:
+        return None, False
+    if base.get("time_to_target_s"):
+        return base["time_to_target_s"] / ttt, False
+    if base.get("wall_s"):
+        return base["wall_s"] / ttt, True
+    return None, False
+
+
+T_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+"""Student's t quantile 0.975 for 1..30 degrees of freedom (1.96 beyond)."""
+
+
+def interval(values: list[float]) -> tuple[float, float | None]:
+    """The mean and the half-width of its 95% t-interval (None for a single value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    t = T_95[n - 2] if n - 1 <= len(T_95) else 1.96
+    return mean, t * sd / math.sqrt(n)
+
+
+def paired_speedups(group: list[dict[str, Any]], base: list[dict[str, Any]]
+                    ) -> tuple[list[float], bool]:
+    """Each repeat's speedup against the baseline's repeat of the same index (seed), and
+    whether any is only a lower bound."""
+    by_repeat = {b.get("repeat", 0): b for b in base}
+    values, bound = [], False
+    for s in group:
+        value, lower = speedup(s, by_repeat.get(s.get("repeat", 0)))
+        if value is not None:
+            values.append(value)
+            bound |= lower
+    return values, bound
+
+
+def is_baseline(summary: dict[str, Any], baseline: str) -> bool:
+    """Whether `summary` is a run of `baseline` (a run name or recipe/name), at any sweep
+    point: each sweep point is compared with its own baseline."""
+    suffix = sweep_suffix(summary.get("sweep") or {})
+    return baseline + suffix in (summary.get("run"), label(summary))
+
+
+def groups(summaries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Summaries grouped by run (recipe/run), repeats together, in first-seen order."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for s in summaries:
+        grouped.setdefault(label(s), []).append(s)
+    return list(grouped.values())
