@@ -246,7 +246,8 @@ class Recipe:
         return [dataclasses.replace(spec, seed=spec.seed + k) for k in range(self.repeats)]
 
 
-TOP_KEYS = ("name", "baseline", "repeats", "sweep", "defaults", "runs")
+TOP_KEYS = ("name", "baseline", "repeats", "repeat", "sweep", "defaults", "runs")
+"""``repeat`` is written by the runner into a run's own recipe.json (which repeat it is)."""
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (),
