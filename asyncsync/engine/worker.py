@@ -119,22 +119,22 @@ class WorkerContext:
                    base_version: int | None = None) -> dict[str, Any]:
         header = {"kind": kind, "steps": steps, "samples": samples,
                   "base_version": self.version if base_version is None else base_version}
-        reply, _ = await self.request("push", header, vector, meta)
+        reply, _ = await self._request("push", header, vector, meta)
         return dict(reply.get("meta", {}))
 
     async def pull(self, meta: dict[str, Any] | None = None, base_version: int | None = None
                    ) -> tuple[torch.Tensor, int, dict[str, Any]]:
         header = {"base_version": self.version if base_version is None else base_version}
-        reply, vector = await self.request("pull", header, None, meta)
+        reply, vector = await self._request("pull", header, None, meta)
         if vector is None:
             raise RuntimeError("pull reply carried no model")
         return vector, int(reply["version"]), dict(reply.get("meta", {}))
 
     async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
-        reply, _ = await self.request("query", {}, None, meta)
+        reply, _ = await self._request("query", {}, None, meta)
         return dict(reply.get("meta", {}))
 
-    async def request(self, op: str, header: dict[str, Any], vector: torch.Tensor | None,
+    async def _request(self, op: str, header: dict[str, Any], vector: torch.Tensor | None,
                       meta: dict[str, Any] | None) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Send one message with this worker's identity and stats; account its time."""
         header = {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
@@ -289,14 +289,14 @@ class Worker:
             self.metrics.take_bytes(self.transport.bytes_up, self.transport.bytes_down)
             final = self.metrics.final()  # totals of the run, before the leave request
             with contextlib.suppress(Exception):  # the server may be gone; leaving is best effort
-                await self.ctx.request("leave", {}, None, None)
+                await self.ctx._request("leave", {}, None, None)
             self.metrics.log.close()
             self.seam.close()
             await self.transport.close()
         return final
 
     async def _join(self) -> None:
-        reply, vector = await self.ctx.request("join", {}, None, None)
+        reply, vector = await self.ctx._request("join", {}, None, None)
         if vector is None:
             raise RuntimeError("join reply carried no model")
         self.ctx.workers = int(reply.get("meta", {}).get("workers", 1))
