@@ -27,6 +27,12 @@ def now() -> float:
         return time.monotonic()
 
 
+def wall() -> float:
+    """Real seconds (a performance counter), whatever clock the loop runs on: for what a
+    virtual-time run costs the host and for calibrating its steps, never for run time."""
+    return time.perf_counter()
+
+
 class Stopwatch:
     """Seconds since `start()` (or creation) on the one clock."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 
 from asyncsync.assembly import batch_source, run_data, run_model, server_settings
-from asyncsync.clock import VirtualTimeLoop
+from asyncsync.clock import VirtualTimeLoop, wall
 from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import build_core
 from asyncsync.engine.worker import Worker
@@ -47,9 +46,9 @@ def calibrate_step_s(spec: RunSpec) -> float:
     trainer.local_step(spec.data.batch_size)
     seconds = []
     for _ in range(CALIBRATION_STEPS):
-        began = time.perf_counter()
+        began = wall()
         trainer.local_step(spec.data.batch_size)
-        seconds.append(time.perf_counter() - began)
+        seconds.append(wall() - began)
     return statistics.median(seconds)
 
 
@@ -59,12 +58,12 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
     a summary adds (base step time, real seconds taken, virtual seconds per real one)."""
     torch.set_num_threads(1)
     loop = VirtualTimeLoop()
-    began = time.perf_counter()
+    began = wall()
     try:
         virtual_s = loop.run_until_complete(_run(spec, run_dir, run_id, base_step_s, status))
     finally:
         loop.close()
-    real_s = time.perf_counter() - began
+    real_s = wall() - began
     return {"clock": "virtual", "base_step_s": base_step_s, "real_s": round(real_s, 3),
             "virtual_per_real": round(virtual_s / real_s, 3) if real_s > 0 else None}
 
@@ -93,10 +92,10 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
             device="cpu", heartbeat_s=spec.fault.heartbeat_s,
             log_path=run_dir / f"worker-{rank}.jsonl",
             seam=VirtualWorkerSeam(profile, base_step_s, spec.data.batch_size)))
-    began = time.perf_counter()
+    began = wall()
 
     def progress() -> dict[str, Any]:
-        real_s = time.perf_counter() - began
+        real_s = wall() - began
         return {**core.status(),
                 "virtual_per_real": core.elapsed() / real_s if real_s > 0 else None}
 
