@@ -146,16 +146,14 @@ class ServerCore:
     def tensor_numel(self, op: str, header: dict[str, Any]) -> int | None:
         """How many elements the tensor of a request must have (None: no tensor), as the
         protocol's rule decides; its refusals are raised."""
-        if op not in OPS:
-            raise UnknownOperation(f"unknown operation {brief(op)}")
+        check_op(op)
         meta = header.get("meta", {})
         return self.rule.tensor_numel(op, meta if isinstance(meta, dict) else {})
 
     async def handle(self, op: str, header: dict[str, Any],
                      vector: torch.Tensor | None) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Validate and answer one message; raises a `Refused` for anything refused."""
-        if op not in OPS:
-            raise UnknownOperation(f"unknown operation {brief(op)}")
+        check_op(op)
         if op == "status":
             return self.status(), None
         run_id = require(header, "run_id", str)
@@ -284,6 +282,12 @@ class ServerCore:
             "workers": [record.summary(rank, rank in self.store.waiting)
                         for rank, record in enumerate(self.workers)],
         }
+
+
+def check_op(op: str) -> None:
+    """Refuse an operation this server does not have."""
+    if op not in OPS:
+        raise UnknownOperation(f"unknown operation {brief(op)}")
 
 
 def all_finite(vector: torch.Tensor, chunk: int = 1 << 20) -> bool:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,17 +53,18 @@ class RunLifecycle:
         """Write an event stamped with the run's time."""
         self.events.write({"event": event, "t": round(self.elapsed(), 3), **fields}, flush)
 
-    def start(self, elapsed: float = 0.0, *extra: Callable[[], Awaitable[None]]) -> None:
+    def start(self, elapsed: float = 0.0, *extra: Callable[[], Coroutine[Any, Any, None]]
+              ) -> None:
         """Start the clock (at `elapsed` seconds when resuming) and the periodic tasks,
         with `extra` ones (e.g. the membership monitor)."""
         self.store.run_time.start(elapsed)
         self.started = True
-        jobs: list[Callable[[], Awaitable[None]]] = [self._budget, *extra]
+        jobs: list[Callable[[], Coroutine[Any, Any, None]]] = [self._budget, *extra]
         if self.evaluator is not None:
             jobs.append(self._evaluations)
         if self.settings.checkpoint_path is not None:
             jobs.append(self._checkpoints)
-        self._tasks += [asyncio.create_task(job()) for job in jobs]  # type: ignore[arg-type]
+        self._tasks += [asyncio.create_task(job()) for job in jobs]
 
     async def _budget(self) -> None:
         if self.settings.time_s is not None:
