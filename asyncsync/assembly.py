@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -52,11 +53,12 @@ def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerS
         else None, checkpoint_s=spec.fault.checkpoint_s or 10.0)
 
 
-def batch_source(spec: RunSpec, data: Dataset, rank: int) -> BatchSource:
-    """Worker `rank`'s batches: its partition of the training set, seeded per rank."""
+def batch_sources(spec: RunSpec, data: Dataset) -> Callable[[int], BatchSource]:
+    """Each worker's batches, by rank: its partition of the training set, seeded per rank
+    (the partition is drawn once)."""
     shards = partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
                        spec.data.alpha, spec.data.classes_per_worker)
-    return BatchSampler(data, shards[rank], seed=spec.seed * 1000 + rank).next
+    return lambda rank: BatchSampler(data, shards[rank], seed=spec.seed * 1000 + rank).next
 
 
 def checkpoint_file(log_dir: Path) -> Path:
@@ -71,7 +73,7 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
     data = run_data(spec)
     return Worker(
-        rank, url, run_model(spec, data), batch_source(spec, data, rank),
+        rank, url, run_model(spec, data), batch_sources(spec, data)(rank),
         get_protocol(spec.protocol.name),
         protocol_params=spec.protocol.params, run_id=run_id, lr=spec.optim.lr,
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,

@@ -2,7 +2,9 @@
 
 Per worker: effective slowdown of its last step, emulated link, state (computing /
 pushing / pulling / waiting), steps, samples/s, compute proportion, bytes up and down, last
-loss, and paced-mode overruns (red when the host could not keep the pace). Globally:
+loss, and paced-mode overruns (red when the host could not keep the pace). Above
+`ROWS_MAX` workers (virtual runs of hundreds), one row per state instead: how many workers
+are in it, their slowdown range, median steps, and summed or mean figures. Globally:
 protocol, version, latest and best accuracy, elapsed time against the budget.
 """
 
@@ -23,12 +25,17 @@ from asyncsync.recipe import Recipe, RunSpec
 from asyncsync.report import make_console
 
 PLAIN_EVERY_S = 5.0
+ROWS_MAX = 16
 STATE_STYLE = {"computing": "green", "pushing": "cyan", "pulling": "cyan",
                "waiting": "yellow", "left": "dim", "starting": "dim"}
 
 
 def _mb(value: float) -> str:
-    return f"{value / 1e6:.1f}"
+    """Bytes as MB in at most six characters (GB or TB with a suffix past 10,000 MB)."""
+    mb = value / 1e6
+    if mb < 1e4:
+        return f"{mb:.1f}"
+    return f"{mb / 1e3:.1f}G" if mb < 1e7 else f"{mb / 1e6:.1f}T"
 
 
 def _acc(value: float | None) -> str:
@@ -102,23 +109,37 @@ class Dashboard:
                        "MB dn", "loss", "ovr"):
             table.add_column(column, justify="left" if column in ("state", "link") else "right",
                              no_wrap=True)
-        for w in status["workers"]:
-            state = w["state"]
-            overruns = w["overruns"]
-            table.add_row(
-                str(w["rank"]), f"{w['factor']:.1f}x", link_label(spec.network.link(w["rank"])),
-                f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(w["steps"]),
-                f"{w['samples_per_s']:.0f}", f"{w['compute_proportion']:.0%}",
-                _mb(w["bytes_up"]), _mb(w["bytes_down"]), f"{w['loss']:.3f}",
-                f"[red]{overruns}[/red]" if overruns else "0")
+        workers = status["workers"]
+        if len(workers) <= ROWS_MAX:
+            for w in workers:
+                table.add_row(str(w["rank"]), f"{w['factor']:.1f}x",
+                              link_label(spec.network.link(w["rank"])), *_figures(w))
+        else:
+            for state, group in _by_state(workers).items():
+                factors = [w["factor"] for w in group]
+                summed = {
+                    "state": state, "steps": sorted(w["steps"] for w in group)[len(group) // 2],
+                    "samples_per_s": sum(w["samples_per_s"] for w in group),
+                    "compute_proportion": sum(w["compute_proportion"] for w in group)
+                    / len(group),
+                    "bytes_up": sum(w["bytes_up"] for w in group),
+                    "bytes_down": sum(w["bytes_down"] for w in group),
+                    "loss": sum(w["loss"] for w in group) / len(group),
+                    "overruns": sum(w["overruns"] for w in group)}
+                table.add_row(f"{len(group)}x", f"{min(factors):.1f}-{max(factors):.1f}x", "",
+                              *_figures(summed))
         return Group(head, table)
 
     @staticmethod
     def plain_line(spec: RunSpec, status: dict[str, Any]) -> str:
-        workers = " ".join(
-            f"w{w['rank']}:{w['state'][:4]}/{w['steps']}st/{w['compute_proportion']:.0%}"
-            + (f"/{w['overruns']}overruns" if w["overruns"] else "")
-            for w in status["workers"])
+        if len(status["workers"]) <= ROWS_MAX:
+            workers = " ".join(
+                f"w{w['rank']}:{w['state'][:4]}/{w['steps']}st/{w['compute_proportion']:.0%}"
+                + (f"/{w['overruns']}overruns" if w["overruns"] else "")
+                for w in status["workers"])
+        else:
+            workers = " ".join(f"{state}:{len(group)}"
+                               for state, group in _by_state(status["workers"]).items())
         return (f"[{spec.name}] t={status['elapsed_s']:.0f}s{_virtual(status)} "
                 f"v={status['version']} "
                 f"acc={_acc(status['accuracy'])} best={_acc(status['best_accuracy'])} "
@@ -134,6 +155,25 @@ class Dashboard:
                     f"time to target {'-' if ttt is None else f'{ttt:.1f} s'}, "
                     f"compute proportion {summary['compute_proportion'] or 0:.2f}")
         self.console.print(f"[{index + 1}/{len(self.recipe.runs)}] {line}")
+
+
+def _figures(w: dict[str, Any]) -> list[str]:
+    """A row's cells from state to overruns (one worker's, or a state's aggregate)."""
+    state, overruns = w["state"], w["overruns"]
+    return [f"[{STATE_STYLE.get(state, 'white')}]{state}[/]", str(w["steps"]),
+            f"{w['samples_per_s']:.0f}", f"{w['compute_proportion']:.0%}",
+            _mb(w["bytes_up"]), _mb(w["bytes_down"]), f"{w['loss']:.3f}",
+            f"[red]{overruns}[/red]" if overruns else "0"]
+
+
+def _by_state(workers: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Workers grouped by state, states in the order of `STATE_STYLE`."""
+    order = list(STATE_STYLE)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for w in sorted(workers, key=lambda w: order.index(w["state"]) if w["state"] in order
+                    else len(order)):
+        groups.setdefault(w["state"], []).append(w)
+    return groups
 
 
 def _virtual(status: dict[str, Any]) -> str:

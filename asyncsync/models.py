@@ -1,4 +1,5 @@
-"""Model registry: `mlp`, `cnn`, `resnet18`, or any ``"package.module:callable"`` the user names.
+"""Model registry: `mlp`, `cnn`, `resnet18`, `timing`, or any ``"package.module:callable"``
+the user names.
 
 Every builder takes the input shape (C, H, W), the number of classes and keyword options
 from the recipe's ``[model]`` table, and returns an ``nn.Module``.
@@ -10,6 +11,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 ModelBuilder = Callable[..., nn.Module]
@@ -58,7 +60,26 @@ def resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return model
 
 
-MODELS: dict[str, ModelBuilder] = {"mlp": mlp, "cnn": cnn, "resnet18": resnet18}
+class TimingModel(nn.Module):
+    """The stand-in of timing-only runs: one linear unit per class on the mean of the input.
+
+    A step costs the host microseconds whatever model it stands for; the run declares the
+    real model's size (the bytes its links charge) and step time (its compute charge). Its
+    accuracy means nothing, so timing runs are not evaluated.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        del input_shape  # any input: only its mean is read
+        self.head = nn.Linear(1, num_classes)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(inputs.flatten(1).mean(1, keepdim=True))
+        return out
+
+
+MODELS: dict[str, ModelBuilder] = {"mlp": mlp, "cnn": cnn, "resnet18": resnet18,
+                                   "timing": TimingModel}
 
 
 def build_model(

@@ -198,13 +198,16 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
 def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path,
                 baseline: str = "") -> list[Path]:
     """All plots of these runs into `out`; returns the files written. With repeats, the
-    accuracy plot shows them all; compute proportions and timelines show the first."""
+    accuracy plot shows them all; compute proportions and timelines show the first. Runs
+    never evaluated (timing-only runs) get no accuracy plot."""
     mixed = len({s.get("recipe") for s in summaries}) > 1
     names = [label(s) if mixed else s["run"] for s in summaries]
     first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
-    written = [plot_accuracy(summaries, out / "accuracy.png", names),
-               plot_compute_proportion([summaries[i] for i in first],
-                                       out / "compute_proportion.png", [names[i] for i in first])]
+    written = [plot_accuracy(summaries, out / "accuracy.png", names)] if any(
+        s.get("evaluations") for s in summaries) else []
+    written.append(plot_compute_proportion([summaries[i] for i in first],
+                                           out / "compute_proportion.png",
+                                           [names[i] for i in first]))
     for run_dir, name in [(run_dirs[i], names[i]) for i in first]:
         file_name = "timeline-" + name.replace("/", "-") + ".png"
         written.append(plot_timeline(run_dir, out / file_name, name))

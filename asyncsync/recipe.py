@@ -52,8 +52,11 @@ class StopSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str = option("cnn", help="mlp | cnn | package.module:callable")
+    name: str = option("cnn", help="mlp | cnn | resnet18 | timing | package.module:callable")
     options: dict[str, Any] = option({}, help="keyword arguments of the model builder")
+    size_mb: float = option(0.0, lambda v: v >= 0, "must be >= 0",
+                            "timing model only: the model's declared size on the wire, in MB "
+                            "(10^6 bytes)")
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ class ProtocolSpec:
 
 
 CLOCKS = ("real", "virtual")
+TIMING_MODEL = "timing"
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,26 @@ class RunSpec:
         if self.network.server_mbps and self.clock != "virtual":
             raise ValueError("network.server_mbps: the server's shared link is modelled on "
                              "the virtual clock only (set clock = \"virtual\")")
+        if self.model.name == TIMING_MODEL:
+            self._check_timing()
+        elif self.model.size_mb:
+            raise ValueError("model.size_mb: only the timing model declares its size "
+                             f"(model.name = \"{TIMING_MODEL}\")")
+
+    def _check_timing(self) -> None:
+        """Timing-only runs are virtual, declare their size and step time, and have no
+        accuracy to reach."""
+        if self.clock != "virtual":
+            raise ValueError("model.name: the timing model runs on the virtual clock only "
+                             "(set clock = \"virtual\")")
+        if not self.model.size_mb:
+            raise ValueError("model.size_mb: the timing model needs its declared size (> 0)")
+        if not self.compute.base_step_s:
+            raise ValueError("compute.base_step_s: the timing model needs the step time it "
+                             "stands for (> 0); there is no real model to calibrate")
+        if self.stop.target_accuracy is not None:
+            raise ValueError("stop.target_accuracy: a timing run has no accuracy to reach "
+                             "(it is not evaluated)")
 
     def compute_profile(self, rank: int) -> ComputeProfile:
         return self.compute.build(rank, self.workers, self.seed)

@@ -15,12 +15,13 @@ import asyncio
 import json
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from asyncsync.assembly import batch_source, run_data, run_model, server_settings
+from asyncsync.assembly import batch_sources, run_data, run_model, server_settings
 from asyncsync.clock import VirtualTimeLoop, wall
 from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import build_core
@@ -28,20 +29,22 @@ from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import build_profile
 from asyncsync.hetero.network import Link, ServerLink
 from asyncsync.metrics import JsonlLog
+from asyncsync.models import TimingModel
 from asyncsync.protocols.base import get_protocol
-from asyncsync.recipe import RunSpec
-from asyncsync.trainer import Trainer
+from asyncsync.recipe import TIMING_MODEL, RunSpec
+from asyncsync.trainer import BatchSource, Trainer
 from asyncsync.transport.local import LocalTransport
 
 StatusSink = Callable[[dict[str, Any]], None]
 CALIBRATION_STEPS = 7
+TIMING_CLASSES = 10
 
 
 def calibrate_step_s(spec: RunSpec) -> float:
     """The median wall time of a few real local steps of the run's model and batch size on
     this host (after one warm-up step)."""
     data = run_data(spec)
-    trainer = Trainer(run_model(spec, data), batch_source(spec, data, 0), spec.optim.lr,
+    trainer = Trainer(run_model(spec, data), batch_sources(spec, data)(0), spec.optim.lr,
                       device="cpu")
     trainer.local_step(spec.data.batch_size)
     seconds = []
@@ -70,12 +73,12 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
 
 async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
                status: StatusSink | None) -> float:
-    data = run_data(spec)
     protocol = get_protocol(spec.protocol.name)
-    core = build_core(run_model(spec, data), protocol, spec.workers,
+    parts = _timing_parts(spec) if spec.model.name == TIMING_MODEL else _training_parts(spec)
+    core = build_core(parts.model(), protocol, spec.workers,
                       server_settings(spec, run_id, None), protocol_params=spec.protocol.params,
-                      test_data=(data.test_x, data.test_y),
-                      events=JsonlLog(run_dir / "events.jsonl"), seam=InlineServerSeam())
+                      test_data=parts.test_data, events=JsonlLog(run_dir / "events.jsonl"),
+                      seam=InlineServerSeam())
     server_link = ServerLink(spec.network.server_mbps) if spec.network.server_mbps else None
     workers = []
     for rank in range(spec.workers):
@@ -85,8 +88,8 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
         link_spec = spec.network.link(rank)
         link = Link(link_spec, seed=spec.seed * 1000 + rank) if link_spec.shaped else None
         workers.append(Worker(
-            rank, LocalTransport(core, link, server_link), run_model(spec, data),
-            batch_source(spec, data, rank), protocol, protocol_params=spec.protocol.params,
+            rank, LocalTransport(core, link, server_link, parts.payload_scale), parts.model(),
+            parts.batches(rank), protocol, protocol_params=spec.protocol.params,
             run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
             weight_decay=spec.optim.weight_decay, batch_size=spec.data.batch_size,
             device="cpu", heartbeat_s=spec.fault.heartbeat_s,
@@ -109,6 +112,43 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
             reporter.cancel()
             await asyncio.gather(reporter, return_exceptions=True)
         await core.close()
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What a simulated run trains: its model (one per node), each rank's batches, the
+    test set (None: not evaluated) and the wire bytes charged per byte of vector."""
+
+    model: Callable[[], torch.nn.Module]
+    batches: Callable[[int], BatchSource]
+    test_data: tuple[torch.Tensor, torch.Tensor] | None
+    payload_scale: float = 1.0
+
+
+def _training_parts(spec: RunSpec) -> _Parts:
+    data = run_data(spec)
+    return _Parts(lambda: run_model(spec, data), batch_sources(spec, data),
+                  (data.test_x, data.test_y))
+
+
+def _timing_parts(spec: RunSpec) -> _Parts:
+    """Timing-only: a stand-in model of a few parameters fed constant batches, its vectors
+    charged as the declared ``model.size_mb``; nothing model-sized exists per worker."""
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(spec.seed)
+        return TimingModel((1,), TIMING_CLASSES)
+
+    def batches(rank: int) -> BatchSource:
+        del rank  # every rank is fed alike: the stand-in's loss means nothing
+
+        def constant(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.zeros(size, 1), torch.zeros(size, dtype=torch.long)
+
+        return constant
+
+    numel = sum(t.numel() for t in model().state_dict().values())
+    return _Parts(model, batches, None, spec.model.size_mb * 1e6 / (4 * numel))
 
 
 async def _report(read: Callable[[], dict[str, Any]], sink: StatusSink) -> None:

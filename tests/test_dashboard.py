@@ -57,3 +57,23 @@ def test_a_virtual_run_shows_virtual_time_and_its_speed() -> None:
     console.print(Dashboard(recipe, live=False, console=console).render(
         recipe.runs[0], 0, {**status(overruns=0), "virtual_per_real": 0.4}))
     assert "virtual (0.4x real time)" in " ".join(console.export_text().split())
+
+
+def test_hundreds_of_workers_are_summarised_by_state() -> None:
+    recipe = load_recipe(RECIPES / "quickstart.toml")
+    many = {**status(overruns=1), "virtual_per_real": 3.0}
+    many["workers"] = [{**w, "rank": rank, "factor": 1.0 + rank % 4,
+                        "state": "waiting" if rank % 3 else "computing"}
+                       for rank, w in enumerate(many["workers"] * 75)]  # 300 workers
+    console = Console(width=80, record=True, color_system=None)
+    console.print(Dashboard(recipe, live=False, console=console).render(
+        recipe.runs[0], 0, many))
+    rows = [line.split() for line in console.export_text().splitlines()]
+    computing = next(row for row in rows if "computing" in row)
+    waiting = next(row for row in rows if "waiting" in row)
+    # ranks 0, 3, 6, ... compute (100 of them), the other 200 wait; slowdowns span 1-4x
+    assert computing[:2] == ["100x", "1.0-4.0x"] and waiting[:2] == ["200x", "1.0-4.0x"]
+    assert computing[-1] == "100" and waiting[-1] == "200"  # overruns summed
+    assert len(console.export_text().splitlines()) < 12
+    line = Dashboard.plain_line(recipe.runs[0], many)
+    assert line.endswith("computing:100 waiting:200")

@@ -230,3 +230,61 @@ def test_a_sweep_names_its_problem(tmp_path: Path) -> None:
         path.write_text(RECIPE.replace('name = "virtual"', f'name = "x"\n[sweep]\n{sweep}'))
         with pytest.raises(ConfigError, match=problem):
             load_recipe(path)
+
+
+TIMING = """
+name = "timing"
+[defaults]
+workers = 2
+clock = "virtual"
+[defaults.model]
+name = "timing"
+size_mb = 10
+[defaults.compute]
+base_step_s = 0.5
+[defaults.network]
+bandwidth_mbps = 80
+[defaults.stop]
+time_s = 30
+[[runs]]
+name = "bsp"
+protocol = "bsp"
+"""
+
+
+def test_a_timing_run_charges_the_declared_size(tmp_path: Path) -> None:
+    """A 10 MB model over 10 MB/s links, 0.5 s steps, bsp: joining downloads the model
+    (1 s); then each round computes (0.5 s), pushes (1 s) and pulls (1 s) the declared
+    size, a version every 2.5 s from t = 2.5, so 11 versions in 30 s."""
+    path = tmp_path / "timing.toml"
+    path.write_text(TIMING)
+    summary = run(load_recipe(path).run("bsp"), tmp_path / "bsp")
+    assert summary["versions"] == 11
+    assert summary["best_accuracy"] is None  # never evaluated: its accuracy means nothing
+    for rank in range(2):
+        log = [json.loads(line) for line in
+               (tmp_path / "bsp" / f"worker-{rank}.jsonl").read_text().splitlines()]
+        pushes = [r for r in log if r["ev"] == "push"]
+        assert all(r["up"] == 10_000_000 and r["dur"] == pytest.approx(1.0, abs=1e-3)
+                   for r in pushes)
+        final = next(r for r in log if r["ev"] == "final")
+        assert 11 * 10e6 <= final["bytes_up"] <= 12 * 10e6 + 10_000
+        assert final["compute_s"] == pytest.approx(0.5 * final["steps"])
+        assert final["compute_s"] / final["wall_s"] == pytest.approx(0.2, abs=0.02)
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ('clock = "virtual"', "model.name: the timing model runs on the virtual clock only"),
+    ("size_mb = 10", "model.size_mb: the timing model needs its declared size"),
+    ("base_step_s = 0.5", "compute.base_step_s: the timing model needs the step time"),
+    ("time_s = 30", "stop.target_accuracy: a timing run has no accuracy"),
+    ('name = "timing"\nsize_mb', "model.size_mb: only the timing model declares its size"),
+])
+def test_a_timing_run_names_what_it_lacks(tmp_path: Path, change: str, problem: str) -> None:
+    replacement = {'clock = "virtual"': 'clock = "real"', "size_mb = 10": "",
+                   "base_step_s = 0.5": "", "time_s = 30": "time_s = 30\ntarget_accuracy = 0.5",
+                   'name = "timing"\nsize_mb': 'name = "mlp"\nsize_mb'}[change]
+    path = tmp_path / "bad.toml"
+    path.write_text(TIMING.replace(change, replacement))
+    with pytest.raises(ConfigError, match=problem):
+        load_recipe(path)

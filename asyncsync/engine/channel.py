@@ -39,6 +39,10 @@ class Transport(Protocol):
         """Send `header` (and `vector`) as operation `op`; return the reply."""
         ...
 
+    def wire_bytes(self, vector: torch.Tensor | None) -> int:
+        """The bytes this transport puts on the wire for `vector` (0 for none)."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...

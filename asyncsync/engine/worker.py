@@ -143,8 +143,9 @@ class WorkerContext:
         began = now()
         reply, out = await self._transport.request(op, header, vector)
         held = float(reply.get("meta", {}).get("held_s", 0.0))
-        self._metrics.transferred(op, start, now() - began, held, tensor_bytes(vector),
-                                  tensor_bytes(out), reply.get("version"))
+        self._metrics.transferred(op, start, now() - began, held,
+                                  self._transport.wire_bytes(vector),
+                                  self._transport.wire_bytes(out), reply.get("version"))
         self._metrics.take_bytes(self._transport.bytes_up, self._transport.bytes_down)
         if reply.get("stop"):
             raise RunStopped
@@ -154,9 +155,6 @@ class WorkerContext:
         if self._max_steps is not None and self._metrics.stats.steps >= self._max_steps:
             raise RunStopped
 
-
-def tensor_bytes(vector: torch.Tensor | None) -> int:
-    return 0 if vector is None else vector.numel() * vector.element_size()
 
 
 def cycle_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> BatchSource:

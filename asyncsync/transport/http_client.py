@@ -106,6 +106,10 @@ class HttpTransport:
             self.bytes_down += resp.content_length or 0
             return reply, out
 
+    def wire_bytes(self, vector: torch.Tensor | None) -> int:
+        """Vectors travel as their raw bytes."""
+        return 0 if vector is None else vector.nbytes
+
     async def close(self) -> None:
         await self._session.close()
 

@@ -21,13 +21,20 @@ from asyncsync.wire import PREFIX, Limits, WireError, decode_header, encode_head
 class LocalTransport:
     """A client transport bound to an in-process `ServerCore`, optionally over a `Link` and
     the server's shared `ServerLink` (whole messages are paced: a message is through when
-    both links have carried it)."""
+    both links have carried it).
+
+    `payload_scale` multiplies the bytes a vector is charged (links and byte counts): a
+    timing-only run carries a tiny stand-in vector for the large model it declares.
+    """
 
     def __init__(self, core: ServerCore, link: Link | None = None,
-                 server_link: ServerLink | None = None) -> None:
+                 server_link: ServerLink | None = None, payload_scale: float = 1.0) -> None:
+        if not payload_scale > 0:
+            raise ValueError(f"payload_scale must be > 0, got {payload_scale}")
         self.core = core
         self.link = link
         self.server_link = server_link
+        self.payload_scale = payload_scale
         self.bytes_up = 0
         self.bytes_down = 0
 
@@ -35,7 +42,7 @@ class LocalTransport:
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         head = encode_header(header, vector)
-        up = len(head) + (0 if vector is None else vector.nbytes)
+        up = len(head) + self.wire_bytes(vector)
         self.bytes_up += up
         await self._carry(up, incoming=True)
         try:
@@ -49,10 +56,14 @@ class LocalTransport:
         except WireError as err:
             raise refusal_from(err.status, err.reason) from None
         reply_head = encode_header(reply, out)
-        down = len(reply_head) + (0 if out is None else out.nbytes)
+        down = len(reply_head) + self.wire_bytes(out)
         self.bytes_down += down
         await self._carry(down, incoming=False)
         return decode_header(reply_head[PREFIX.size :]), None if out is None else out.clone()
+
+    def wire_bytes(self, vector: torch.Tensor | None) -> int:
+        """The bytes a message's vector is charged (scaled by `payload_scale`)."""
+        return 0 if vector is None else round(vector.nbytes * self.payload_scale)
 
     async def _carry(self, nbytes: int, incoming: bool) -> None:
         """One direction of a message: latency, then the bytes through both links."""
