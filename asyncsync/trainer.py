@@ -119,15 +119,18 @@ class Trainer:
         return Computed(value, len(targets))
 
     def local_step(self, batch_size: int, center: torch.Tensor | None = None,
-                   rho: float = 0.0) -> Computed:
+                   rho: float = 0.0, correction: torch.Tensor | None = None) -> Computed:
         """One local SGD step on the flat vector; with a `center`, on the proximal objective
-        ``f(x) + rho/2 ||x - center||^2`` (parameters only)."""
+        ``f(x) + rho/2 ||x - center||^2``; with a `correction`, on the gradient
+        ``g + correction`` (both on the parameters only)."""
         result = self.gradient(batch_size)
         with torch.no_grad():
             n = self.params.num_params
             params, grad = self.params.flat[:n], self.params.grad[:n]
             if center is not None:
                 grad = grad + rho * (params - center[:n].to(params.device))
+            if correction is not None:
+                grad = grad + correction[:n].to(params.device)
             params.sub_(self.optimizer.update(params, grad))
         return result
 

@@ -20,8 +20,11 @@ Ownership of vectors: a `Push.vector` belongs to the rule once `on_push` has it 
 engine never reuses it); vectors a worker gets from `pull` belong to the loop. A rule must
 not write into ``store.w`` (it may still be streaming to a reader); it makes new tensors.
 
-Adding a protocol means adding one module under `asyncsync/protocols/` that calls
-`register`; `get_protocol` discovers the modules on first use.
+Beside this file and `ports.py`, the SDK offers `rounds.py` (the round barrier),
+`overlap.py` (background exchanges), `server_optim.py` (server optimizers for aggregated
+deltas: FedOpt's seam) and `staleness.py` (staleness functions of asynchronous
+aggregation). Adding a protocol means adding one module under `asyncsync/protocols/` that
+calls `register`; `get_protocol` discovers the modules on first use.
 """
 
 from __future__ import annotations
@@ -153,7 +156,8 @@ class Protocol:
 
 
 PROTOCOLS: dict[str, Protocol] = {}
-SDK_MODULES = frozenset({"base", "messages", "ports", "rounds", "overlap"})
+SDK_MODULES = frozenset({"base", "messages", "ports", "rounds", "overlap", "server_optim",
+                         "staleness"})
 
 
 def register(protocol: Protocol) -> Protocol:

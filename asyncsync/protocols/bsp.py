@@ -8,24 +8,48 @@ The barrier is the SDK's `RoundServer`; a lost worker's gradient of the open rou
 withdrawn and the step is taken with the others', and a rejoined worker computes its
 gradient at the version it joined and the barrier waits for it.
 
-Reference: L. G. Valiant, "A bridging model for parallel computation", CACM 1990.
+Backup workers and a deadline (both off by default; `rounds.Cutoff`): with
+``backup_workers = b`` a version is made from the first ``N - b`` gradients of the round
+(N the live workers), and with ``deadline_s = d`` from those that arrived within d seconds
+of the round's first gradient; the step is the mean of the gradients taken. A late
+gradient (its round closed without it) is dropped and counted (``rule.late``, and
+``RoundRecord.missing`` per round); its worker pulls the newest model and goes on, as in
+the paper, where the late gradients of backup workers are discarded.
+
+Of the other round protocols, none takes them: LB-BSP balances batch sizes so that every
+worker arrives together instead, and its global batch and speed estimates need every
+worker's gradient; ESync and NBSync shape local work so that nobody is waited for; and in
+the delta-averaging rounds (local SGD, FedAvg, DiLoCo, Overlap Local SGD, EASGD) a dropped
+push throws away several local steps, which the paper does not study. Such a protocol
+can still offer them by deriving its parameters from `Cutoff`.
+
+References: L. G. Valiant, "A bridging model for parallel computation", CACM 1990;
+J. Chen, X. Pan, R. Monga, S. Bengio, R. Jozefowicz, "Revisiting Distributed Synchronous
+SGD", arXiv:1604.00981, 2016 (backup workers).
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asyncsync.protocols.base import NoParams, Protocol, Push, WorkerLoop, register
+from asyncsync.protocols.base import Protocol, Push, WorkerLoop, register
 from asyncsync.protocols.ports import Context
-from asyncsync.protocols.rounds import RoundServer, average, contributions
+from asyncsync.protocols.rounds import Cutoff, RoundServer, average, contributions
+
+
+@dataclass(frozen=True)
+class BspParams(Cutoff):
+    """Parameters of BSP: backup workers and a round deadline (both off by default)."""
 
 
 class BspServer(RoundServer):
     """A round per version: the weighted mean gradient of the round makes one server step
-    (weights: `weight`, equal by default)."""
+    (weights: `weight`, equal by default); with `BspParams` a round may close without its
+    slowest members."""
 
     push_kinds = frozenset({"gradient"})
 
@@ -64,5 +88,6 @@ class BspWorker(WorkerLoop):
             await ctx.adopt(vector, version)
 
 
-BSP = register(Protocol("bsp", "synchronous SGD: every live worker's gradient per version, "
-                               "then one step", NoParams, BspServer, BspWorker))
+BSP = register(Protocol("bsp", "synchronous SGD: every live worker's gradient per version "
+                               "(or the first N - b, or those in by a deadline), then one "
+                               "step", BspParams, BspServer, BspWorker))

@@ -2,12 +2,17 @@
 
 Worker: starting from the global model ``w``, run H local (inner) SGD steps and push its
 progress ``d_i = w_i - w``; pull the next global model and adopt it. Server: when the
-deltas of every live worker are in, the pseudo-gradient is ``g = -mean_i d_i`` and
-``w <- w - outer.update(w, g)`` on the parameters, where ``outer`` is SGD with Nesterov
-momentum (lr 0.7, momentum 0.9); buffers (BatchNorm statistics) take no outer step, they
-become the workers' mean, ``w + mean_i d_i``. Then version += 1 and the pulls are
-released. Outer momentum 0 gives plain outer SGD (lr 1 is then local SGD's averaging). The
-inner optimizer is the worker's local SGD (the paper uses AdamW).
+deltas of every live worker are in, the pseudo-gradient is ``g = -mean_i d_i`` and the
+outer optimizer steps the parameters on it, ``w <- w - outer.update(w, g)``: SGD with
+Nesterov momentum (lr 0.7, momentum 0.9) by default; buffers (BatchNorm statistics) take
+no outer step, they become the workers' mean, ``w + mean_i d_i``. Then version += 1 and
+the pulls are released. Outer momentum 0 gives plain outer SGD (lr 1 is then local SGD's
+averaging). The inner optimizer is the worker's local SGD (the paper uses AdamW).
+
+The outer step is the SDK's server optimizer seam (`asyncsync.protocols.server_optim`),
+the one FedOpt's optimizers plug into: ``outer_optimizer = "adam"`` (or yogi, adagrad)
+takes an adaptive outer step at ``outer_lr`` with ``beta1``, ``beta2``, ``tau`` (the paper
+also tries Adam as outer optimizer; give it a smaller ``outer_lr``).
 
 The barrier is the SDK's `RoundServer` (per fragment: Streaming DiLoCo splits the model);
 a lost worker's delta of an open round is withdrawn and the round closes with the
@@ -28,7 +33,6 @@ from dataclasses import dataclass
 import torch
 
 from asyncsync.protocols.base import (
-    FlatSGD,
     Protocol,
     WorkerLoop,
     check_fields,
@@ -37,33 +41,49 @@ from asyncsync.protocols.base import (
 )
 from asyncsync.protocols.ports import Context, Store
 from asyncsync.protocols.rounds import RoundServer
+from asyncsync.protocols.server_optim import (
+    SERVER_OPTIMIZERS,
+    AdaptiveOptions,
+    ServerOptimizer,
+    ServerSgd,
+    apply_delta,
+)
 
 
 @dataclass(frozen=True)
-class DilocoParams:
-    """Parameters of DiLoCo."""
+class DilocoParams(AdaptiveOptions):
+    """Parameters of DiLoCo (with the adaptive outer optimizers')."""
 
     inner_steps: int = option(50, lambda v: v >= 1, "must be >= 1",
                               "H: local (inner) steps between outer steps")
     outer_lr: float = option(0.7, lambda v: v > 0, "must be > 0", "outer learning rate")
     outer_momentum: float = option(0.9, lambda v: 0 <= v < 1, "must be in [0, 1)",
                                    "outer Nesterov momentum (0: plain outer SGD)")
+    outer_optimizer: str = option("sgd", lambda v: v in SERVER_OPTIMIZERS,
+                                  f"must be one of {', '.join(SERVER_OPTIMIZERS)}",
+                                  "sgd (Nesterov, outer_momentum) | adam | yogi | adagrad")
 
     def __post_init__(self) -> None:
         check_fields(self)
 
+    def make_outer_optimizer(self) -> ServerOptimizer:
+        """A fresh outer optimizer as configured."""
+        if self.outer_optimizer == "sgd":
+            return ServerSgd(self.outer_lr, self.outer_momentum,
+                             nesterov=self.outer_momentum > 0)
+        return self.adaptive_optimizer(self.outer_optimizer, self.outer_lr)
+
 
 class DilocoServer(RoundServer):
-    """Outer Nesterov SGD on the negated mean delta of the parameters, with momentum per
-    fragment; buffers become the workers' mean. The outer momentum buffers are the rule's
-    checkpoint state."""
+    """The outer step on the negated mean delta of the parameters, with one outer optimizer
+    per fragment; buffers become the workers' mean. The outer optimizers' states (e.g. the
+    Nesterov momentum) are the rule's checkpoint state."""
 
     push_kinds = frozenset({"delta"})
 
     def __init__(self, params: DilocoParams, store: Store) -> None:
         super().__init__(params, store)
-        self.outer = [FlatSGD(params.outer_lr, params.outer_momentum,
-                              nesterov=params.outer_momentum > 0) for _ in self.bounds]
+        self.outer = [params.make_outer_optimizer() for _ in self.bounds]
 
     def parameter_count(self, fragment: int) -> int:
         """How many leading elements of the fragment are parameters (the rest: buffers)."""
@@ -71,27 +91,25 @@ class DilocoServer(RoundServer):
         return min(max(self.store.num_params - start, 0), stop - start)
 
     def combine(self, fragment: int, current: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-        split = self.parameter_count(fragment)
-        new = current + mean  # buffers: the workers' mean
-        new[:split] = current[:split] - self.outer[fragment].update(current[:split],
-                                                                    -mean[:split])
-        return new
+        return apply_delta(self.outer[fragment], current, mean, self.parameter_count(fragment))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The outer momentum buffer of each fragment that has one."""
-        return {f"outer.{fragment}.momentum": outer.momentum_buffer
+        """Each fragment's outer optimizer state, under ``outer.<fragment>.`` (e.g.
+        ``outer.0.momentum``)."""
+        return {f"outer.{fragment}.{key}": value
                 for fragment, outer in enumerate(self.outer)
-                if outer.momentum_buffer is not None}
+                for key, value in outer.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for fragment, outer in enumerate(self.outer):
-            buffer = state.get(f"outer.{fragment}.momentum")
-            if buffer is not None:
-                size = self.parameter_count(fragment)
-                if buffer.shape != (size,):
-                    raise ValueError(f"outer momentum of fragment {fragment} has shape "
-                                     f"{tuple(buffer.shape)}, the fragment {size} parameters")
-                outer.momentum_buffer = buffer.clone()
+            prefix = f"outer.{fragment}."
+            try:
+                outer.load_state_dict({key.removeprefix(prefix): value
+                                       for key, value in state.items()
+                                       if key.startswith(prefix)},
+                                      self.parameter_count(fragment))
+            except ValueError as exc:
+                raise ValueError(f"outer optimizer of fragment {fragment}: {exc}") from None
 
 
 class DilocoWorker(WorkerLoop):

@@ -5,11 +5,8 @@ Worker: pull ``(w, t)``, run H local SGD steps from it, optionally on the proxim
 model ``x_new`` with its base version ``tau = t``. Server, on arrival of each model:
 ``alpha_t = alpha * s(t - tau)`` with t the current version, then
 ``w <- (1 - alpha_t) w + alpha_t x_new``, version += 1. The weight depends only on that
-update's own staleness, never on earlier updates. Staleness functions s(d):
-
-- ``constant``: 1
-- ``polynomial``: ``(d + 1) ** -a``
-- ``hinge``: 1 if ``d <= b``, else ``1 / (a (d - b) + 1)``
+update's own staleness, never on earlier updates. The staleness functions s(d) (constant,
+polynomial, hinge) are the SDK's, in `asyncsync.protocols.staleness`.
 
 The push reply's meta carries the weight that was applied (``mixing_weight``).
 
@@ -34,23 +31,15 @@ from asyncsync.protocols.base import (
     register,
 )
 from asyncsync.protocols.ports import Context
-
-STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
+from asyncsync.protocols.staleness import StalenessOptions
 
 
 @dataclass(frozen=True)
-class FedAsyncParams:
-    """Parameters of FedAsync."""
+class FedAsyncParams(StalenessOptions):
+    """Parameters of FedAsync (with the staleness function's)."""
 
     alpha: float = option(0.6, lambda v: 0 < v <= 1, "must be in (0, 1]",
                           "mixing hyperparameter alpha")
-    staleness_fn: str = option("polynomial", lambda v: v in STALENESS_FUNCTIONS,
-                               f"must be one of {', '.join(STALENESS_FUNCTIONS)}",
-                               "s(d): constant | polynomial | hinge")
-    a: float = option(0.5, lambda v: v >= 0, "must be >= 0",
-                      "exponent (polynomial) or slope (hinge) of s")
-    b: int = option(4, lambda v: v >= 0, "must be >= 0",
-                    "hinge: largest staleness still weighted 1")
     local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
                               "H: local SGD steps per update")
     rho: float = option(0.0, lambda v: v >= 0, "must be >= 0",
@@ -58,16 +47,6 @@ class FedAsyncParams:
 
     def __post_init__(self) -> None:
         check_fields(self)
-
-    def staleness_weight(self, staleness: int) -> float:
-        """s(staleness) for the configured staleness function."""
-        if self.staleness_fn == "constant":
-            return 1.0
-        if self.staleness_fn == "polynomial":
-            return float((staleness + 1) ** -self.a)
-        if staleness <= self.b:
-            return 1.0
-        return 1.0 / (self.a * (staleness - self.b) + 1.0)
 
 
 class FedAsyncServer(ServerRule):

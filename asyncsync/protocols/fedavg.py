@@ -6,7 +6,9 @@ workers, sampled without replacement (seeded by ``(seed, version)``, so a run is
 reproducible), and the deltas are weighted by their sample counts,
 ``w <- w + sum_i (n_i / n) delta_i`` with ``n = sum_i n_i`` over the round's deltas. Workers
 not sampled for a round stay idle until a round includes them. With C = 1 (the default)
-every live worker trains in every round.
+every live worker trains in every round. Local SGD's options apply: FedProx's proximal
+term (``mu``) and a server optimizer on the weighted mean delta (``server_optimizer``:
+FedAdam, FedYogi, FedAdagrad; see `asyncsync.protocols.server_optim`).
 
 Membership is local SGD's: a lost participant's delta is withdrawn and the round closes
 with the others' (it is drawn again if no participant is left); a rejoined worker joins

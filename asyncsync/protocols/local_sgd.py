@@ -1,16 +1,28 @@
-"""Local SGD: periodic model averaging after H local steps.
+"""Local SGD: periodic model averaging after H local steps; FedProx and FedOpt as options.
 
-Worker: wait until the server has a round for it, adopt the round's model, run H local SGD
-steps, push the delta ``w_i(end) - w_i(start)`` with its sample count. Server: when every
-live participant of the round has pushed, ``w <- w + sum_i p_i delta_i`` over the round's
-deltas with equal weights ``p_i = 1/n`` (n: the deltas of the round), version += 1, and the
-next round opens.
+Worker: wait until the server has a round for it, adopt the round's model ``w``, run H
+local SGD steps, push the delta ``w_i(end) - w_i(start)`` with its sample count. With
+``mu > 0`` the local steps minimize FedProx's ``F_i(x) + mu/2 ||x - w||^2`` (the SDK's
+proximal steps, which FedAsync's rho uses too). Server: when every live participant of the
+round has pushed, ``delta = sum_i p_i delta_i`` over the round's deltas with equal weights
+``p_i = 1/n`` (n: the deltas of the round), and the server optimizer
+(`asyncsync.protocols.server_optim`) steps the parameters on the pseudo-gradient
+``-delta``: by default sgd at lr 1, ``w <- w + delta``; FedAdam, FedYogi or FedAdagrad with
+``server_optimizer``. Buffers (BatchNorm statistics) become ``w + delta``. Then version
++= 1, and the next round opens.
 
 A round is identified by the version its participants start from. The hooks
-`LocalSgdServer.participants` (who trains in a round) and `LocalSgdServer.weight` (a
-delta's unnormalised weight) are what FedAvg overrides.
+`LocalSgdServer.participants` (who trains in a round), `LocalSgdServer.weight` (a delta's
+unnormalised weight) and `LocalSgdServer.aggregate` (the next global vector from the
+round's pushes) are what FedAvg, FedNova and SCAFFOLD override.
 
-Reference: S. U. Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019.
+**(choice)** FedProx's other ingredient, taking partial work from stragglers (its
+gamma-inexact local solutions), is left out: every participant runs its H steps (FedNova
+is the protocol for unequal local work).
+
+References: S. U. Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019;
+T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar, V. Smith, "Federated Optimization
+in Heterogeneous Networks" (FedProx), MLSys 2020.
 """
 
 from __future__ import annotations
@@ -31,21 +43,28 @@ from asyncsync.protocols.base import (
     register,
 )
 from asyncsync.protocols.ports import Context, Store
-from asyncsync.protocols.rounds import RoundServer
+from asyncsync.protocols.rounds import RoundServer, average, contributions
+from asyncsync.protocols.server_optim import (
+    ServerOptimizerOptions,
+    ServerOptimizerState,
+    apply_delta,
+)
 
 
 @dataclass(frozen=True)
-class LocalSgdParams:
-    """Parameters of local SGD."""
+class LocalSgdParams(ServerOptimizerOptions):
+    """Parameters of local SGD (with FedProx's mu and the server optimizer's)."""
 
     local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
                               "H: local SGD steps per round")
+    mu: float = option(0.0, lambda v: v >= 0, "must be >= 0",
+                       "FedProx: weight of the proximal term mu/2 ||x - w||^2 (0: off)")
 
     def __post_init__(self) -> None:
         check_fields(self)
 
 
-class LocalSgdServer(RoundServer):
+class LocalSgdServer(ServerOptimizerState, RoundServer):
     """One round per version: the last live participant's delta closes it.
 
     Each round's participants are drawn when it opens from the live workers (before the
@@ -57,14 +76,18 @@ class LocalSgdServer(RoundServer):
     local SGD: the rejoined worker then joins the open round); otherwise the rejoined
     worker waits for a round that draws it.
 
+    The server optimizer's state is the rule's checkpoint state.
+
     Attributes:
         round: the participants drawn for the open round.
+        optimizer: the server optimizer.
     """
 
     push_kinds = frozenset({"delta"})
 
-    def __init__(self, params: LocalSgdParams, store: Store) -> None:
+    def __init__(self, params: ServerOptimizerOptions, store: Store) -> None:
         super().__init__(params, store)
+        self.optimizer = params.make_server_optimizer()
         self.round = self.participants(0, range(store.workers))
 
     def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
@@ -87,13 +110,16 @@ class LocalSgdServer(RoundServer):
         if worker not in self.round and self.members() <= drawn:
             self.round = drawn
 
-    def combine(self, fragment: int, current: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-        """``w + weighted mean delta``."""
-        return current + mean
+    def aggregate(self, w: torch.Tensor, pushes: list[Push]) -> torch.Tensor:
+        """The next global vector from the round's pushes (in the compute seam): the server
+        step on their weighted mean delta."""
+        mean = average([push.vector for push in pushes], [self.weight(push) for push in pushes])
+        return apply_delta(self.optimizer, w, mean, self.store.num_params)
 
     async def close_round(self, fragment: int, pushes: dict[int, Push]) -> None:
-        """Commit the round, then draw the next one's participants."""
-        await super().close_round(fragment, pushes)
+        """Commit the round's `aggregate`, then draw the next one's participants."""
+        new = await self.store.compute(self.aggregate, self.store.w, list(pushes.values()))
+        self.store.commit(new, contributions(pushes))
         self.round = self.participants(self.store.version, self.store.live)
 
     async def on_pull(self, pull: Pull) -> Reply:
@@ -106,14 +132,14 @@ class LocalSgdServer(RoundServer):
 
 
 class LocalSgdWorker(WorkerLoop):
-    """Pull a round's model, run H local steps, push the delta."""
+    """Pull a round's model, run H local (proximal) steps, push the delta."""
 
     async def run(self, ctx: Context) -> None:
-        steps = self.params.local_steps
+        steps, mu = self.params.local_steps, self.params.mu
         while True:
             anchor, version, _ = await ctx.pull()
             await ctx.adopt(anchor, version)
-            result = await ctx.steps(steps)
+            result = await ctx.steps(steps, proximal=(anchor, mu) if mu > 0 else None)
             delta = await ctx.delta_since(anchor)
             await ctx.push("delta", delta, steps=steps, samples=result.samples)
 

@@ -89,7 +89,7 @@ class Context(Protocol):
     Attributes:
         rank: this worker's rank; workers: the run's size; numel: the model's length.
         version: the global version the local model was last adopted from.
-        batch_size: the default local batch size.
+        batch_size: the default local batch size; lr: the learning rate of local steps.
 
     Vectors are CPU tensors; those a verb returns belong to the loop. Every verb that
     computes goes through the worker's compute seam (its time is charged as computation);
@@ -101,15 +101,18 @@ class Context(Protocol):
     numel: int
     version: int
     batch_size: int
+    lr: float
 
     async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
         """One batch's gradient as a vector (buffer slots carry the buffers' values)."""
         ...
 
     async def steps(self, count: int = 1, batch_size: int | None = None,
-                    proximal: tuple[torch.Tensor, float] | None = None) -> StepResult:
+                    proximal: tuple[torch.Tensor, float] | None = None,
+                    correction: torch.Tensor | None = None) -> StepResult:
         """`count` local SGD steps; with ``proximal=(center, rho)`` on the objective
-        ``f(x) + rho/2 ||x - center||^2``."""
+        ``f(x) + rho/2 ||x - center||^2``; with a `correction` (a full-length vector), each
+        step's gradient is ``g + correction`` (parameters only; SCAFFOLD's ``c - c_i``)."""
         ...
 
     async def snapshot(self) -> torch.Tensor:

@@ -18,15 +18,37 @@ rounds (Streaming DiLoCo); most protocols have one fragment, the whole vector.
   whose remaining members have all pushed close at once (not once the run is stopping);
   a worker that (re)joins is a member of the open rounds, which then wait for it.
 
+Backup workers and deadlines (J. Chen, X. Pan, R. Monga, S. Bengio, R. Jozefowicz,
+"Revisiting Distributed Synchronous SGD", arXiv:1604.00981, 2016): a protocol whose
+parameter dataclass derives from `Cutoff` lets a round close before every member pushed.
+
+- With ``backup_workers = b`` a round closes as soon as ``M - b`` of its M members have
+  pushed (the first ones to arrive; at least one).
+- With ``deadline_s = d > 0`` a round also closes ``d`` seconds after its first push, with
+  what has arrived by then **(choice)**: timed from the first push rather than from the
+  round's opening, so that `d` is the patience granted to stragglers whatever the step
+  time is, and a round never closes empty. The timer is a loop timer, so it runs on the
+  run's clock (virtual in virtual mode).
+- A push based on an older version than the current one is then *late* (its round closed
+  without it): it is dropped, counted in `late` (per worker), answered with meta
+  ``late: True``, and the worker's pull is answered with the current model, so the late
+  worker carries on from the newest version (no refusal, hence no rejoin). The members a
+  round closed without are in its `RoundRecord.missing`.
+
+Late pushes are recognised by their base version, so only protocols whose pushes are
+based on the current version (`same_version`) may derive their parameters from `Cutoff`.
+
 Hooks for variants: `members`, `take` (check a push), `weight`, `left`, `joined`,
 `combine` or `close_round`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections import deque
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -40,6 +62,8 @@ from asyncsync.protocols.base import (
     Reply,
     ServerRule,
     brief,
+    check_fields,
+    option,
 )
 from asyncsync.protocols.ports import Contributions, Store
 
@@ -63,14 +87,31 @@ def contributions(pushes: dict[int, Push]) -> Contributions:
 
 
 @dataclass(frozen=True)
+class Cutoff:
+    """Parameters that let a round close without its slowest members (see the module
+    docstring); a protocol's parameter dataclass derives from this class to offer them."""
+
+    backup_workers: int = option(0, lambda v: v >= 0, "must be >= 0",
+                                 "b: a round closes with the first N - b pushes; later "
+                                 "ones are dropped")
+    deadline_s: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
+                               "a round closes this long after its first push with what "
+                               "arrived (0: no deadline)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
 class RoundRecord:
-    """One closed round: its fragment and number, the version it made, and each member's
-    local steps."""
+    """One closed round: its fragment and number, the version it made, each member's
+    local steps, and the members it closed without (backup workers, deadline)."""
 
     fragment: int
     round: int
     version: int
     steps: dict[int, int]
+    missing: frozenset[int] = field(default_factory=frozenset)
 
 
 class RoundServer(ServerRule):
@@ -83,6 +124,8 @@ class RoundServer(ServerRule):
         pending: each fragment's open round: its pushes by worker, in arrival order.
         closed: how many rounds each fragment has closed (the open round's number).
         rounds: the most recent closed rounds (at most `HISTORY`).
+        cutoff: when a round may close early (from the parameters when they derive from
+            `Cutoff`, else never); late: late pushes dropped, per worker.
     """
 
     same_version: ClassVar[bool] = True
@@ -93,7 +136,14 @@ class RoundServer(ServerRule):
         self.pending: list[dict[int, Push]] = [{} for _ in self.bounds]
         self.closed = [0] * len(self.bounds)
         self.rounds: deque[RoundRecord] = deque(maxlen=HISTORY)
+        self.cutoff = params if isinstance(params, Cutoff) else Cutoff()
+        if self.cutoff.backup_workers >= store.workers:
+            raise ValueError(f"backup_workers: must be < workers ({store.workers}), "
+                             f"got {self.cutoff.backup_workers}")
+        self.late: dict[int, int] = {}
         self._answered: dict[tuple[int, int], int] = {}  # (fragment, worker) -> base version
+        self._timers: list[asyncio.TimerHandle | None] = [None] * len(self.bounds)
+        self._expiring: set[asyncio.Task[None]] = set()  # deadline closes under way
 
     # ---- hooks ---------------------------------------------------------------------------
     def fragments(self) -> list[tuple[int, int]]:
@@ -157,6 +207,8 @@ class RoundServer(ServerRule):
         async with self.store.lock:
             pending, number = self.pending[fragment], self.closed[fragment]
             if self.same_version and push.base_version != self.store.version:
+                if push.base_version < self.store.version and self._cuts():
+                    return self._drop_late(fragment, push)
                 raise OutOfStep(f"push based on version {push.base_version}, but the round "
                                 f"in progress is at version {self.store.version}")
             if push.worker not in self.members(fragment):
@@ -167,20 +219,65 @@ class RoundServer(ServerRule):
                                 f"for round {number}")
             self.take(push)
             pending[push.worker] = push
+            if len(pending) == 1 and self.cutoff.deadline_s:
+                self._arm(fragment)
             await self._close_if_complete(fragment)
         return {"fragment": fragment, "round": number}
 
+    def _cuts(self) -> bool:
+        """Whether rounds may close without some members (so late pushes can happen)."""
+        return bool(self.cutoff.backup_workers or self.cutoff.deadline_s)
+
+    def _drop_late(self, fragment: int, push: Push) -> dict[str, Any]:
+        """Count and drop a push whose round closed without it; its pull is answered."""
+        self.late[push.worker] = self.late.get(push.worker, 0) + 1
+        key = (fragment, push.worker)
+        self._answered[key] = max(self._answered.get(key, -1), push.base_version)
+        self.store.notify()
+        return {"fragment": fragment, "late": True}
+
     async def _close_if_complete(self, fragment: int) -> None:
+        pushes, members = self.pending[fragment], self.members(fragment)
+        quorum = len(members) - self.cutoff.backup_workers
+        if pushes and len(pushes.keys() & members) >= quorum:
+            await self._close(fragment)
+
+    async def _close(self, fragment: int) -> None:
+        """Commit the open round of `fragment` with the pushes it has (at least one)."""
         pushes = self.pending[fragment]
-        if not pushes or not pushes.keys() >= self.members(fragment):
-            return
+        missing = frozenset(self.members(fragment) - pushes.keys())
         await self.close_round(fragment, pushes)
+        self._disarm(fragment)
         self.rounds.append(RoundRecord(fragment, self.closed[fragment], self.store.version,
-                                       {w: push.steps for w, push in pushes.items()}))
+                                       {w: push.steps for w, push in pushes.items()},
+                                       missing))
         for worker, push in pushes.items():
             self._answered[fragment, worker] = push.base_version
         self.pending[fragment] = {}
         self.closed[fragment] += 1
+
+    # ---- the deadline --------------------------------------------------------------------
+    def _arm(self, fragment: int) -> None:
+        """Start the open round's deadline (at its first push)."""
+        self._timers[fragment] = asyncio.get_running_loop().call_later(
+            self.cutoff.deadline_s, self._expire, fragment, self.closed[fragment])
+
+    def _disarm(self, fragment: int) -> None:
+        timer = self._timers[fragment]
+        if timer is not None:
+            timer.cancel()
+            self._timers[fragment] = None
+
+    def _expire(self, fragment: int, number: int) -> None:
+        self._timers[fragment] = None
+        task = asyncio.create_task(self._close_at_deadline(fragment, number))
+        self._expiring.add(task)
+        task.add_done_callback(self._expiring.discard)
+
+    async def _close_at_deadline(self, fragment: int, number: int) -> None:
+        async with self.store.lock:
+            if self.closed[fragment] == number and self.pending[fragment]:
+                await self._close(fragment)
 
     async def on_pull(self, pull: Pull) -> Reply:
         fragment = self.fragment_of(pull.meta)
@@ -194,8 +291,10 @@ class RoundServer(ServerRule):
 
     async def on_leave(self, worker: int) -> None:
         async with self.store.lock:
-            for pending in self.pending:
+            for fragment, pending in enumerate(self.pending):
                 pending.pop(worker, None)
+                if not pending:
+                    self._disarm(fragment)
             self.left(worker)
             for fragment in range(len(self.bounds)):
                 await self._close_if_complete(fragment)
