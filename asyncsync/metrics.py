@@ -9,7 +9,7 @@ categories overlap in time; compute proportion is always computing time / wall t
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -58,7 +58,9 @@ class WorkerStats:
     overruns: int = 0
 
     def as_header(self) -> dict[str, float | int]:
-        return asdict(self)
+        """The totals as a flat dict (all fields are numbers: a shallow copy is enough,
+        and it is on every request's path, where `dataclasses.asdict` costs ~70 us)."""
+        return dict(vars(self))
 
 
 STAT_FIELDS = frozenset(WorkerStats.__dataclass_fields__)

@@ -18,7 +18,7 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
 from asyncsync.metrics import JsonlLog
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import NotInRun, OutOfStep
+from asyncsync.protocols.base import Forbidden, NotInRun, OutOfStep
 from asyncsync.protocols.wbsp import WbspParams
 from tests.helpers import tiny_model
 
@@ -26,8 +26,18 @@ RUN = "run"
 T = TypeVar("T")
 
 
+SESSIONS: dict[int, str] = {}
+"""Each rank's session secret from its latest join (a test joins before it sends)."""
+
+
 def header(worker: int, **fields: Any) -> dict[str, Any]:
-    return {"run_id": RUN, "worker": worker, "meta": {}, **fields}
+    return {"run_id": RUN, "worker": worker, "meta": {}, "session": SESSIONS.get(worker, ""),
+            **fields}
+
+
+async def join(core: ServerCore, worker: int) -> None:
+    reply, _ = await core.handle("join", header(worker), None)
+    SESSIONS[worker] = reply["meta"]["session"]
 
 
 def push(worker: int, base: int, kind: str) -> dict[str, Any]:
@@ -35,7 +45,8 @@ def push(worker: int, base: int, kind: str) -> dict[str, Any]:
 
 
 async def join_all(core: ServerCore, workers: int) -> None:
-    await asyncio.gather(*(core.handle("join", header(w), None) for w in range(workers)))
+    SESSIONS.clear()
+    await asyncio.gather(*(join(core, w) for w in range(workers)))
 
 
 @pytest.mark.parametrize(("protocol", "kind", "params"), [
@@ -51,7 +62,7 @@ async def test_a_push_from_before_a_rejoin_is_refused_by_the_engine(
         await join_all(core, 2)
         await core.handle("push", push(1, 0, kind), torch.zeros(numel))
         assert core.store.version == 1
-        await core.handle("join", header(0), None)  # worker 0 restarted: it rejoins at 1
+        await join(core, 0)  # worker 0 re-syncs (as after a refusal): it rejoins at 1
         w = core.store.w
         with pytest.raises(OutOfStep, match="rejoined at version 1"):
             await core.handle("push", push(0, 0, kind), torch.ones(numel))
@@ -93,7 +104,8 @@ async def test_wbsp_continues_from_the_resumed_model(tmp_path: Any) -> None:
     try:
         second.resume(settings.checkpoint_path)  # type: ignore[arg-type]
         assert torch.equal(second.store.w, saved) and second.store.version == 1
-        await second.handle("join", header(0), None)
+        SESSIONS.clear()  # the sessions of the first server ended with it
+        await join(second, 0)
         await second.handle("push", push(0, 1, "delta"), delta)
         assert second.store.version == 2
         torch.testing.assert_close(second.store.w, saved + delta)
@@ -167,3 +179,52 @@ async def test_a_failing_checkpoint_is_logged_counted_and_retried(tmp_path: Any)
     logged = [json.loads(line)["event"] for line in events.read_text().splitlines()]
     assert "checkpoint_failed" in logged and "checkpoint" in logged
     assert logged[-1] == "stop"
+
+
+async def test_a_token_holder_cannot_act_as_another_rank() -> None:
+    """Sessions: a forged join for a live rank is refused and withdraws nothing; requests
+    without the rank's secret (leave, push, pull, heartbeat) are forbidden."""
+    core = build_core(tiny_model(), "bsp", 2, ServerSettings(worker_timeout_s=None))
+    numel = core.store.numel
+    try:
+        await join_all(core, 2)
+        await core.handle("push", push(0, 0, "gradient"), torch.ones(numel))
+        honest = SESSIONS[0]
+        forged = {"run_id": RUN, "worker": 0, "meta": {}}
+        with pytest.raises(OutOfStep, match="live session"):
+            await core.handle("join", forged, None)
+        for op in ("leave", "heartbeat", "pull", "push"):
+            with pytest.raises(Forbidden, match="session secret"):
+                await core.handle(op, {**push(0, 0, "gradient"), "session": "guess"},
+                                  torch.ones(numel))
+        assert SESSIONS[0] == honest and 0 in core.store.members
+        # worker 0's acknowledged push still counts: worker 1's push closes the round
+        await core.handle("push", push(1, 0, "gradient"), torch.ones(numel))
+        assert core.store.version == 1
+        # once the session has left, a new one may take the rank
+        await core.handle("leave", header(0), None)
+        reply, _ = await core.handle("join", forged, None)
+        assert reply["meta"]["session"] != honest
+    finally:
+        await core.stop()
+        await core.close()
+
+
+async def test_nothing_commits_before_every_worker_has_joined() -> None:
+    """A joined worker waiting at the start barrier cannot push (bsp used to commit a
+    version with one of four workers before the others had joined)."""
+    core = build_core(tiny_model(), "bsp", 4, ServerSettings(worker_timeout_s=None))
+    try:
+        waiting = asyncio.create_task(core.handle("join", header(0), None))
+        await asyncio.sleep(0.01)
+        secret = core.workers[0].session  # as a client reading it off the wire would not
+        for op in ("push", "pull"):
+            with pytest.raises(OutOfStep, match="not started"):
+                await core.handle(op, {**push(0, 0, "gradient"), "session": secret},
+                                  torch.ones(core.store.numel))
+        assert core.store.version == 0 and not waiting.done()
+        await asyncio.gather(*(join(core, w) for w in (1, 2, 3)))
+        await waiting
+    finally:
+        await core.stop()
+        await core.close()

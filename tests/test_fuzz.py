@@ -11,7 +11,7 @@ import torch
 
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.http_server import ParameterServer
-from asyncsync.wire import CONTENT_TYPE, PREFIX, encode_header, tensor_chunks
+from asyncsync.wire import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
 
 TOKEN = "fuzz-token"
@@ -24,12 +24,13 @@ def frame(header: dict[str, object], vector: torch.Tensor) -> bytes:
     return encode_header(header, vector) + b"".join(bytes(p) for p in tensor_chunks(vector))
 
 
-def mutants(numel: int, rng: random.Random) -> tuple[str, bytes, dict[str, str]]:
-    """One hostile request: (operation, body, headers)."""
+def mutants(numel: int, rng: random.Random, session: str) -> tuple[str, bytes, dict[str, str]]:
+    """One hostile request: (operation, body, headers), from the holder of worker 0's
+    session secret (so the mutations reach past the session check)."""
     poisoned = torch.full((numel,), 0.01)
     poisoned[rng.randrange(numel)] = float("nan")  # whatever else passes, this cannot
     header = {"worker": 0, "run_id": "fuzz", "base_version": 0, "kind": "gradient",
-              "steps": 1, "samples": 4}
+              "steps": 1, "samples": 4, "session": session}
     body = frame(header, poisoned)
     head_len = PREFIX.size + PREFIX.unpack(body[:PREFIX.size])[0]
     # every operation but "stop", which a caller holding the token may legitimately send
@@ -66,6 +67,12 @@ def mutants(numel: int, rng: random.Random) -> tuple[str, bytes, dict[str, str]]
     return op, body, headers
 
 
+def session_of(reply: bytes) -> str:
+    """The session secret in a join's reply frame."""
+    (size,) = PREFIX.unpack(reply[: PREFIX.size])
+    return str(decode_header(reply[PREFIX.size : PREFIX.size + size])["meta"]["session"])
+
+
 async def test_fuzzed_requests_are_all_refused_and_change_nothing() -> None:
     async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id="fuzz"),
                                token=TOKEN) as server:
@@ -79,14 +86,16 @@ async def test_fuzzed_requests_are_all_refused_and_change_nothing() -> None:
                 "Content-Type": CONTENT_TYPE, **AUTH},
                 data=encode_header({"worker": 0, "run_id": "fuzz"}, None))
             assert join.status == 200
-            await join.read()
+            secret = session_of(await join.read())
             sent = 0
             while sent < REQUESTS and time.monotonic() - began < TIME_LIMIT_S:
-                op, body, headers = mutants(numel, rng)
+                op, body, headers = mutants(numel, rng, secret)
                 async with session.post(f"{server.url}/v1/{op}", data=body,
                                         headers=headers) as resp:
-                    await resp.read()
+                    reply = await resp.read()
                     statuses[resp.status] = statuses.get(resp.status, 0) + 1
+                    if op == "join" and resp.status == 200:
+                        secret = session_of(reply)  # a join re-synced and renewed it
                     if resp.status < 400:
                         assert op in ("join", "leave", "status", "heartbeat", "pull"), (op,
                                                                                       body[:80])
@@ -98,10 +107,11 @@ async def test_fuzzed_requests_are_all_refused_and_change_nothing() -> None:
         assert torch.equal(server.core.store.w, before)
         # still serving: a well-formed request from a (re)joined worker is applied
         async with aiohttp.ClientSession(headers={"Content-Type": CONTENT_TYPE, **AUTH}) as s:
-            await (await s.post(f"{server.url}/v1/join",
-                                data=encode_header({"worker": 0, "run_id": "fuzz"}, None))).read()
+            joined = await s.post(f"{server.url}/v1/join", data=encode_header(
+                {"worker": 0, "run_id": "fuzz", "session": secret}, None))
             good = frame({"worker": 0, "run_id": "fuzz", "base_version": 0, "kind": "gradient",
-                          "steps": 1, "samples": 4}, torch.full((numel,), 0.01))
+                          "steps": 1, "samples": 4, "session": session_of(await joined.read())},
+                         torch.full((numel,), 0.01))
             resp = await s.post(f"{server.url}/v1/push", data=good)
             await resp.read()
             assert resp.status == 200, await resp.text()

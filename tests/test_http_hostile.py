@@ -21,10 +21,12 @@ from asyncsync.protocols.base import BadRequest, OutOfStep, Push
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
 from asyncsync.protocols.dssync import DsSyncParams, DsSyncServer
 from asyncsync.transport.http_server import ParameterServer
-from asyncsync.wire import CONTENT_TYPE, PREFIX, encode_header, tensor_chunks
+from asyncsync.wire import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
 
 RUN = "hostile"
+SESSION = {"secret": ""}
+"""The session secret of the fixture's worker 0 (its join reply gives it)."""
 
 
 @pytest.fixture
@@ -35,6 +37,10 @@ async def live() -> AsyncIterator[tuple[ParameterServer, aiohttp.ClientSession, 
     async with aiohttp.ClientSession() as session:
         ok = await post(session, server.url, "join", body({"worker": 0, "run_id": RUN}))
         assert ok.status == 200
+        reply = await ok.read()
+        (size,) = PREFIX.unpack(reply[: PREFIX.size])
+        SESSION["secret"] = decode_header(reply[PREFIX.size : PREFIX.size + size])["meta"][
+            "session"]
         yield server, session, numel
     await server.close()
 
@@ -48,7 +54,7 @@ def body(header: dict[str, Any], tensor: torch.Tensor | None = None) -> bytes:
 
 def push_header(**overrides: Any) -> dict[str, Any]:
     header = {"worker": 0, "run_id": RUN, "base_version": 0, "kind": "gradient",
-              "steps": 1, "samples": 8}
+              "steps": 1, "samples": 8, "session": SESSION["secret"]}
     header.update(overrides)
     return {k: v for k, v in header.items() if v is not None}
 
@@ -113,7 +119,8 @@ def cases(numel: int) -> list[tuple[str, str, bytes, str, int, str]]:
         ("no tensor", "push", body(push_header()), CONTENT_TYPE, 400, "no tensor"),
         ("meta not a map", "push", body(push_header(meta=[1]), good), CONTENT_TYPE, 400,
          "meta"),
-        ("tensor on a pull", "pull", body({"worker": 0, "run_id": RUN, "base_version": 0},
+        ("tensor on a pull", "pull", body({"worker": 0, "run_id": RUN, "base_version": 0,
+                                             "session": SESSION["secret"]},
                                           good), CONTENT_TYPE, 400, "no tensor"),
         ("wrong content type", "push", body(push_header(), good), "application/json", 415,
          "content type"),
@@ -197,8 +204,8 @@ async def test_infinite_stats_in_a_heartbeat_do_not_break_the_status(
     live: tuple[ParameterServer, aiohttp.ClientSession, int],
 ) -> None:
     server, session, _ = live
-    beat = {"worker": 0, "run_id": RUN, "stats": {"steps": math.inf, "wall_s": math.nan,
-                                                 "samples": 5}}
+    beat = {"worker": 0, "run_id": RUN, "session": SESSION["secret"],
+            "stats": {"steps": math.inf, "wall_s": math.nan, "samples": 5}}
     assert (await post(session, server.url, "heartbeat", body(beat))).status == 200
     resp = await post(session, server.url, "status", body({}))
     assert resp.status == 200

@@ -19,12 +19,14 @@ async def timed_push(server: ParameterServer, link: Link | None, vector: torch.T
     transport = HttpTransport(server.url, vector.numel(), link=link)
     try:
         joined, _ = await transport.request("join", {"worker": 0, "run_id": "net"})
-        header = {"worker": 0, "run_id": "net", "base_version": joined["version"],
-                  "kind": "gradient",
+        session = {"worker": 0, "run_id": "net", "session": joined["meta"]["session"]}
+        header = {**session, "base_version": joined["version"], "kind": "gradient",
                   "steps": 1, "samples": 1}
         began = time.monotonic()
         await transport.request("push", header, vector)
-        return time.monotonic() - began
+        seconds = time.monotonic() - began
+        await transport.request("leave", session)  # the next timed push joins as rank 0
+        return seconds
     finally:
         await transport.close()
 
@@ -63,10 +65,11 @@ async def test_downlink_paces_pulls() -> None:
         numel = server.core.store.numel
         transport = HttpTransport(server.url, numel, link=Link(LinkSpec(downlink_mbps=80)))
         try:
-            await transport.request("join", {"worker": 0, "run_id": "net"})
+            joined, _ = await transport.request("join", {"worker": 0, "run_id": "net"})
             began = time.monotonic()
-            _, vector = await transport.request("pull", {"worker": 0, "run_id": "net",
-                                                         "base_version": 0})
+            _, vector = await transport.request("pull", {
+                "worker": 0, "run_id": "net", "base_version": 0,
+                "session": joined["meta"]["session"]})
             seconds = time.monotonic() - began
         finally:
             await transport.close()

@@ -168,13 +168,14 @@ def test_the_servers_link_is_shared_by_every_workers_pushes() -> None:
                           seam=InlineServerSeam())
         server = ServerLink(8.0)  # 1 MB/s each way
         transports = [LocalTransport(core, None, server) for _ in range(4)]
-        await asyncio.gather(*(t.request("join", {"worker": w, "run_id": "run"})
-                               for w, t in enumerate(transports)))
+        joined = await asyncio.gather(*(t.request("join", {"worker": w, "run_id": "run"})
+                                        for w, t in enumerate(transports)))
         began = now()
 
         async def push(worker: int) -> float:
             header = {"worker": worker, "run_id": "run", "base_version": 0, "meta": {},
-                      "kind": "gradient", "steps": 1, "samples": 1}
+                      "kind": "gradient", "steps": 1, "samples": 1,
+                      "session": joined[worker][0]["meta"]["session"]}
             await transports[worker].request("push", header, torch.zeros(core.store.numel))
             return now() - began
 

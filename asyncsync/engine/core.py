@@ -172,6 +172,11 @@ class ServerCore:
                 return {"stop": True}, None
             raise NotInRun(f"worker {worker} is not in the run (not joined, left or dropped "
                            "after a timeout): join first")
+        if op != "join":
+            record.check_session(worker, header.get("session"))
+        if op in ("push", "pull", "query") and not self._all_joined.is_set():
+            raise OutOfStep(f"the run has not started ({sum(w.joined for w in self.workers)} "
+                            f"of {len(self.workers)} workers joined): wait for the join reply")
         meta = header.get("meta", {})
         if not isinstance(meta, dict):
             raise BadRequest("field 'meta' must be a map")
@@ -202,7 +207,7 @@ class ServerCore:
     async def _dispatch(self, op: str, worker: int, header: dict[str, Any],
                         meta: dict[str, Any], vector: torch.Tensor | None) -> Reply:
         if op == "join":
-            return await self._join(worker)
+            return await self._join(worker, header.get("session"))
         if op == "leave":
             await self._leave(worker)
             return Reply()
@@ -238,9 +243,11 @@ class ServerCore:
             LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
                         "training has probably diverged", worker, record.nonfinite)
 
-    async def _join(self, worker: int) -> Reply:
-        """First joins wait for everyone (the start barrier); later ones rejoin at once."""
+    async def _join(self, worker: int, secret: object) -> Reply:
+        """First joins wait for everyone (the start barrier); later ones rejoin at once.
+        The reply carries the session's secret (see `membership`)."""
         record = self.workers[worker]
+        session = record.open_session(worker, secret, worker in self.store.members)
         rejoin = self.run.started
         if rejoin and worker in self.store.members:  # it restarted before being dropped
             await self._drop(worker)
@@ -260,6 +267,7 @@ class ServerCore:
         self.run.log("rejoin" if rejoin else "join", worker=worker, version=self.store.version)
         reply = self.store.current()
         reply.meta["workers"] = len(self.workers)
+        reply.meta["session"] = session
         return reply
 
     async def _leave(self, worker: int) -> None:

@@ -3,16 +3,24 @@
 The live set is the store's; this module keeps per-worker records (state, losses, last
 sign of life, reported totals) and the version each worker last (re)joined at, which is
 where the one rule "a push from before this worker rejoined is refused" is enforced.
+
+Sessions: each join answers a fresh secret, and every later request of that rank must
+carry it, so a token holder cannot act as another rank (withdraw its push, make it leave).
+A join for a rank whose session is live is refused unless it carries that session's
+secret (the same worker re-syncing); a new session may take the rank once the old one has
+left or been dropped after its timeout.
 """
 
 from __future__ import annotations
 
+import hmac
 import math
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncsync.metrics import STAT_FIELDS
-from asyncsync.protocols.base import OutOfStep
+from asyncsync.protocols.base import Forbidden, OutOfStep
 
 
 @dataclass
@@ -27,6 +35,26 @@ class WorkerRecord:
     joined_at: int = 0
     state: str = "starting"
     stats: dict[str, float] = field(default_factory=dict)
+    session: str = ""
+
+    def holds(self, secret: object) -> bool:
+        """Whether `secret` is this worker's current session secret."""
+        return (bool(self.session) and isinstance(secret, str)
+                and hmac.compare_digest(secret.encode(), self.session.encode()))
+
+    def check_session(self, worker: int, secret: object) -> None:
+        """Refuse a request that does not carry this worker's session secret."""
+        if not self.holds(secret):
+            raise Forbidden(f"worker {worker}: missing or wrong session secret (every "
+                            "request after a join carries the secret its reply gave)")
+
+    def open_session(self, worker: int, secret: object, live: bool) -> str:
+        """A fresh secret for a join; refused while another session of `worker` is live."""
+        if live and not self.holds(secret):
+            raise OutOfStep(f"worker {worker} has a live session; another may join once it "
+                            "has left or timed out")
+        self.session = secrets.token_hex(16)
+        return self.session
 
     def take_stats(self, stats: object) -> None:
         """Keep the worker's reported totals (known, finite numeric fields only)."""

@@ -28,6 +28,7 @@ from asyncsync.trainer import BatchSource, Computed, LossFn, Trainer
 
 T = TypeVar("T")
 RESYNC = (OutOfStep, NotInRun)
+JOIN_WAIT_S = 120.0
 """Refusals after which a worker rejoins and restarts its loop: the server no longer counts
 it (dropped after a timeout, or restarted), or its request no longer fits the protocol's
 state (e.g. it raced a membership change)."""
@@ -43,6 +44,7 @@ class WorkerContext:
         self.run_id = run_id
         self.numel = trainer.numel
         self.batch_size = batch_size
+        self.lr = trainer.optimizer.lr
         self.version = 0
         self.workers = 1
         self._transport = transport
@@ -50,6 +52,7 @@ class WorkerContext:
         self._seam = seam
         self._metrics = metrics
         self._max_steps = max_steps
+        self._session = ""  # the secret of this worker's session, from its join reply
 
     # ---- computation -------------------------------------------------------------------
     async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
@@ -66,7 +69,8 @@ class WorkerContext:
         return self._account(start, [charged], [computed]), grad
 
     async def steps(self, count: int = 1, batch_size: int | None = None,
-                    proximal: tuple[torch.Tensor, float] | None = None) -> StepResult:
+                    proximal: tuple[torch.Tensor, float] | None = None,
+                    correction: torch.Tensor | None = None) -> StepResult:
         if count < 1:
             raise ValueError(f"steps: count must be >= 1, got {count}")
         center, rho = proximal if proximal is not None else (None, 0.0)
@@ -76,7 +80,7 @@ class WorkerContext:
         charges: list[Charged] = []
         for _ in range(count):
             charges.append(await self._seam.step(self._trainer.local_step, size, center, rho,
-                                                 batch=size))
+                                                 correction, batch=size))
         return self._account(start, charges, [c.result for c in charges])
 
     def _account(self, start: float, charges: list[Charged],
@@ -134,11 +138,18 @@ class WorkerContext:
         reply, _ = await self._request("query", {}, None, meta)
         return dict(reply.get("meta", {}))
 
+    def open(self, session: str) -> None:
+        """Take the session secret of a join reply (sent with every later request)."""
+        self._session = session
+
+    def heartbeat_header(self) -> dict[str, Any]:
+        return {"worker": self.rank, "run_id": self.run_id, "session": self._session}
+
     async def _request(self, op: str, header: dict[str, Any], vector: torch.Tensor | None,
                       meta: dict[str, Any] | None) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Send one message with this worker's identity and stats; account its time."""
         header = {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
-                  "stats": self._metrics.snapshot()}
+                  "stats": self._metrics.snapshot(), "session": self._session}
         start = self._metrics.now()
         began = now()
         reply, out = await self._transport.request(op, header, vector)
@@ -294,10 +305,23 @@ class Worker:
         return final
 
     async def _join(self) -> None:
-        reply, vector = await self.ctx._request("join", {}, None, None)
+        """Join (or re-sync) and adopt the global model; a join refused because an earlier
+        session of this rank is still live (this process restarted before the server
+        dropped it) is retried until that session times out, for `JOIN_WAIT_S` at most."""
+        waited = 0.0
+        while True:
+            try:
+                reply, vector = await self.ctx._request("join", {}, None, None)
+                break
+            except OutOfStep:
+                if waited >= JOIN_WAIT_S:
+                    raise
+                await asyncio.sleep(1.0)
+                waited += 1.0
         if vector is None:
             raise RuntimeError("join reply carried no model")
         self.ctx.workers = int(reply.get("meta", {}).get("workers", 1))
+        self.ctx.open(str(reply.get("meta", {}).get("session", "")))
         await self.ctx.adopt(vector, int(reply["version"]))
 
     async def _session(self) -> None:
@@ -322,9 +346,8 @@ class Worker:
 
     async def _heartbeats(self) -> None:
         """Tell the server this worker is alive, also while it computes or waits."""
-        header = {"worker": self.rank, "run_id": self.ctx.run_id}
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            reply, _ = await self.transport.request("heartbeat", header)
+            reply, _ = await self.transport.request("heartbeat", self.ctx.heartbeat_header())
             if reply.get("stop"):
                 return
