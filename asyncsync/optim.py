@@ -33,12 +33,17 @@ class FlatSGD:
 
     def update(self, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """The step for gradient `g` at point `w` (momentum state advances)."""
+        step, self.momentum_buffer = self.propose(w, g)
+        return step
+
+    def propose(self, w: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor,
+                                                                 torch.Tensor | None]:
+        """The step for `g` at `w` and the momentum state it would leave, without changing
+        this optimizer (the server checks both before it adopts them)."""
         if self.weight_decay:
             g = g + self.weight_decay * w
+        buffer = self.momentum_buffer
         if self.momentum:
-            if self.momentum_buffer is None:
-                self.momentum_buffer = g.clone()
-            else:
-                self.momentum_buffer.mul_(self.momentum).add_(g)
-            g = g + self.momentum * self.momentum_buffer if self.nesterov else self.momentum_buffer
-        return self.lr * g
+            buffer = g.clone() if buffer is None else buffer * self.momentum + g
+            g = g + self.momentum * buffer if self.nesterov else buffer
+        return self.lr * g, buffer

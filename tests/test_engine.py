@@ -18,9 +18,9 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
 from asyncsync.metrics import JsonlLog
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import Forbidden, NotInRun, OutOfStep
+from asyncsync.protocols.base import Forbidden, NotInRun, OutOfStep, Unacceptable
 from asyncsync.protocols.wbsp import WbspParams
-from tests.helpers import tiny_model
+from tests.helpers import keep_every_commit, tiny_model
 
 RUN = "run"
 T = TypeVar("T")
@@ -225,6 +225,84 @@ async def test_nothing_commits_before_every_worker_has_joined() -> None:
         assert core.store.version == 0 and not waiting.done()
         await asyncio.gather(*(join(core, w) for w in (1, 2, 3)))
         await waiting
+    finally:
+        await core.stop()
+        await core.close()
+
+
+BIG = 3e38  # finite in float32 (max 3.4e38), but two of them add up to Inf
+
+
+async def test_finite_pushes_that_add_up_to_inf_leave_the_bsp_model_finite() -> None:
+    """The attack of the hardening issue: two of four bsp workers push 3e38 everywhere.
+    Their mean used to be summed in float32 (Inf) and made every parameter -Inf."""
+    core = build_core(tiny_model(), "bsp", 4, ServerSettings(worker_timeout_s=None))
+    numel = core.store.numel
+    try:
+        await join_all(core, 4)
+        for worker in range(4):
+            vector = torch.full((numel,), BIG) if worker < 2 else torch.zeros(numel)
+            await core.handle("push", push(worker, 0, "gradient"), vector)
+        assert core.store.version == 1
+        assert bool(torch.isfinite(core.store.w).all())
+    finally:
+        await core.stop()
+        await core.close()
+
+
+async def test_a_push_whose_result_would_be_inf_is_refused_and_changes_nothing() -> None:
+    """asp at lr 1 with momentum: the second 3e38 gradient would make the model and the
+    momentum buffer Inf; it is refused and neither changes."""
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(worker_timeout_s=None, lr=1.0,
+                                                             momentum=0.5))
+    numel = core.store.numel
+    try:
+        await join_all(core, 1)
+        await core.handle("push", push(0, 0, "gradient"), torch.full((numel,), -BIG))
+        w, buffer = core.store.w.clone(), core.store.optimizer.momentum_buffer
+        assert buffer is not None and bool(torch.isfinite(w).all())
+        buffer = buffer.clone()
+        with pytest.raises(Unacceptable, match="non-finite"):
+            await core.handle("push", push(0, 1, "gradient"), torch.full((numel,), -BIG))
+        assert core.store.version == 1 and torch.equal(core.store.w, w)
+        assert torch.equal(core.store.optimizer.momentum_buffer, buffer)  # type: ignore[arg-type]
+    finally:
+        await core.stop()
+        await core.close()
+
+
+async def test_a_round_whose_result_would_be_inf_is_discarded() -> None:
+    """local_sgd adds the round's mean delta (through its server optimizer): a second round
+    of 3e38 deltas would overflow. The round is discarded: its version publishes the
+    unchanged model, so nobody waits."""
+    core = keep_every_commit(build_core(tiny_model(), "local_sgd", 2,
+                                        ServerSettings(worker_timeout_s=None)))
+    numel = core.store.numel
+    try:
+        await join_all(core, 2)
+        for version in (0, 1):
+            for worker in range(2):
+                await core.handle("push", push(worker, version, "delta"),
+                                  torch.full((numel,), BIG))
+            if version == 0:
+                first = core.store.w.clone()
+        assert core.store.version == 2 and torch.equal(core.store.w, first)
+        assert bool(torch.isfinite(first).all())
+        assert [r.refused for r in core.rule.rounds] == [False, True]  # type: ignore[attr-defined]
+    finally:
+        await core.stop()
+        await core.close()
+
+
+async def test_a_push_claiming_more_samples_than_its_steps_can_hold_is_refused() -> None:
+    core = build_core(tiny_model(), "fedavg", 1, ServerSettings(worker_timeout_s=None,
+                                                                max_batch=64))
+    try:
+        await join_all(core, 1)
+        heavy = {**push(0, 0, "delta"), "steps": 2, "samples": 129}
+        with pytest.raises(Unacceptable, match="max_batch"):
+            await core.handle("push", heavy, torch.zeros(core.store.numel))
+        assert core.store.version == 0
     finally:
         await core.stop()
         await core.close()

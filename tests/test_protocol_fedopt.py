@@ -11,7 +11,7 @@ import torch
 
 from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import Push, ServerRule
+from asyncsync.protocols.base import Push, ServerRule, Unacceptable
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
 from asyncsync.protocols.fedavg import FedAvgParams, FedAvgServer
 from asyncsync.protocols.fedbuff import FedBuffParams, FedBuffServer
@@ -152,7 +152,8 @@ def test_a_step_that_would_be_non_finite_is_refused_and_changes_nothing() -> Non
     state = {key: value.clone() for key, value in optimizer.state.items()}
     # 1e20 squared overflows float32: the second moment would become inf
     huge = torch.tensor([1e20, 0.0, 0.0])
-    assert optimizer.step(w, huge) is w
+    with pytest.raises(Unacceptable, match="non-finite"):
+        optimizer.step(w, huge)
     assert optimizer.refused == 1
     assert all(torch.equal(optimizer.state[key], state[key]) for key in state)
     after = optimizer.step(w, torch.tensor([1.0, -2.0, 0.5]))
@@ -161,7 +162,8 @@ def test_a_step_that_would_be_non_finite_is_refused_and_changes_nothing() -> Non
     sgd = ServerSgd(1.0, momentum=0.9)
     assert sgd.step(w, torch.tensor([3e38, 3e38, 0.0])) is not w
     momentum = sgd.state["momentum"].clone()
-    assert sgd.step(w, torch.tensor([3e38, 3e38, 0.0])) is w  # the momentum would overflow
+    with pytest.raises(Unacceptable):  # the momentum would overflow
+        sgd.step(w, torch.tensor([3e38, 3e38, 0.0]))
     assert sgd.refused == 1 and torch.equal(sgd.state["momentum"], momentum)
 
 

@@ -36,6 +36,7 @@ from asyncsync.protocols.base import (
     RunStopped,
     ServerRule,
     Unacceptable,
+    all_finite,
     brief,
     get_protocol,
     require,
@@ -225,6 +226,9 @@ class ServerCore:
             raise BadRequest("push carries no tensor")
         push = Push(worker, base_version, kind, vector, require_count(header, "steps"),
                     require_count(header, "samples"), meta)
+        if push.samples > push.steps * self.settings.max_batch:
+            raise Unacceptable(f"{push.samples} samples in {push.steps} steps: more than "
+                               f"max_batch = {self.settings.max_batch} per step")
         if base_version > self.store.version:  # e.g. the server resumed an older checkpoint
             raise OutOfStep(f"base version {base_version} is ahead of the server's "
                             f"{self.store.version}")
@@ -296,12 +300,6 @@ def check_op(op: str) -> None:
     """Refuse an operation this server does not have."""
     if op not in OPS:
         raise UnknownOperation(f"unknown operation {brief(op)}")
-
-
-def all_finite(vector: torch.Tensor, chunk: int = 1 << 20) -> bool:
-    """No NaN or Inf in `vector`, checked a slice at a time (no model-sized mask)."""
-    return all(bool(torch.isfinite(vector[i : i + chunk]).all())
-               for i in range(0, vector.numel(), chunk))
 
 
 def build_core(model: nn.Module, protocol: str | Protocol, workers: int,

@@ -18,6 +18,8 @@ class ServerSettings:
         target_accuracy: the time-to-accuracy threshold; stop_at_target: end the run there.
         worker_timeout_s: drop a worker not heard from for this long (None: never).
         checkpoint_path: where to checkpoint (None: no checkpoints), every checkpoint_s.
+        max_batch: the most samples one step of a push may claim (a push weighs at most
+            ``steps x max_batch`` samples where protocols weight by samples).
     """
 
     run_id: str = "run"
@@ -31,8 +33,11 @@ class ServerSettings:
     worker_timeout_s: float | None = 30.0
     checkpoint_path: Path | None = None
     checkpoint_s: float = 10.0
+    max_batch: int = 65536
 
     def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.eval_interval_s <= 0:
             raise ValueError(f"eval_interval_s must be > 0, got {self.eval_interval_s}")
         if self.time_s is not None and self.time_s <= 0:

@@ -18,7 +18,14 @@ import torch
 from asyncsync.clock import Stopwatch
 from asyncsync.engine.compute import ServerSeam, ThreadedServerSeam
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import HISTORY, NotInRun, Reply, RunStopped
+from asyncsync.protocols.base import (
+    HISTORY,
+    NotInRun,
+    Reply,
+    RunStopped,
+    Unacceptable,
+    all_finite,
+)
 from asyncsync.protocols.ports import Contributions
 
 T = TypeVar("T")
@@ -95,15 +102,25 @@ class ParameterStore:
     async def apply_gradient(self, gradient: torch.Tensor, contributions: Contributions) -> None:
         n = self.num_params
 
-        def step() -> torch.Tensor:
+        def step() -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+            change, buffer = self.optimizer.propose(self.w[:n], gradient[:n])
             new = torch.empty_like(self.w)
-            new[:n] = self.w[:n] - self.optimizer.update(self.w[:n], gradient[:n])
+            new[:n] = self.w[:n] - change
             new[n:] = gradient[n:]
-            return new
+            return new, buffer, all_finite(new) and (buffer is None or all_finite(buffer))
 
-        self.commit(await self.compute(step), contributions)
+        new, buffer, finite = await self.compute(step)
+        if not finite:
+            raise Unacceptable(NONFINITE_RESULT)
+        self.optimizer.momentum_buffer = buffer
+        self._publish(new, contributions)
 
     def commit(self, vector: torch.Tensor, contributions: Contributions) -> None:
+        if vector is not self.w and not all_finite(vector):
+            raise Unacceptable(NONFINITE_RESULT)
+        self._publish(vector, contributions)
+
+    def _publish(self, vector: torch.Tensor, contributions: Contributions) -> None:
         for _, base in contributions:
             self.staleness.add(self.version - base)
         self.w = vector
@@ -134,3 +151,8 @@ class ParameterStore:
     def stop(self) -> None:
         self.stopping = True
         self.notify()
+
+
+NONFINITE_RESULT = ("the update would make the global model or the optimizer's state "
+                    "non-finite; refused, the model is unchanged")
+

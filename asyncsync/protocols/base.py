@@ -60,13 +60,19 @@ from asyncsync.schema import check_fields, option
 __all__ = [
     "HISTORY", "BadRequest", "Context", "FlatSGD", "Forbidden", "NoParams", "NotInRun",
     "OutOfStep", "Protocol", "Pull", "Push", "Refused", "Reply", "RunStopped", "ServerRule",
-    "StepResult", "Store", "Unacceptable", "WorkerLoop", "brief", "check_fields", "get_protocol",
-    "option", "register", "require", "require_count",
+    "StepResult", "Store", "Unacceptable", "WorkerLoop", "all_finite", "brief", "check_fields",
+    "get_protocol", "option", "register", "require", "require_count",
 ]
 
 HISTORY = 256
 """How many recent records (commits, rounds, pushes) a store or rule keeps for inspection;
 older ones are only counted, so memory does not grow with the length of a run."""
+
+
+def all_finite(vector: torch.Tensor, chunk: int = 1 << 20) -> bool:
+    """No NaN or Inf in `vector`, checked a slice at a time (no model-sized mask)."""
+    return all(bool(torch.isfinite(vector[i : i + chunk]).all())
+               for i in range(0, vector.numel(), chunk))
 
 
 class ServerRule(ABC):

@@ -86,13 +86,16 @@ class FedBuffServer(ServerOptimizerState, ServerRule):
         return {"staleness_weight": weight, "buffered": len(self.buffered)}
 
     async def _flush(self, total: torch.Tensor) -> None:
-        """Commit the buffer as one version and empty it."""
+        """Commit the buffer as one version and empty it (also when the store refuses the
+        result as non-finite: the buffer is then discarded and the push refused)."""
         def step() -> torch.Tensor:
             return apply_delta(self.optimizer, self.store.w, total.div_(len(self.buffered)),
                                self.store.num_params)
 
-        self.store.commit(await self.store.compute(step), self.buffered)
-        self.total, self.buffered = None, []
+        try:
+            self.store.commit(await self.store.compute(step), self.buffered)
+        finally:
+            self.total, self.buffered = None, []
 
 
 FEDBUFF = register(Protocol("fedbuff", "buffered asynchronous aggregation: every K "

@@ -14,6 +14,9 @@ rounds (Streaming DiLoCo); most protocols have one fragment, the whole vector.
 - A pull of a fragment waits until a round holding the worker's push with at least the
   pull's base version has closed, and answers with the fragment (so a pull may be sent
   before its push: it waits for that push's round).
+- A round whose result the store refuses as non-finite (finite pushes can still add up
+  to an overflow) is discarded: the model stays as it was and is published as the
+  round's version, so its workers go on; the round's record says so (`refused`).
 - A worker that leaves or is lost has its pushes of open rounds withdrawn, and rounds
   whose remaining members have all pushed close at once (not once the run is stopping);
   a worker that (re)joins is a member of the open rounds, which then wait for it.
@@ -61,6 +64,7 @@ from asyncsync.protocols.base import (
     Push,
     Reply,
     ServerRule,
+    Unacceptable,
     brief,
     check_fields,
     option,
@@ -72,13 +76,16 @@ def average(vectors: Sequence[torch.Tensor],
             weights: Sequence[float] | None = None) -> torch.Tensor:
     """``sum_i w_i v_i / sum_i w_i`` (the plain mean without weights) as a new tensor.
 
+    Each vector is scaled by its share before it is added, so every partial sum is a part
+    of a convex combination: finite vectors never overflow on the way to their mean.
     O(model) per vector: call it through ``store.compute``.
     """
     scales = [1.0] * len(vectors) if weights is None else list(weights)
-    total = vectors[0] * scales[0]
+    total_weight = sum(scales)
+    total = vectors[0] * (scales[0] / total_weight)
     for vector, scale in zip(vectors[1:], scales[1:], strict=True):
-        total.add_(vector, alpha=scale)
-    return total.div_(sum(scales))
+        total.add_(vector, alpha=scale / total_weight)
+    return total
 
 
 def contributions(pushes: dict[int, Push]) -> Contributions:
@@ -105,13 +112,15 @@ class Cutoff:
 @dataclass(frozen=True)
 class RoundRecord:
     """One closed round: its fragment and number, the version it made, each member's
-    local steps, and the members it closed without (backup workers, deadline)."""
+    local steps, the members it closed without (backup workers, deadline), and whether
+    its result was refused as non-finite (the model was left as it was)."""
 
     fragment: int
     round: int
     version: int
     steps: dict[int, int]
     missing: frozenset[int] = field(default_factory=frozenset)
+    refused: bool = False
 
 
 class RoundServer(ServerRule):
@@ -246,11 +255,16 @@ class RoundServer(ServerRule):
         """Commit the open round of `fragment` with the pushes it has (at least one)."""
         pushes = self.pending[fragment]
         missing = frozenset(self.members(fragment) - pushes.keys())
-        await self.close_round(fragment, pushes)
+        try:
+            await self.close_round(fragment, pushes)
+            refused = False
+        except Unacceptable:
+            self.store.commit(self.store.w, contributions(pushes))
+            refused = True
         self._disarm(fragment)
         self.rounds.append(RoundRecord(fragment, self.closed[fragment], self.store.version,
                                        {w: push.steps for w, push in pushes.items()},
-                                       missing))
+                                       missing, refused))
         for worker, push in pushes.items():
             self._answered[fragment, worker] = push.base_version
         self.pending[fragment] = {}

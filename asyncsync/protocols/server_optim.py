@@ -21,9 +21,10 @@ as torch's do (the paper's analysis takes ``v >= tau^2`` at the start; with tau 
 
 Only parameters take the step: buffer slots (BatchNorm statistics) become ``w + delta``,
 the workers' mean for a mean delta (`apply_delta`). A step that would make the
-optimizer's state or the parameters non-finite is refused: both stay as they were,
-`ServerOptimizer.refused` counts it and a warning is logged (at the 1st, 10th, 100th, ...
-refusal), since the state is computed out of place and installed only when finite.
+optimizer's state or the parameters non-finite is refused (`Unacceptable`): both stay as
+they were, `ServerOptimizer.refused` counts it and a warning is logged (at the 1st, 10th,
+100th, ... refusal), since the state is computed out of place and installed only when
+finite. A round protocol then discards the round (see `rounds`).
 
 Reference: S. J. Reddi, Z. Charles, M. Zaheer, Z. Garrett, K. Rush, J. Konečný, S. Kumar,
 H. B. McMahan, "Adaptive Federated Optimization", ICLR 2021.
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncsync.protocols.messages import Unacceptable
 from asyncsync.protocols.ports import Store
 from asyncsync.schema import option
 
@@ -74,7 +76,8 @@ class ServerOptimizer(ABC):
 
     def step(self, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """The parameters after one step on pseudo-gradient `g` (a new tensor), the state
-        advanced; `w` itself, the state unchanged, if the result would be non-finite."""
+        advanced; refused as `Unacceptable`, the state unchanged, if the result would be
+        non-finite."""
         new, state = self.advance(w, g)
         if all(bool(torch.isfinite(t).all()) for t in (new, *state.values())):
             self.state = state
@@ -84,7 +87,8 @@ class ServerOptimizer(ABC):
             LOG.warning("%s refused %d server steps that would have made the model or its "
                         "state non-finite; training has probably diverged",
                         type(self).__name__, self.refused)
-        return w
+        raise Unacceptable("the server optimizer's step would make the model or its state "
+                           "non-finite; refused, the model is unchanged")
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The state tensors (empty before the first step)."""

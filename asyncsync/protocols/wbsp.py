@@ -37,7 +37,9 @@ from asyncsync.protocols.base import (
     Protocol,
     Push,
     ServerRule,
+    Unacceptable,
     WorkerLoop,
+    all_finite,
     check_fields,
     option,
     register,
@@ -103,7 +105,10 @@ class WbspServer(ServerRule):
         arrived = self.store.now()
         async with self.store.lock:
             working, n = self._working, max(1, len(self.store.live))
-            self._working = await self.store.compute(lambda: working + push.vector / n)
+            candidate = await self.store.compute(lambda: working + push.vector / n)
+            if not await self.store.compute(all_finite, candidate):
+                raise Unacceptable("the delta would make the working model non-finite")
+            self._working = candidate
             self._pending.append((push.worker, push.base_version))
             self._measure(push.worker, push.steps, arrived)
             publish = self._is_slowest(push.worker)
