@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
@@ -306,3 +307,49 @@ async def test_a_push_claiming_more_samples_than_its_steps_can_hold_is_refused()
     finally:
         await core.stop()
         await core.close()
+
+
+async def checkpointed_core(tmp_path: Any) -> ServerSettings:
+    """Run a one-worker asp core long enough to write its final checkpoint."""
+    settings = ServerSettings(checkpoint_path=tmp_path / "checkpoint.npz",
+                              worker_timeout_s=None)
+    core = build_core(tiny_model(), "asp", 1, settings)
+    await join_all(core, 1)
+    await core.stop()
+    await core.close()
+    return settings
+
+
+def rewrite(path: Any, change: Callable[[dict[str, np.ndarray]], None]) -> None:
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    change(arrays)
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+async def test_a_checkpoint_of_another_model_with_as_many_parameters_is_refused(
+        tmp_path: Any) -> None:
+    settings = await checkpointed_core(tmp_path)
+    other = torch.nn.Linear(177, 1)  # 178 values, as many as tiny_model's
+    assert sum(p.numel() for p in other.parameters()) == build_core(
+        tiny_model(), "asp", 1).store.numel
+    with pytest.raises(CheckpointError) as refused:
+        build_core(other, "asp", 1, settings).resume(settings.checkpoint_path)  # type: ignore[arg-type]
+    assert "is of another model (weight:[1, 177]:float32 here, 0.weight:[16, 8]:float32 in " \
+        "the checkpoint)" in str(refused.value)
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    (lambda a: a.update(w=a["w"].astype(np.float64)), "178 values of torch.float64"),
+    (lambda a: a.pop("version"), "lacks version"),
+    (lambda a: a.pop("fingerprint"), "lacks fingerprint"),
+])
+async def test_a_damaged_checkpoint_is_refused_with_a_clear_message(
+        tmp_path: Any, change: Callable[[dict[str, np.ndarray]], None], problem: str) -> None:
+    settings = await checkpointed_core(tmp_path)
+    rewrite(settings.checkpoint_path, change)
+    core = build_core(tiny_model(), "asp", 1, settings)
+    with pytest.raises(CheckpointError, match=problem):
+        core.resume(settings.checkpoint_path)  # type: ignore[arg-type]
+    assert core.store.version == 0

@@ -1,4 +1,9 @@
-"""Checkpoints: the model, version, optimizer and rule state as an ``.npz`` (no pickle)."""
+"""Checkpoints: the model, version, optimizer and rule state as an ``.npz`` (no pickle).
+
+Each checkpoint records its run and the model's fingerprint (every state entry's name,
+shape and dtype), and a resume refuses another run's or another model's checkpoint, and
+one that lacks a field, with a message that says which.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,17 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, unreadable or belongs to another run or model."""
 
 
-def save_checkpoint(path: Path, run_id: str, arrays: dict[str, torch.Tensor]) -> None:
+REQUIRED = ("w", "version", "elapsed")
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """The model's identity for checkpoints: each state entry's name, shape and dtype."""
+    return ";".join(f"{name}:{list(t.shape)}:{str(t.dtype).removeprefix('torch.')}"
+                    for name, t in model.state_dict().items())
+
+
+def save_checkpoint(path: Path, run_id: str, fingerprint: str,
+                    arrays: dict[str, torch.Tensor]) -> None:
     """Write tensors as an uncompressed ``.npz``, atomically and durably: write a temporary
     file, fsync it, rename it over `path`, fsync the directory. A failure raises `OSError`
     and leaves the last good checkpoint as it was and no temporary file behind."""
@@ -22,7 +37,8 @@ def save_checkpoint(path: Path, run_id: str, arrays: dict[str, torch.Tensor]) ->
     named: dict[str, Any] = {k: v.numpy() for k, v in arrays.items()}
     try:
         with tmp.open("wb") as handle:
-            np.savez(handle, run_id=np.array(run_id), **named)
+            np.savez(handle, run_id=np.array(run_id), fingerprint=np.array(fingerprint),
+                     **named)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -36,14 +52,28 @@ def save_checkpoint(path: Path, run_id: str, arrays: dict[str, torch.Tensor]) ->
         os.close(directory)
 
 
-def load_checkpoint(path: Path, run_id: str) -> dict[str, torch.Tensor]:
-    """Read a checkpoint written by `save_checkpoint` for the same run."""
+def load_checkpoint(path: Path, run_id: str, fingerprint: str) -> dict[str, torch.Tensor]:
+    """Read a checkpoint written by `save_checkpoint` for the same run and model."""
+    labels = ("run_id", "fingerprint")
     try:
         with np.load(path, allow_pickle=False) as data:
-            arrays = {k: torch.from_numpy(data[k].copy()) for k in data.files if k != "run_id"}
-            saved_run = str(data["run_id"])
-    except (OSError, ValueError, KeyError) as exc:
+            missing = [k for k in (*labels, *REQUIRED) if k not in data.files]
+            if missing:
+                raise CheckpointError(f"checkpoint {path} lacks {', '.join(missing)} (not "
+                                      "written by this version of asyncsync, or damaged)")
+            saved_run, saved_model = str(data["run_id"]), str(data["fingerprint"])
+            arrays = {k: torch.from_numpy(data[k].copy()) for k in data.files
+                      if k not in labels}
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
     if saved_run != run_id:
         raise CheckpointError(f"checkpoint {path} belongs to run {saved_run!r}, not {run_id!r}")
+    if saved_model != fingerprint:
+        ours, theirs = fingerprint.split(";"), saved_model.split(";")
+        first = next((f"{a} here, {b} in the checkpoint"
+                      for a, b in zip(ours, theirs, strict=False) if a != b),
+                     f"{len(ours)} entries here, {len(theirs)} in the checkpoint")
+        raise CheckpointError(f"checkpoint {path} is of another model ({first[:300]})")
     return arrays

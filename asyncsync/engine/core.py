@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from asyncsync.engine.checkpoint import model_fingerprint
 from asyncsync.engine.compute import ServerSeam
 from asyncsync.engine.evaluation import EvalPoint, Evaluator, make_evaluator
 from asyncsync.engine.lifecycle import RunLifecycle
@@ -65,7 +66,7 @@ class ServerCore:
     def __init__(self, vector: torch.Tensor, protocol: Protocol, protocol_params: Any,
                  workers: int, settings: ServerSettings, *, num_params: int | None = None,
                  evaluator: Evaluator | None = None, events: JsonlLog | None = None,
-                 seam: ServerSeam | None = None) -> None:
+                 seam: ServerSeam | None = None, fingerprint: str = "") -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.protocol = protocol
@@ -78,7 +79,8 @@ class ServerCore:
         self.workers = [WorkerRecord() for _ in range(workers)]
         self.events = events or JsonlLog(None)
         self.run = RunLifecycle(settings, self.store, self.rule, self.events, evaluator,
-                                on_stopped=self._check_finished)
+                                on_stopped=self._check_finished,
+                                fingerprint=fingerprint or f"vector:{vector.numel()}")
         self.finished = asyncio.Event()
         self._all_joined = asyncio.Event()
 
@@ -313,4 +315,4 @@ def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
     evaluator = make_evaluator(model, *test_data) if test_data is not None else None
     return ServerCore(flat.flat, proto, params, workers, settings or ServerSettings(),
                       num_params=flat.num_params, evaluator=evaluator, events=events,
-                      seam=seam)
+                      seam=seam, fingerprint=model_fingerprint(model))

@@ -32,8 +32,9 @@ class RunLifecycle:
 
     def __init__(self, settings: ServerSettings, store: ParameterStore, rule: ServerRule,
                  events: JsonlLog, evaluator: Evaluator | None,
-                 on_stopped: Callable[[], None] = lambda: None) -> None:
+                 on_stopped: Callable[[], None] = lambda: None, fingerprint: str = "") -> None:
         self.settings = settings
+        self.fingerprint = fingerprint
         self.store = store
         self.rule = rule
         self.events = events
@@ -113,7 +114,8 @@ class RunLifecycle:
                 arrays["momentum"] = self.store.optimizer.momentum_buffer.clone()
             arrays.update({f"rule.{k}": v.clone() for k, v in self.rule.state_dict().items()})
         try:
-            await self.store.seam.blocking(save_checkpoint, path, self.settings.run_id, arrays)
+            await self.store.seam.blocking(save_checkpoint, path, self.settings.run_id,
+                                           self.fingerprint, arrays)
         except OSError as exc:
             self.checkpoint_failures += 1
             LOG.warning("checkpoint %d to %s failed (%s); the last good one stays, retrying "
@@ -127,10 +129,11 @@ class RunLifecycle:
     def restore(self, path: Path) -> float:
         """Load the checkpoint at `path` into the store and rule; returns the run time it
         was taken at."""
-        arrays = load_checkpoint(path, self.settings.run_id)
-        if arrays["w"].shape != self.store.w.shape:
-            raise CheckpointError(f"checkpoint {path} holds {arrays['w'].numel()} parameters, "
-                                  f"the model has {self.store.w.numel()}")
+        arrays = load_checkpoint(path, self.settings.run_id, self.fingerprint)
+        w = arrays["w"]
+        if w.shape != self.store.w.shape or w.dtype != self.store.w.dtype:
+            raise CheckpointError(f"checkpoint {path} holds {w.numel()} values of {w.dtype}, "
+                                  f"the model {self.store.w.numel()} of {self.store.w.dtype}")
         self.store.w = arrays["w"]
         self.store.version = int(arrays["version"])
         if "momentum" in arrays:
