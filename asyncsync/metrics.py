@@ -49,6 +49,7 @@ class WorkerStats:
     compute_s: float = 0.0
     push_s: float = 0.0
     pull_s: float = 0.0
+    comm_s: float = 0.0
     wait_s: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
@@ -66,13 +67,58 @@ class WorkerStats:
 STAT_FIELDS = frozenset(WorkerStats.__dataclass_fields__)
 
 
+class IntervalUnion:
+    """The measure of a union of time intervals, added in roughly increasing time.
+
+    The most recent `KEEP` disjoint pieces are kept to merge overlaps; older ones are
+    folded into a total, so memory stays bounded (an interval that reaches back past the
+    kept pieces can then be counted twice for its overlap with them).
+    """
+
+    KEEP = 64
+
+    def __init__(self) -> None:
+        self.folded = 0.0
+        self.pieces: list[tuple[float, float]] = []
+
+    def add(self, start: float, end: float) -> None:
+        if end <= start:
+            return
+        merged: list[tuple[float, float]] = []
+        for a, b in self.pieces:
+            if b < start or a > end:
+                merged.append((a, b))
+            else:
+                start, end = min(a, start), max(b, end)
+        merged.append((start, end))
+        merged.sort()
+        while len(merged) > self.KEEP:
+            a, b = merged.pop(0)
+            self.folded += b - a
+        self.pieces = merged
+
+    def measure(self) -> float:
+        return self.folded + sum(b - a for a, b in self.pieces)
+
+
 class WorkerMetrics:
-    """Accumulates a worker's `WorkerStats` and logs one JSONL record per span."""
+    """Accumulates a worker's `WorkerStats` and logs one JSONL record per span.
+
+    Time shares are exclusive, so ``compute_s + comm_s + wait_s <= wall_s`` even when
+    requests overlap each other or computation: computing counts first, then moving
+    bytes (a request's time not held at the server), then waiting (held at the server);
+    each is the measure of a union of intervals (a request's held part is taken to be its
+    last ``held`` seconds). ``push_s`` / ``pull_s`` are the per-kind sums of request time
+    not held, overlaps included.
+    """
 
     def __init__(self, log: JsonlLog) -> None:
         self.stats = WorkerStats()
         self.log = log
         self.clock = Stopwatch()
+        self._computing = IntervalUnion()
+        self._busy = IntervalUnion()  # computing or moving bytes
+        self._present = IntervalUnion()  # computing, moving bytes or held
 
     def start(self) -> None:
         """Mark the run's start (the moment the join barrier released)."""
@@ -94,6 +140,9 @@ class WorkerMetrics:
         s.steps += steps
         s.samples += samples
         s.compute_s += seconds
+        for union in (self._computing, self._busy, self._present):
+            union.add(start, start + seconds)
+        self._share()
         s.loss = loss
         s.factor = factor
         s.overruns = overruns
@@ -106,14 +155,23 @@ class WorkerMetrics:
         """Account one request; `up` / `down` are the tensor bytes it carried (the byte
         totals come from the transport, see `take_bytes`)."""
         s = self.stats
-        held = min(held_s, seconds)
-        s.wait_s += held
+        held = max(0.0, min(held_s, seconds))
         if op == "push":
             s.push_s += seconds - held
         else:
             s.pull_s += seconds - held
+        moving_until = start + seconds - held
+        self._busy.add(start, moving_until)
+        self._present.add(start, start + seconds)
+        self._share()
         self.log.write({"ev": op, "t": round(start, 4), "dur": round(seconds, 4),
                         "wait": round(held, 4), "up": up, "down": down, "version": version})
+
+    def _share(self) -> None:
+        """Exclusive communicating and waiting time from the unions."""
+        busy = self._busy.measure()
+        self.stats.comm_s = busy - self._computing.measure()
+        self.stats.wait_s = self._present.measure() - busy
 
     def take_bytes(self, up: int, down: int) -> None:
         """Take the byte totals from the transport, which counts every request exactly
