@@ -108,8 +108,9 @@ def test_named_tables_replace_the_default_whole(tmp_path: Path) -> None:
     assert b.compute.profile == {"name": "periodic", "worker": 1}
 
 
-@pytest.mark.parametrize("path", sorted((QUICKSTART.parent).glob("*.toml")),
-                         ids=lambda p: p.name)
-def test_every_shipped_recipe_is_valid(path: Path) -> None:
+@pytest.mark.parametrize("path", sorted((QUICKSTART.parent).rglob("*.toml")),
+                         ids=lambda p: str(p.relative_to(QUICKSTART.parent)))
+def test_every_shipped_recipe_is_valid(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(QUICKSTART.parent.parent)  # trace paths are relative to the root
     recipe = load_recipe(path)
     assert recipe.runs and recipe.baseline in [r.name for r in recipe.runs]
