@@ -113,4 +113,4 @@ def test_named_tables_replace_the_default_whole(tmp_path: Path) -> None:
 def test_every_shipped_recipe_is_valid(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(QUICKSTART.parent.parent)  # trace paths are relative to the root
     recipe = load_recipe(path)
-    assert recipe.runs and recipe.baseline in [r.name for r in recipe.runs]
+    assert recipe.runs and recipe.baseline in [r.base_name for r in recipe.runs]
