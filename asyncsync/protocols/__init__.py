@@ -1,4 +1,5 @@
-"""The protocol SDK (base.py, ports.py, rounds.py, overlap.py) and one module per protocol.
+"""The protocol SDK (base.py, messages.py, ports.py, rounds.py, overlap.py, server_optim.py,
+staleness.py) and one module per protocol.
 
 Protocol modules are imported, and so registered, on the first `get_protocol` or
 `discover()`; `PROTOCOLS` is the registry they fill.
