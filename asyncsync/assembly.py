@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,8 +17,13 @@ from asyncsync.metrics import JsonlLog
 from asyncsync.models import build_model
 from asyncsync.protocols.base import get_protocol
 from asyncsync.recipe import RunSpec
+from asyncsync.schema import ConfigError
 from asyncsync.trainer import BatchSource
-from asyncsync.transport.http_server import ParameterServer
+from asyncsync.transport.http_client import client_tls, trust
+from asyncsync.transport.http_server import ParameterServer, server_tls, worker_token
+
+WORKER_TOKEN_ENV = "ASYNCSYNC_WORKER_TOKEN"
+"""A worker node's token, when it is not given the run token (see `run_worker_token`)."""
 
 
 def run_data(spec: RunSpec) -> Dataset:
@@ -39,7 +46,36 @@ def build_server(spec: RunSpec, run_id: str, log_dir: Path | None, host: str = "
         run_model(spec, data), get_protocol(spec.protocol.name), spec.workers,
         server_settings(spec, run_id, log_dir), host=host, port=port,
         token=spec.resolved_token(), protocol_params=spec.protocol.params,
-        test_data=(data.test_x, data.test_y), events=events)
+        test_data=(data.test_x, data.test_y), events=events, tls=run_server_tls(spec))
+
+
+def run_server_tls(spec: RunSpec) -> ssl.SSLContext | None:
+    """The server's TLS context from ``tls.cert`` and ``tls.key`` (None: plain http)."""
+    if not spec.tls.cert:
+        return None
+    try:
+        return server_tls(spec.tls.cert, spec.tls.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"tls.cert/tls.key: cannot load {spec.tls.cert} with "
+                          f"{spec.tls.key}: {exc}") from exc
+
+
+def run_client_tls(spec: RunSpec) -> ssl.SSLContext | None:
+    """The context that verifies the server against ``tls.ca`` (None: the system's store)."""
+    if not spec.tls.ca:
+        return None
+    try:
+        return client_tls(spec.tls.ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"tls.ca: cannot load {spec.tls.ca}: {exc}") from exc
+
+
+def run_worker_token(spec: RunSpec) -> str | None:
+    """A worker's bearer token: ASYNCSYNC_WORKER_TOKEN if set, else the worker token derived
+    from the run token (ASYNCSYNC_TOKEN or the recipe's), else None (no authentication)."""
+    run_token = spec.resolved_token()
+    return os.environ.get(WORKER_TOKEN_ENV) or (worker_token(run_token) if run_token
+                                                else None)
 
 
 def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerSettings:
@@ -50,7 +86,8 @@ def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerS
         time_s=spec.stop.time_s, target_accuracy=spec.stop.target_accuracy,
         stop_at_target=spec.stop.stop_at_target, worker_timeout_s=spec.fault.worker_timeout_s,
         checkpoint_path=checkpoint_file(log_dir) if spec.fault.checkpoint_s and log_dir
-        else None, checkpoint_s=spec.fault.checkpoint_s or 10.0)
+        else None, checkpoint_s=spec.fault.checkpoint_s or 10.0,
+        max_batch=spec.data.batch_size * spec.workers)  # LB-BSP may give one worker all
 
 
 def batch_sources(spec: RunSpec, data: Dataset) -> Callable[[int], BatchSource]:
@@ -71,6 +108,11 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
     """Worker `rank` of one run, as the CLI's ``worker`` command starts it."""
     if not 0 <= rank < spec.workers:
         raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
+    tls = run_client_tls(spec)
+    if tls is not None:
+        if not url.startswith("https://"):
+            raise ConfigError(f"tls.ca is set, so the server's URL must be https://, got {url}")
+        trust(url, tls)
     data = run_data(spec)
     return Worker(
         rank, url, run_model(spec, data), batch_sources(spec, data)(rank),
@@ -78,7 +120,7 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         protocol_params=spec.protocol.params, run_id=run_id, lr=spec.optim.lr,
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
         batch_size=spec.data.batch_size, slowdown=spec.compute_profile(rank), device=spec.device,
-        link=spec.network.link(rank), local_addr=local_addr, token=spec.resolved_token(),
+        link=spec.network.link(rank), local_addr=local_addr, token=run_worker_token(spec),
         heartbeat_s=spec.fault.heartbeat_s,
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 

@@ -1,9 +1,11 @@
-"""Command line: ``asyncsync run | check | protocols | report | server | worker | launch``."""
+"""Command line: ``asyncsync run | check | protocols | report | server | worker | launch |
+worker-token``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -18,9 +20,10 @@ from asyncsync.data import DatasetMissing
 from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.launch import DEFAULT_PORT, from_environ
 from asyncsync.protocols import discover
-from asyncsync.recipe import Recipe, RunSpec, load_recipe
+from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import find_runs, make_console, publish, recipe_baseline, summarize_run
 from asyncsync.schema import ConfigError, describe
+from asyncsync.transport.http_client import TlsFailure
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="KEY=VALUE")
 
     sub.add_parser("protocols", help="list the protocols and their parameters")
+    sub.add_parser("worker-token", help=f"print the worker token of the run token in "
+                                        f"{TOKEN_ENV} (give it to worker nodes as "
+                                        f"ASYNCSYNC_WORKER_TOKEN)")
 
     report = sub.add_parser("report", help="rebuild the comparison table from run logs")
     report.add_argument("dirs", type=Path, nargs="+")
@@ -79,9 +85,18 @@ def _parser() -> argparse.ArgumentParser:
                               help="continue from the checkpoint in --log-dir")
             node.add_argument("--port-file", type=Path, default=None,
                               help="write the bound port here once listening")
+            node.add_argument("--tls-cert", type=Path, default=None,
+                              help="serve https with this PEM certificate chain (with "
+                                   "--tls-key; default: the recipe's tls.cert)")
+            node.add_argument("--tls-key", type=Path, default=None,
+                              help="the certificate's PEM private key (default: tls.key)")
         if name in ("worker", "launch"):
             node.add_argument("--bind", default=None,
                               help="local address to connect from (e.g. 127.0.0.3)")
+            node.add_argument("--tls-ca", type=Path, default=None,
+                              help="verify the https server against this PEM CA "
+                                   "certificate (default: the recipe's tls.ca, else the "
+                                   "system's trust store)")
     return parser
 
 
@@ -93,11 +108,22 @@ def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
     return recipe.runs[0]
 
 
+def _node_spec(recipe: Recipe, args: argparse.Namespace) -> RunSpec:
+    """The node's run, with the --tls-* flags over the recipe's ``tls`` keys."""
+    spec = _pick_run(recipe, args.run)
+    flags = {key: str(value) for key in ("cert", "key", "ca")
+             if (value := getattr(args, f"tls_{key}", None)) is not None}
+    try:
+        return dataclasses.replace(spec, tls=dataclasses.replace(spec.tls, **flags))
+    except ValueError as exc:
+        raise ConfigError(f"--tls-cert/--tls-key: {exc}") from exc
+
+
 async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
     from asyncsync.assembly import build_server, checkpoint_file
 
     recipe = load_recipe(args.recipe)
-    spec = _pick_run(recipe, args.run)
+    spec = _node_spec(recipe, args)
     server = build_server(spec, args.run_id or f"{recipe.name}/{spec.name}", args.log_dir,
                           host, port)
     if args.resume:
@@ -130,7 +156,9 @@ async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
     from asyncsync.assembly import build_worker
 
     recipe = load_recipe(args.recipe)
-    spec = _pick_run(recipe, args.run)
+    spec = _node_spec(recipe, args)
+    if getattr(args, "server", None) is None and (spec.tls.cert or spec.tls.ca):
+        url = "https://" + url.removeprefix("http://")  # built from launcher variables
     worker = build_worker(spec, rank, url, args.run_id or f"{recipe.name}/{spec.name}",
                           args.log_dir, local_addr=args.bind)
     run = asyncio.ensure_future(worker.run())
@@ -199,6 +227,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"baseline {recipe.baseline})")
         elif args.command == "protocols":
             _protocols(console)
+        elif args.command == "worker-token":
+            from asyncsync.transport.http_server import worker_token
+
+            run_token = os.environ.get(TOKEN_ENV)
+            if not run_token:
+                raise ConfigError(f"worker-token needs the run token in {TOKEN_ENV}")
+            print(worker_token(run_token))
         elif args.command == "report":
             run_dirs = find_runs(args.dirs)
             if not run_dirs:
@@ -210,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             torch.set_num_threads(1)
             asyncio.run(_node(args))
-    except (ConfigError, DatasetMissing, CheckpointError) as exc:
+    except (ConfigError, DatasetMissing, CheckpointError, TlsFailure) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         return 2
     except KeyboardInterrupt:

@@ -163,6 +163,22 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class TlsSpec:
+    """TLS between a run's nodes (PEM files; relative paths are from the working
+    directory). With `cert` and `key` the server serves https; workers verify it against
+    `ca`, else against the system's trust store."""
+
+    cert: str = option("", help="server: certificate chain, PEM (with key: serve https)")
+    key: str = option("", help="server: the certificate's private key, PEM (unencrypted)")
+    ca: str = option("", help="workers: CA certificate(s) to verify the server with, PEM "
+                              "(default: the system's trust store)")
+
+    def __post_init__(self) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("cert and key go together: give both or neither")
+
+
+@dataclass(frozen=True)
 class ProtocolSpec:
     name: str
     params: Any
@@ -199,6 +215,7 @@ class RunSpec:
     network: NetworkSpec = field(default_factory=NetworkSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)
     fault: FaultSpec = field(default_factory=FaultSpec)
+    tls: TlsSpec = field(default_factory=TlsSpec)
 
     def __post_init__(self) -> None:
         if self.network.server_mbps and self.clock != "virtual":

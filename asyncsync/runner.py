@@ -2,8 +2,11 @@
 
 Each node is started through the public CLI (``asyncsync server`` / ``asyncsync worker``)
 with one torch thread, so the runner exercises exactly what a multi-machine launch does.
-The nodes of a run share a bearer token (the recipe's or ASYNCSYNC_TOKEN, else a random
-one per run) passed through the environment, never on a command line or in the logs. Every
+The run token (ASYNCSYNC_TOKEN or the recipe's, else a random one per run) goes to the
+server only; the runner keeps it to watch the run, and the workers get the worker token
+derived from it (ASYNCSYNC_WORKER_TOKEN), which cannot stop the run. Tokens travel through
+the environment, never on a command line or in the logs. With the recipe's ``tls.cert``
+the server serves https on loopback (the certificate must name 127.0.0.1). Every
 run writes ``logs/<recipe>/<timestamp>/<run>/``: ``recipe.json`` (the resolved run),
 ``events.jsonl`` (server: start, evaluations, stop), ``worker-<rank>.jsonl`` (spans and
 totals), the nodes' console output (``*.log``) and ``summary.json``.
@@ -16,6 +19,7 @@ import contextlib
 import json
 import os
 import secrets
+import ssl
 import subprocess
 import sys
 import time
@@ -23,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from asyncsync.assembly import run_data
+from asyncsync.assembly import WORKER_TOKEN_ENV, run_client_tls, run_data
 from asyncsync.dashboard import Dashboard
 from asyncsync.protocols.base import Refused
 from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import publish, summarize_run
 from asyncsync.simulation import calibrate_step_s, simulate, write_summary
 from asyncsync.transport.http_client import HttpTransport
+from asyncsync.transport.http_server import worker_token
 
 STARTUP_S = 120.0
 """How long processes may take to start and join before a run is abandoned."""
@@ -42,9 +47,19 @@ class _Node:
     output: IO[bytes]
 
 
-def _spawn(name: str, args: list[str], run_dir: Path, token: str) -> _Node:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1", TOKEN_ENV: token}
+def node_env(run_token: str, server: bool) -> dict[str, str]:
+    """A node's environment: the server gets the run token, a worker the worker token."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in (TOKEN_ENV, WORKER_TOKEN_ENV)}
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    if server:
+        env[TOKEN_ENV] = run_token
+    else:
+        env[WORKER_TOKEN_ENV] = worker_token(run_token)
+    return env
+
+
+def _spawn(name: str, args: list[str], run_dir: Path, env: dict[str, str]) -> _Node:
     output = (run_dir / f"{name}.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "asyncsync", *args], stdout=output,
                                stderr=subprocess.STDOUT, env=env)
@@ -79,16 +94,18 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
               "--log-dir", str(run_dir)]
     port_file = run_dir / "server.port"
     token = spec.resolved_token() or secrets.token_urlsafe(16)  # never written to logs
+    tls = run_client_tls(spec)  # (a bad tls.ca fails here, before any node starts)
     server = _spawn("server", ["server", *common, "--port", "0", "--port-file",
-                               str(port_file)], run_dir, token)
+                               str(port_file)], run_dir, node_env(token, server=True))
     nodes = [server]
     try:
         port = await _wait_for_port(port_file, server, STARTUP_S)
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if spec.tls.cert else 'http'}://127.0.0.1:{port}"
         nodes += [_spawn(f"worker-{rank}", ["worker", *common, "--server", url,
-                                            "--rank", str(rank)], run_dir, token)
+                                            "--rank", str(rank)], run_dir,
+                         node_env(token, server=False))
                   for rank in range(spec.workers)]
-        await _watch(spec, url, run_id, token, nodes, dashboard, index)
+        await _watch(spec, url, run_id, token, tls, nodes, dashboard, index)
     finally:
         await _reap(nodes)
     summary = summarize_run(run_dir)
@@ -129,11 +146,12 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
     return summary
 
 
-async def _watch(spec: RunSpec, url: str, run_id: str, token: str, nodes: list[_Node],
-                 dashboard: Dashboard, index: int) -> None:
+async def _watch(spec: RunSpec, url: str, run_id: str, token: str,
+                 tls: ssl.SSLContext | None, nodes: list[_Node], dashboard: Dashboard,
+                 index: int) -> None:
     """Poll the server's status for the dashboard until the server process exits."""
     status_client = HttpTransport(url, numel=0, timeout_s=5.0, connect_timeout_s=0.0,
-                                  token=token)
+                                  token=token, tls=tls)
     server = nodes[0]
     deadline = time.monotonic() + STARTUP_S + spec.stop.time_s + 60.0
     try:

@@ -8,10 +8,14 @@ import aiohttp
 import pytest
 import torch
 
+from asyncsync.assembly import WORKER_TOKEN_ENV, run_worker_token
+from asyncsync.cli import main
 from asyncsync.engine.channel import RequestRejected
+from asyncsync.protocols.base import Forbidden
 from asyncsync.recipe import TOKEN_ENV, RunSpec
+from asyncsync.runner import node_env
 from asyncsync.transport.http_client import HttpTransport
-from asyncsync.transport.http_server import ParameterServer, is_loopback
+from asyncsync.transport.http_server import ParameterServer, is_loopback, worker_token
 from asyncsync.wire import CONTENT_TYPE, encode_header
 from tests.helpers import tiny_model
 
@@ -63,3 +67,47 @@ def test_token_comes_from_the_environment_first(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(TOKEN_ENV, "from-env")
     assert spec.resolved_token() == "from-env"
     assert spec.as_table()["token"] == ""  # never written to logs
+
+
+async def test_a_worker_token_cannot_stop_the_run() -> None:
+    async with ParameterServer(tiny_model(), "asp", workers=1, token="run-secret") as server:
+        worker = HttpTransport(server.url, server.core.store.numel,
+                               token=worker_token("run-secret"))
+        reply, _ = await worker.request("join", JOIN)
+        assert reply["version"] == 0
+        status, _ = await worker.request("status", {"run_id": "run"})
+        assert "workers" in status
+        with pytest.raises(Forbidden, match="run token"):
+            await worker.request("stop", {"run_id": "run"})
+        await worker.close()
+        assert not server.core.store.stopping
+        operator = HttpTransport(server.url, 0, token="run-secret")
+        reply, _ = await operator.request("stop", {"run_id": "run"})
+        await operator.close()
+        assert reply["stop"] and server.core.store.stopping
+
+
+def test_workers_get_the_worker_token_never_the_run_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "set-in-the-shell")
+    server_env, worker_env = node_env("run-secret", True), node_env("run-secret", False)
+    assert server_env[TOKEN_ENV] == "run-secret" and WORKER_TOKEN_ENV not in server_env
+    assert TOKEN_ENV not in worker_env
+    assert worker_env[WORKER_TOKEN_ENV] == worker_token("run-secret") != "run-secret"
+    spec = RunSpec(name="r")  # a worker node: its own token, else derived from the run's
+    monkeypatch.delenv(TOKEN_ENV)
+    assert run_worker_token(spec) is None
+    monkeypatch.setenv(TOKEN_ENV, "run-secret")
+    assert run_worker_token(spec) == worker_token("run-secret")
+    monkeypatch.setenv(WORKER_TOKEN_ENV, "handed-out")
+    assert run_worker_token(spec) == "handed-out"
+
+
+def test_the_cli_prints_the_worker_token(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "run-secret")
+    assert main(["worker-token"]) == 0
+    assert capsys.readouterr().out == worker_token("run-secret") + "\n"
+    monkeypatch.delenv(TOKEN_ENV)
+    assert main(["worker-token"]) == 2

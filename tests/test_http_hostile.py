@@ -20,7 +20,7 @@ from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import BadRequest, OutOfStep, Push
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
 from asyncsync.protocols.dssync import DsSyncParams, DsSyncServer
-from asyncsync.transport.http_server import ParameterServer
+from asyncsync.transport.http_server import ParameterServer, worker_token
 from asyncsync.wire import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
 
@@ -235,3 +235,35 @@ async def test_protocol_refusals_never_repr_deep_peer_data() -> None:
         await rule.on_push(Push(0, 0, "model", torch.zeros(8), 1, 1, {"iteration": deep}))
     for refusal in (fragment.value, iteration.value):
         assert len(refusal.reason) < 200 and "..." in refusal.reason
+
+
+@pytest.mark.parametrize(("authorization", "op", "status"), [
+    (b"", "status", b"401"),
+    (b"", "push/x", b"401"),  # no such operation: still the token first
+    (b"Bearer wrong", "push", b"401"),
+    (b"Bearer " + worker_token("s3cret").encode(), "stop", b"403"),
+    (b"Bearer s3cret", "status", b"100"),
+])
+async def test_expect_100_continue_is_authenticated_before_the_body(
+    authorization: bytes, op: str, status: bytes,
+) -> None:
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN),
+                               token="s3cret") as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        payload = encode_header({"run_id": RUN}, None)
+        writer.write(f"POST /v1/{op} HTTP/1.1\r\nHost: x\r\nContent-Type: {CONTENT_TYPE}\r\n"
+                     f"Content-Length: {len(payload)}\r\nExpect: 100-continue\r\n".encode()
+                     + (b"Authorization: " + authorization + b"\r\n" if authorization else b"")
+                     + b"\r\n")  # the body follows only a 100 Continue
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+        assert status_line.split()[1] == status, status_line
+        writer.write(payload)  # (a refused client may send its body all the same)
+        if status == b"100":
+            await asyncio.wait_for(reader.readline(), 10)  # the blank line after it
+            final = await asyncio.wait_for(reader.readline(), 10)
+            assert final.split()[1] == b"200", final
+        else:  # the refusal closes the connection
+            assert b"Connection: close" in await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert not server.core.store.stopping

@@ -1,9 +1,16 @@
-"""HTTP client transport: one long-lived `aiohttp.ClientSession` per worker."""
+"""HTTP client transport: one long-lived `aiohttp.ClientSession` per worker.
+
+Over https the server's certificate is verified against the system's trust store, or with
+the context registered for that server with `trust` (e.g. one trusting a private CA).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import torch
@@ -23,6 +30,40 @@ from asyncsync.wire import (
     tensor_spec,
 )
 
+BUSY = 503
+"""The server's gate refused the connection unread (too many connections): safe to retry."""
+
+
+class TlsFailure(ConnectionError):
+    """The TLS handshake with the server failed (e.g. its certificate is not trusted)."""
+
+
+class _ServerBusy(Exception):
+    """The server answered `BUSY`."""
+
+
+def client_tls(cafile: str | Path) -> ssl.SSLContext:
+    """A context that trusts the CA certificates in the PEM file `cafile` (only those) and
+    checks the server's host name (TLS 1.2 at least). Raises OSError or ssl.SSLError when
+    the file cannot be loaded."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+_TRUSTED: dict[tuple[str, int], ssl.SSLContext] = {}
+
+
+def _origin(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or 443
+
+
+def trust(url: str, tls: ssl.SSLContext) -> None:
+    """Verify the https server at `url` (its host and port) with `tls` (e.g. `client_tls`)
+    instead of the system's trust store, in every transport dialled to it from now on."""
+    _TRUSTED[_origin(url)] = tls
+
 
 class HttpTransport:
     """Sends frames to ``{url}/v1/{op}`` and reads framed replies.
@@ -33,20 +74,24 @@ class HttpTransport:
         timeout_s: total time allowed for one request, held waits included.
         link: an emulated link that paces the real bytes in both directions.
         local_addr: the local address to connect from (default: the system's choice).
-        connect_timeout_s: how long to keep retrying a server that cannot be reached.
+        connect_timeout_s: how long to keep retrying a server that cannot be reached or
+            is busy.
         token: sent as ``Authorization: Bearer <token>`` when given.
+        tls: the context to verify an https server with (default: the system's store).
     """
 
     def __init__(self, url: str, numel: int, timeout_s: float = 600.0,
                  link: Link | None = None, local_addr: str | None = None,
-                 connect_timeout_s: float = 60.0, token: str | None = None) -> None:
+                 connect_timeout_s: float = 60.0, token: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.url = url.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
         self.limits = Limits(numel)
         self.link = link
         self.bytes_up = 0
         self.bytes_down = 0
-        connector = aiohttp.TCPConnector(local_addr=(local_addr, 0) if local_addr else None)
+        connector = aiohttp.TCPConnector(local_addr=(local_addr, 0) if local_addr else None,
+                                         ssl=tls or True)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
@@ -59,8 +104,9 @@ class HttpTransport:
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Send one request; retry with backoff while the server cannot be reached.
 
-        Only connection failures are retried (the request never arrived, so a retry
-        cannot apply it twice), for up to `connect_timeout_s` seconds. A connection that
+        Only connection failures and a busy server's 503 are retried (the request was
+        never read, so a retry cannot apply it twice), for up to `connect_timeout_s`
+        seconds. A failed TLS handshake raises `TlsFailure` at once; a connection that
         breaks mid-request raises `ConnectionError`; a 4xx raises the SDK's refusal.
         """
         deadline = now() + self.connect_timeout_s
@@ -68,7 +114,12 @@ class HttpTransport:
         while True:
             try:
                 return await self._request_once(op, header, vector)
-            except aiohttp.ClientConnectorError as exc:
+            except aiohttp.ClientSSLError as exc:
+                raise TlsFailure(
+                    f"TLS with {self.url} failed ({exc}): the server must serve https with "
+                    "a certificate for this host name, signed by the CA given with "
+                    "--tls-ca (recipe key tls.ca) or by one the system trusts") from exc
+            except (aiohttp.ClientConnectorError, _ServerBusy) as exc:
                 if now() + backoff > deadline:
                     raise ConnectionError(f"cannot reach {self.url}: {exc}") from exc
                 await asyncio.sleep(backoff)
@@ -88,6 +139,8 @@ class HttpTransport:
         async with self._session.post(f"{self.url}/v1/{op}", data=pieces,
                                       headers={"Content-Length": str(size)}) as resp:
             self.bytes_up += size
+            if resp.status == BUSY:
+                raise _ServerBusy(f"busy: {(await resp.text())[:200]}")
             if resp.status >= 400:
                 reason = (await resp.text())[:500]
                 raise refusal_from(resp.status, reason)
@@ -115,9 +168,10 @@ class HttpTransport:
 
 
 def dial_http(url: str, dial: Dial) -> HttpTransport:
-    """The HTTP transport for a worker, as `asyncsync.engine.channel.connect` makes it."""
+    """The HTTP transport for a worker, as `asyncsync.engine.channel.connect` makes it
+    (verifying its server with the context registered with `trust`, if any)."""
     return HttpTransport(url, dial.numel, link=dial.link, local_addr=dial.local_addr,
-                         token=dial.token)
+                         token=dial.token, tls=_TRUSTED.get(_origin(url)))
 
 
 register_scheme("http", dial_http)
