@@ -1,6 +1,6 @@
 """Fidelity of virtual time: one recipe in real paced mode and in virtual mode, compared.
 
-4 workers with slowdowns 1, 1, 2, 4 over a 20 Mbit/s link, paced at ``base_step_s``; for
+4 workers with slowdowns 1, 1, 2, 4 over a 100 Mbit/s link, paced at ``base_step_s``; for
 each protocol it prints compute proportion, versions and time to target in both modes,
 their differences (targets: proportions within 0.05, versions within 15 %, times to target
 within 25 %) and whether the ranking of the protocols by time to target is the same.
@@ -26,7 +26,7 @@ name = "fidelity"
 workers = 4
 [defaults.stop]
 time_s = {time_s}
-target_accuracy = 0.6
+target_accuracy = 0.5
 [defaults.model]
 name = "mlp"
 [defaults.eval]
@@ -35,7 +35,7 @@ interval_s = 1.0
 slowdown = [1, 1, 2, 4]
 base_step_s = 0.03
 [defaults.network]
-bandwidth_mbps = 20
+bandwidth_mbps = 100
 latency_ms = 5
 [[runs]]
 name = "bsp"
@@ -69,7 +69,7 @@ def main() -> None:
         for clock in ("real", "virtual"):
             recipe = load_recipe(path, [f'clock="{clock}"'])
             results[clock] = asyncio.run(run_recipe(recipe, Path(tmp) / clock, live=False))
-    print(f"{'run':10} {'compute r/v':>14} {'versions r/v':>16} {'t->0.6 r/v (s)':>18}")
+    print(f"{'run':10} {'compute r/v':>14} {'versions r/v':>16} {'t->0.5 r/v (s)':>18}")
     for real, virtual in zip(results["real"], results["virtual"], strict=True):
         r_cp, v_cp = real["compute_proportion"], virtual["compute_proportion"]
         print(f"{real['run']:10} {r_cp:6.2f}/{v_cp:<6.2f}"
