@@ -4,6 +4,9 @@ All parameters and floating-point buffers (e.g. BatchNorm statistics) are views 
 contiguous 1-D tensor ``flat``; gradients are views into ``grad``. Deltas, averages and
 wire transfers are single vector operations. The methods here are synchronous and take no
 time of their own: the worker's compute seam runs and times them, never on the event loop.
+The vectors stay on the trainer's device; every copy to or from the host goes through
+`asyncsync.device_copies` (on CUDA: pinned buffers, a side stream and events, no
+device-wide synchronization; a step returns once its loss is on the host).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asyncsync.device_copies import copies_for
 from asyncsync.optim import FlatSGD
 
 BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -93,6 +97,7 @@ class Trainer:
     ) -> None:
         self.device = resolve_device(device)
         self.params = FlatModule(model, self.device)
+        self.copies = copies_for(self.device, self.numel)
         self.batches = batches
         self.loss_fn = loss_fn
         self.optimizer = FlatSGD(lr, momentum, weight_decay)
@@ -108,15 +113,15 @@ class Trainer:
     def gradient(self, batch_size: int) -> Computed:
         """Compute the gradient of one batch into ``self.params.grad``."""
         inputs, targets = self.batches(batch_size)
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        # non-blocking: a pageable batch is still staged before the call returns, but unlike
+        # a blocking copy it does not wait for the work queued on the compute stream
+        inputs = inputs.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
         self.params.grad.zero_()
         self.params.module.train()
         loss = self.loss_fn(self.params.module(inputs), targets)
         torch.autograd.backward(loss)
-        value = float(loss.detach())
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return Computed(value, len(targets))
+        return Computed(float(loss.detach()), len(targets))
 
     def local_step(self, batch_size: int, center: torch.Tensor | None = None,
                    rho: float = 0.0, correction: torch.Tensor | None = None) -> Computed:
@@ -128,9 +133,9 @@ class Trainer:
             n = self.params.num_params
             params, grad = self.params.flat[:n], self.params.grad[:n]
             if center is not None:
-                grad = grad + rho * (params - center[:n].to(params.device))
+                grad = grad + rho * (params - self.copies.stage(center[:n]))
             if correction is not None:
-                grad = grad + correction[:n].to(params.device)
+                grad = grad + self.copies.stage(correction[:n])
             params.sub_(self.optimizer.update(params, grad))
         return result
 
@@ -140,31 +145,30 @@ class Trainer:
         Buffer slots (BatchNorm statistics) carry the current buffer values instead of a
         gradient, which has none: the server adopts (averages) them as they are.
         """
-        out = self.params.grad.detach().to("cpu", copy=True)
         n = self.params.num_params
-        out[n:] = self.params.flat[n:]
-        return out
+        return self.copies.gather([self.params.grad[:n].detach(),
+                                   self.params.flat[n:].detach()])
 
     def vector_copy(self) -> torch.Tensor:
         """A CPU copy of the current flat vector."""
-        return self.params.flat.detach().to("cpu", copy=True)
+        return self.copies.gather([self.params.flat.detach()])
 
     def delta_since(self, anchor: torch.Tensor, start: int = 0,
                     stop: int | None = None) -> torch.Tensor:
         """``w[start:stop] - anchor[start:stop]`` as a new CPU tensor."""
-        return self.params.flat[start:stop].detach().to("cpu") - anchor[start:stop]
+        return self.copies.read(self.params.flat[start:stop].detach()) - anchor[start:stop]
 
     def mix_toward(self, target: torch.Tensor, weight: float, start: int = 0,
                    stop: int | None = None) -> None:
         """``w[start:stop] <- (1 - weight) w[start:stop] + weight target``."""
         part = self.params.flat[start:stop]
         with torch.no_grad():
-            part.mul_(1 - weight).add_(target.to(part.device), alpha=weight)
+            part.mul_(1 - weight).add_(self.copies.stage(target), alpha=weight)
 
     def load(self, vector: torch.Tensor) -> None:
-        """Adopt a (global) vector as the local parameters."""
+        """Adopt a (global) vector as the local parameters (the next step sees all of it)."""
         with torch.no_grad():
-            self.params.flat.copy_(vector)
+            self.copies.stage(vector, out=self.params.flat)
 
 
 def evaluate(
