@@ -195,7 +195,9 @@ TIMING_MODEL = "timing"
 class RunSpec:
     """One fully resolved run."""
 
-    name: str = option("", bool, "every run needs a name")
+    name: str = option("", lambda v: bool(v) and "/" not in v and v not in (".", ".."),
+                       "must be a non-empty name without '/' (it names the run's log "
+                       "directory)")
     protocol: ProtocolSpec = field(default_factory=lambda: ProtocolSpec("bsp", NoParams()))
     workers: int = option(4, _positive, "must be > 0")
     seed: int = 0

@@ -90,6 +90,7 @@ def test_bad_values_name_the_key(tmp_path: Path, edit: list[str], message: str) 
         ("colour = 1\n" + BASE, "colour: unknown top-level key"),
         (BASE.replace("[defaults.stop]", "[defaults.stopp]"), "defaults.stopp: unknown key"),
         ("[[runs]]\nprotocol = 'bsp'\n", "runs[0].name: every run needs a name"),
+        ("[[runs]]\nname = 'a/b'\nprotocol = 'bsp'\n", "name: must be a non-empty name without"),
         ("x = [", "not valid toml"),
     ],
 )
