@@ -121,7 +121,7 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
         batch_size=spec.data.batch_size, slowdown=spec.compute_profile(rank), device=spec.device,
         link=spec.network.link(rank), local_addr=local_addr, token=run_worker_token(spec),
-        heartbeat_s=spec.fault.heartbeat_s,
+        heartbeat_s=spec.fault.heartbeat_s, compressor=spec.network.compressor(),
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 
 

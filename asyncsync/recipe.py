@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncsync.compression import CODECS, Compressor
 from asyncsync.data import DATASETS
 from asyncsync.hetero.compute import ComputeProfile, build_profile, profile_params
 from asyncsync.hetero.network import LinkSpec
@@ -35,6 +36,7 @@ from asyncsync.runlogs import sweep_suffix
 from asyncsync.schema import ConfigError, from_mapping, option
 
 TOKEN_ENV = "ASYNCSYNC_TOKEN"
+TOPK_FRACTION = 0.01
 
 
 def _positive(value: float) -> bool:
@@ -131,6 +133,25 @@ class NetworkSpec:
     server_mbps: float = option(0.0, lambda v: v >= 0, "must be >= 0",
                                 "the server's own link, shared by all workers, each way "
                                 "(0 = unlimited; virtual clock only)")
+    compression: str = option("none", lambda v: v in CODECS,
+                              f"must be one of {', '.join(CODECS)}",
+                              "codec of gradient and delta pushes (model pushes and pulls "
+                              "stay float32)")
+    topk_fraction: float = option(TOPK_FRACTION, lambda v: 0 < v <= 0.5, "must be in (0, 0.5]",
+                                  "compression = \"topk\": the share of entries pushed")
+    error_feedback: bool = option(True, help="lossy compression: carry what a push left out "
+                                             "into the next push of its kind")
+
+    def __post_init__(self) -> None:
+        if self.topk_fraction != TOPK_FRACTION and self.compression != "topk":
+            raise ValueError(f"topk_fraction is only used with compression = \"topk\" "
+                             f"(compression is {self.compression!r})")
+
+    def compressor(self) -> Compressor | None:
+        """A fresh codec state for one worker (None: pushes go as float32)."""
+        if self.compression == "none":
+            return None
+        return Compressor(self.compression, self.topk_fraction, self.error_feedback)
 
     def link(self, rank: int) -> LinkSpec:
         up = self.bandwidth_mbps if self.uplink_mbps is None else self.uplink_mbps

@@ -93,7 +93,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
             run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
             weight_decay=spec.optim.weight_decay, batch_size=spec.data.batch_size,
             device="cpu", heartbeat_s=spec.fault.heartbeat_s,
-            log_path=run_dir / f"worker-{rank}.jsonl",
+            log_path=run_dir / f"worker-{rank}.jsonl", compressor=spec.network.compressor(),
             seam=VirtualWorkerSeam(profile, base_step_s, spec.data.batch_size)))
     began = wall()
 

@@ -7,6 +7,9 @@ Frame layout (requests and responses alike)::
                        "tensor": {"dtype": "float32", "shape": [n]}
     n * itemsize bytes the tensor's raw little-endian bytes, nothing else
 
+A compressed push carries a uint8 tensor of encoded bytes and a "codec" map beside
+"tensor" (see `asyncsync.compression`); its length must be the one the codec implies.
+
 No pickle, no base64, no per-element encoding. The receiver reads the tensor bytes
 straight into a preallocated tensor (the one copy of that direction); the sender streams
 memoryview slices of the tensor it already holds (no copy in user space).
@@ -25,6 +28,7 @@ from typing import Any
 import msgpack
 import torch
 
+from asyncsync.compression import payload_bytes
 from asyncsync.protocols.messages import brief
 
 CONTENT_TYPE = "application/x-asyncsync"
@@ -32,7 +36,7 @@ PREFIX = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
 CHUNK_BYTES = 1 << 20
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32}
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "uint8": torch.uint8}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
@@ -123,6 +127,10 @@ def tensor_spec(header: dict[str, Any], limits: Limits | None,
         raise WireError(400, "this message carries no tensor")
     if not isinstance(spec, dict):
         raise WireError(400, "'tensor' must be a map with dtype and shape")
+    if "codec" in header:
+        if up_to:
+            raise WireError(400, "replies are never compressed")
+        return _compressed_spec(spec, header["codec"], limits)
     dtype = spec.get("dtype")
     if not isinstance(dtype, str) or dtype not in DTYPES or DTYPES[dtype] != limits.dtype:
         raise WireError(422, f"wrong dtype {brief(dtype)}: expected "
@@ -136,6 +144,18 @@ def tensor_spec(header: dict[str, Any], limits: Limits | None,
     return limits.tensor_bytes
 
 
+def _compressed_spec(spec: dict[str, Any], codec: object, limits: Limits) -> int:
+    """The byte length of a compressed payload: uint8, as long as its codec implies."""
+    size = payload_bytes(codec, limits.numel)  # raises BadRequest (a 400) when malformed
+    if spec.get("dtype") != "uint8":
+        raise WireError(422, f"wrong dtype {brief(spec.get('dtype'))} for a compressed "
+                             "payload: expected 'uint8'")
+    if spec.get("shape") != [size]:
+        raise WireError(422, f"wrong shape {brief(spec.get('shape'))} for this codec: "
+                             f"expected [{size}]")
+    return size
+
+
 ReadAny = Callable[[], Awaitable[bytes]]
 
 
@@ -147,6 +167,7 @@ class FrameReader:
         self._pending = bytearray()
         self._total = 0
         self._max_total = max_total
+        self._compressed = False
 
     async def _fill(self, want: int) -> None:
         while len(self._pending) < want:
@@ -168,10 +189,15 @@ class FrameReader:
         (length,) = PREFIX.unpack(await self._take(PREFIX.size))
         if length > MAX_HEADER_BYTES:
             raise WireError(413, f"header of {length} bytes exceeds {MAX_HEADER_BYTES}")
-        return decode_header(await self._take(length))
+        header = decode_header(await self._take(length))
+        self._compressed = "codec" in header
+        return header
 
     async def tensor(self, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
-        """Read exactly `nbytes` into a fresh tensor, then require end of stream."""
+        """Read exactly `nbytes` into a fresh tensor of `dtype` (of uint8 when the header
+        declared a compressed payload), then require end of stream."""
+        if self._compressed:
+            dtype = torch.uint8
         out = torch.empty(nbytes // dtype.itemsize, dtype=dtype)
         view = out.numpy().data.cast("B")
         filled = min(len(self._pending), nbytes)

@@ -14,6 +14,7 @@ import msgpack
 import pytest
 import torch
 
+from asyncsync.compression import INT8_CHUNK
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
 from asyncsync.optim import FlatSGD
@@ -132,6 +133,58 @@ def cases(numel: int) -> list[tuple[str, str, bytes, str, int, str]]:
          422, "shape"),
         ("kind nested 1000 deep", "push", body(push_header(kind=nested(1000)), good),
          CONTENT_TYPE, 400, "kind"),
+        *compressed_cases(numel),
+    ]
+
+
+def compressed(codec: object, payload: torch.Tensor) -> bytes:
+    """A gradient push whose tensor is the compressed `payload` described by `codec`."""
+    return body({**push_header(), "codec": codec}, payload)
+
+
+def topk_payload(indices: list[int], values: list[float]) -> torch.Tensor:
+    return torch.cat([torch.tensor(indices, dtype=torch.int32).view(torch.uint8),
+                      torch.tensor(values).view(torch.uint8)])
+
+
+def compressed_cases(numel: int) -> list[tuple[str, str, bytes, str, int, str]]:
+    """Malformed compressed pushes (see asyncsync.compression)."""
+    good_topk = {"name": "topk", "numel": numel, "k": 2}
+    chunks = -(-numel // INT8_CHUNK)
+    nan_scales = torch.cat([torch.full((chunks,), math.nan).view(torch.uint8),
+                            torch.ones(numel, dtype=torch.int8).view(torch.uint8)])
+    huge_half = torch.full((numel,), math.inf, dtype=torch.float16).view(torch.uint8)
+    return [
+        ("unknown codec", "push", compressed({"name": "zip", "numel": numel},
+                                             torch.zeros(8, dtype=torch.uint8)),
+         CONTENT_TYPE, 400, "unknown codec"),
+        ("codec not a map", "push", compressed([1], torch.zeros(8, dtype=torch.uint8)),
+         CONTENT_TYPE, 400, "codec"),
+        ("codec numel wrong", "push", compressed({"name": "float16", "numel": numel + 1},
+                                                 torch.zeros(2 * numel, dtype=torch.uint8)),
+         CONTENT_TYPE, 400, "numel"),
+        ("topk k out of range", "push", compressed({**good_topk, "k": numel + 1},
+                                                   torch.zeros(8, dtype=torch.uint8)),
+         CONTENT_TYPE, 400, "k must be"),
+        ("compressed payload too short", "push",
+         compressed(good_topk, topk_payload([0, 1], [0.1, 0.2])[:-4]), CONTENT_TYPE, 422,
+         "shape"),
+        ("compressed payload not uint8", "push",
+         compressed({"name": "float16", "numel": numel}, torch.zeros(numel // 2)),
+         CONTENT_TYPE, 422, "dtype"),
+        ("topk index out of range", "push",
+         compressed(good_topk, topk_payload([0, numel], [0.1, 0.2])), CONTENT_TYPE, 422,
+         "indices"),
+        ("topk negative index", "push",
+         compressed(good_topk, topk_payload([-1, 3], [0.1, 0.2])), CONTENT_TYPE, 422,
+         "indices"),
+        ("topk repeated index", "push",
+         compressed(good_topk, topk_payload([3, 3], [0.1, 0.2])), CONTENT_TYPE, 422,
+         "indices"),
+        ("int8 NaN scale", "push", compressed({"name": "int8", "numel": numel}, nan_scales),
+         CONTENT_TYPE, 422, "scales"),
+        ("float16 Inf", "push", compressed({"name": "float16", "numel": numel}, huge_half),
+         CONTENT_TYPE, 422, "non-finite"),
     ]
 
 
@@ -161,7 +214,7 @@ async def test_every_bad_request_is_refused_and_changes_nothing(
         assert "\n" not in text.strip(), f"{name}: reason is not one line"
         assert server.core.store.version == 0, name
         assert torch.equal(server.core.store.w, before), name
-    assert server.core.workers[0].nonfinite == 2  # the NaN and the Inf pushes are counted
+    assert server.core.workers[0].nonfinite == 3  # the NaN and the two Inf pushes count
     # The same server accepts a well-formed push, so the checks above could have failed.
     resp = await post(session, server.url, "push",
                       body(push_header(), torch.full((numel,), 0.01)))

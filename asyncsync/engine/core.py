@@ -3,6 +3,7 @@
 Transport-independent: the HTTP app and the in-process transport both call
 `ServerCore.handle`, which validates a message fully (run, worker, fields, finiteness)
 before the protocol's rule sees it and raises the SDK's refusals for anything it refuses.
+A compressed push is decoded first (`asyncsync.compression`) and then checked like any.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from asyncsync.compression import decode
 from asyncsync.engine.checkpoint import model_fingerprint
 from asyncsync.engine.compute import ServerSeam
 from asyncsync.engine.evaluation import EvalPoint, Evaluator, make_evaluator
@@ -214,6 +216,8 @@ class ServerCore:
         if op == "leave":
             await self._leave(worker)
             return Reply()
+        if "codec" in header and op != "push":
+            raise BadRequest(f"only pushes may be compressed, not {op}")
         if op == "query":
             return Reply(meta=await self.rule.on_query(worker, meta))
         base_version = require_count(header, "base_version")
@@ -226,6 +230,8 @@ class ServerCore:
                              f"(accepts: {accepted})")
         if vector is None:
             raise BadRequest("push carries no tensor")
+        if "codec" in header:
+            vector = await self._decompress(header["codec"], vector, meta)
         push = Push(worker, base_version, kind, vector, require_count(header, "steps"),
                     require_count(header, "samples"), meta)
         if push.samples > push.steps * self.settings.max_batch:
@@ -239,6 +245,14 @@ class ServerCore:
             self._report_nonfinite(worker)
             raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
         return Reply(meta=await self.rule.on_push(push))
+
+    async def _decompress(self, codec: object, payload: torch.Tensor,
+                          meta: dict[str, Any]) -> torch.Tensor:
+        """The float32 vector a compressed push carries (refused when malformed)."""
+        numel = self.rule.tensor_numel("push", meta)
+        if numel is None:
+            raise BadRequest("this push may carry no tensor")
+        return await self.store.compute(decode, codec, payload, numel)
 
     def _report_nonfinite(self, worker: int) -> None:
         """Count a refused NaN/Inf push; warn when a worker keeps sending them."""

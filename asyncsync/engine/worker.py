@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from asyncsync.clock import now
+from asyncsync.compression import COMPRESSED_KINDS, Compressor
 from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
@@ -39,7 +40,7 @@ class WorkerContext:
 
     def __init__(self, rank: int, run_id: str, transport: Transport, trainer: Trainer,
                  seam: WorkerSeam, metrics: WorkerMetrics, batch_size: int,
-                 max_steps: int | None) -> None:
+                 max_steps: int | None, compressor: Compressor | None = None) -> None:
         self.rank = rank
         self.run_id = run_id
         self.numel = trainer.numel
@@ -53,6 +54,7 @@ class WorkerContext:
         self._metrics = metrics
         self._max_steps = max_steps
         self._session = ""  # the secret of this worker's session, from its join reply
+        self._compressor = compressor  # encodes gradient and delta pushes (None: float32)
 
     # ---- computation -------------------------------------------------------------------
     async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
@@ -121,8 +123,13 @@ class WorkerContext:
     async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
                    meta: dict[str, Any] | None = None,
                    base_version: int | None = None) -> dict[str, Any]:
-        header = {"kind": kind, "steps": steps, "samples": samples,
-                  "base_version": self.version if base_version is None else base_version}
+        header: dict[str, Any] = {
+            "kind": kind, "steps": steps, "samples": samples,
+            "base_version": self.version if base_version is None else base_version}
+        if self._compressor is not None and kind in COMPRESSED_KINDS:
+            vector, header["codec"] = await self._seam.math(
+                self._compressor.encode, kind, vector, self._session,
+                vector.numel() == self.numel)
         reply, _ = await self._request("push", header, vector, meta)
         return dict(reply.get("meta", {}))
 
@@ -209,6 +216,8 @@ class Worker:
         max_rejoins: give up after rejoining this many times.
         log_path: a JSONL file for this worker's spans and totals.
         seam: the compute seam (default: a compute thread with `slowdown`'s padding).
+        compressor: encodes this worker's gradient and delta pushes (None: float32; see
+            `asyncsync.compression`).
     """
 
     def __init__(
@@ -236,6 +245,7 @@ class Worker:
         max_rejoins: int = 20,
         log_path: Path | None = None,
         seam: WorkerSeam | None = None,
+        compressor: Compressor | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -265,7 +275,7 @@ class Worker:
                           if isinstance(server, str) else server)
         self.metrics = WorkerMetrics(JsonlLog(log_path))
         self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.seam,
-                                 self.metrics, batch_size, max_steps)
+                                 self.metrics, batch_size, max_steps, compressor)
 
     async def run(self) -> dict[str, Any]:
         """Join, run the protocol's loop until the run stops, leave; returns final totals.

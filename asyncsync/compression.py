@@ -1,0 +1,165 @@
+"""Compressed pushes: the codecs a worker may apply to the gradients and deltas it pushes.
+
+A compressed vector travels as the message's tensor, a uint8 tensor of the encoded bytes,
+with the header field ``codec = {"name": NAME, "numel": N}`` (top-k adds ``"k"``); the
+server decodes it back to N float32 values and then validates it like any push (shape,
+finiteness, the rule's checks). Pushes of kind "model", pulls and replies are never
+compressed. Codecs, and their bytes per element of an N-element vector:
+
+- ``none``: float32 as today, 4 bytes (no codec field).
+- ``float16``: IEEE half precision, 2 bytes; values beyond +-65504 are clamped to it.
+- ``bfloat16``: float32's range with an 8-bit mantissa, 2 bytes.
+- ``int8``: symmetric quantization per chunk of `INT8_CHUNK` elements: one float32 scale
+  (the chunk's max |v| / 127) per chunk, then one int8 per element: 1 + 4 / 4096 bytes.
+  Layout: all scales, then all int8 values.
+- ``topk``: the k = ceil(fraction x N) entries largest in |v|: k int32 indices (strictly
+  increasing) then their k float32 values: 8 x fraction bytes. Layout: indices, values.
+
+Error feedback (on by default, for every codec): the worker keeps, per push kind, the
+residual r = (v + r) - decode(encode(v + r)), i.e. what the last push of that kind did not
+carry, and adds it to the next push of the same kind. Only whole-model vectors take part:
+a fragment (e.g. streaming DiLoCo's) is compressed without feedback, since fragments of
+one kind cover different parts of the model. The residual assumes the push was applied; a
+rejoin (a new session) clears it, since the worker restarts from the global model.
+
+A malformed payload (unknown codec, wrong length, indices out of range or not increasing,
+non-finite or negative scales) is refused with `BadRequest` or `Unacceptable` (4xx).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from asyncsync.protocols.base import BadRequest, Unacceptable, all_finite
+
+CODECS = ("none", "float16", "bfloat16", "topk", "int8")
+COMPRESSED_KINDS = frozenset({"gradient", "delta"})
+"""The push kinds a worker compresses; "model" pushes go uncompressed."""
+INT8_CHUNK = 4096
+"""Elements per int8 scale."""
+FLOAT16_MAX = torch.finfo(torch.float16).max
+_HALVES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def topk_count(numel: int, fraction: float) -> int:
+    """How many entries top-k keeps of `numel` (at least one)."""
+    return max(1, min(numel, math.ceil(fraction * numel)))
+
+
+def payload_bytes(codec: object, numel: int) -> int:
+    """The length of a payload described by header field `codec` for a vector of `numel`
+    elements; raises `BadRequest` for a malformed or mismatched descriptor."""
+    if not isinstance(codec, dict):
+        raise BadRequest("'codec' must be a map with name and numel")
+    name, count = codec.get("name"), codec.get("numel")
+    if name not in CODECS or name == "none":
+        raise BadRequest(f"unknown codec {str(name)[:40]!r}: expected one of "
+                         f"{', '.join(CODECS[1:])}")
+    if count != numel or isinstance(count, bool):
+        raise BadRequest(f"codec numel {str(count)[:40]} does not match the expected {numel}")
+    if name in _HALVES:
+        return 2 * numel
+    if name == "int8":
+        return numel + 4 * math.ceil(numel / INT8_CHUNK)
+    k = codec.get("k")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= numel:
+        raise BadRequest(f"topk: k must be an integer in 1..{numel}, got {str(k)[:40]}")
+    return 8 * k
+
+
+def encode(name: str, vector: torch.Tensor, fraction: float = 0.01
+           ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Encode a float32 `vector` with codec `name`: the uint8 payload and its descriptor."""
+    flat = vector.detach().reshape(-1).to(torch.float32)
+    descriptor: dict[str, Any] = {"name": name, "numel": flat.numel()}
+    if name in _HALVES:
+        if name == "float16":
+            flat = flat.clamp(-FLOAT16_MAX, FLOAT16_MAX)
+        return flat.to(_HALVES[name]).view(torch.uint8), descriptor
+    if name == "int8":
+        chunks = math.ceil(flat.numel() / INT8_CHUNK)
+        padded = torch.zeros(chunks * INT8_CHUNK)
+        padded[: flat.numel()] = flat
+        scales = padded.view(chunks, INT8_CHUNK).abs().amax(dim=1) / 127
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        levels = (padded.view(chunks, INT8_CHUNK) / safe[:, None]).round().clamp(-127, 127)
+        values = levels.reshape(-1)[: flat.numel()].to(torch.int8)
+        return torch.cat([scales.view(torch.uint8), values.view(torch.uint8)]), descriptor
+    if name == "topk":
+        k = topk_count(flat.numel(), fraction)
+        indices = flat.abs().topk(k, sorted=False).indices.sort().values.to(torch.int32)
+        descriptor["k"] = k
+        return torch.cat([indices.view(torch.uint8), flat[indices].view(torch.uint8)]), descriptor
+    raise ValueError(f"unknown codec {name!r}: expected one of {', '.join(CODECS[1:])}")
+
+
+def decode(codec: object, payload: torch.Tensor, numel: int) -> torch.Tensor:
+    """The float32 vector of `numel` elements a payload encodes; refuses malformed ones."""
+    size = payload_bytes(codec, numel)
+    if payload.dtype != torch.uint8 or payload.shape != (size,):
+        raise Unacceptable(f"compressed payload of {payload.numel()} {payload.dtype} elements: "
+                           f"expected {size} bytes")
+    assert isinstance(codec, dict)  # payload_bytes checked it
+    name = codec["name"]
+    if name in _HALVES:
+        return payload.view(_HALVES[name]).to(torch.float32)
+    if name == "int8":
+        chunks = math.ceil(numel / INT8_CHUNK)
+        scales = payload[: 4 * chunks].view(torch.float32)
+        if not bool((torch.isfinite(scales) & (scales >= 0)).all()):
+            raise Unacceptable("int8 payload: scales must be finite and >= 0")
+        values = payload[4 * chunks :].view(torch.int8).to(torch.float32)
+        return values * scales.repeat_interleave(INT8_CHUNK)[:numel]
+    k = int(codec["k"])
+    indices = payload[: 4 * k].view(torch.int32).to(torch.int64)
+    if not (int(indices[0]) >= 0 and int(indices[-1]) < numel
+            and bool((indices[1:] > indices[:-1]).all())):
+        raise Unacceptable("topk payload: indices must be strictly increasing in "
+                           f"0..{numel - 1}")
+    out = torch.zeros(numel)
+    out[indices] = payload[4 * k :].view(torch.float32)
+    return out
+
+
+class Compressor:
+    """A worker's codec for its pushes, with its error-feedback residuals (see the module).
+
+    Args:
+        name: one of `CODECS` other than "none".
+        topk_fraction: the share of entries top-k keeps, in (0, 1].
+        error_feedback: keep each push kind's residual and add it to its next push.
+    """
+
+    def __init__(self, name: str, topk_fraction: float = 0.01,
+                 error_feedback: bool = True) -> None:
+        if name not in CODECS or name == "none":
+            raise ValueError(f"unknown codec {name!r}: expected one of {', '.join(CODECS[1:])}")
+        if not 0 < topk_fraction <= 1:
+            raise ValueError(f"topk_fraction must be in (0, 1], got {topk_fraction}")
+        self.name = name
+        self.topk_fraction = topk_fraction
+        self.error_feedback = error_feedback
+        self.residuals: dict[str, torch.Tensor] = {}
+        self._session: str | None = None
+
+    def encode(self, kind: str, vector: torch.Tensor, session: str, whole: bool = True
+               ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The payload and descriptor for a push of `kind` in worker session `session`
+        (a new session clears the residuals); `whole`: the vector is the whole model's
+        (only such pushes take part in error feedback)."""
+        if session != self._session:
+            self.residuals.clear()
+            self._session = session
+        residual = self.residuals.get(kind) if whole else None
+        target = vector if residual is None else vector + residual
+        payload, descriptor = encode(self.name, target, self.topk_fraction)
+        if self.error_feedback and whole:
+            residual = target - decode(descriptor, payload, target.numel())
+            if all_finite(residual):  # a non-finite push is refused; do not carry it on
+                self.residuals[kind] = residual
+            else:
+                self.residuals.pop(kind, None)
+        return payload, descriptor
