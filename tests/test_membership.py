@@ -14,15 +14,18 @@ from asyncsync.engine.store import ParameterStore
 from asyncsync.engine.worker import RunStopped
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import NoParams, OutOfStep, Pull, Push, Refused, ServerRule
-from asyncsync.protocols.bsp import BspServer
+from asyncsync.protocols.bsp import BspParams, BspServer
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
 from asyncsync.protocols.dssync import DsSyncParams, DsSyncServer
+from asyncsync.protocols.easgd import EasgdParams
 from asyncsync.protocols.esync import EsyncParams
 from asyncsync.protocols.fedavg import FedAvgParams, FedAvgServer
+from asyncsync.protocols.fednova import FedNovaParams
 from asyncsync.protocols.lbbsp import LbbspParams, LbbspServer
 from asyncsync.protocols.local_sgd import LocalSgdParams
 from asyncsync.protocols.nbsync import NbsyncParams
 from asyncsync.protocols.overlap_local_sgd import OverlapLocalSgdParams
+from asyncsync.protocols.scaffold import ScaffoldParams
 from asyncsync.protocols.ssp import SspParams, SspServer
 from asyncsync.protocols.streaming_diloco import (
     StreamingDilocoParams,
@@ -52,11 +55,18 @@ CASES: list[tuple[str, Any, list[float], int, bool]] = [
     ("diloco", DilocoParams(inner_steps=3), STEPS, 1, True),
     ("streaming_diloco", StreamingDilocoParams(inner_steps=4, fragments=2, overlap_steps=1),
      STEPS, 1, True),
+    ("bsp", BspParams(backup_workers=1), STEPS, 0, False),
+    ("dcasgd", None, STEPS, 1, False),
+    ("easgd", EasgdParams(local_steps=2), STEPS, 1, True),
+    ("easgd_async", EasgdParams(local_steps=2), STEPS, 1, False),
+    ("fednova", FedNovaParams(budget_s=0.03), STEPS, 1, True),
+    ("scaffold", ScaffoldParams(local_steps=2), STEPS, 1, True),
 ]
 
 
 @pytest.mark.parametrize(("protocol", "params", "delays", "victim", "full"), CASES,
-                         ids=[case[0] for case in CASES])
+                         ids=[case[0] + ("-backup" if isinstance(case[1], BspParams) else "")
+                              for case in CASES])
 async def test_a_lost_worker_is_dropped_and_a_rejoined_one_counted_again(
         protocol: str, params: Any, delays: list[float], victim: int, full: bool) -> None:
     run = await run_crash_and_rejoin(protocol, delays, victim, params=params)

@@ -17,7 +17,7 @@ from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.bsp import BspParams, BspServer
 from asyncsync.schema import ConfigError, from_mapping
-from tests.helpers import ranks, run_crash_and_rejoin, run_local
+from tests.helpers import ranks, run_local
 
 T = TypeVar("T")
 LR = 0.1
@@ -191,15 +191,6 @@ async def test_a_deadline_run_drops_the_straggler_and_trains() -> None:
     assert core.store.blocked_s[0] == pytest.approx(0.01 * core.store.version, rel=0.1)
     assert core.evals[-1].accuracy > 0.85
     assert core.evals[-1].loss < core.evals[0].loss
-
-
-async def test_a_lost_backup_is_dropped_and_a_rejoined_one_counted_again() -> None:
-    run = await run_crash_and_rejoin("bsp", [0.005, 0.01, 0.02], victim=0,
-                                     params=BspParams(backup_workers=1))
-    assert run.core.workers[0].lost == 1
-    assert all(0 not in ranks(c) for c in run.between(run.lost_at + 2, run.restarted_at))
-    assert any(0 in ranks(c) for c in run.between(run.restarted_at + 1,
-                                                   run.core.store.version))
 
 
 def test_bad_parameters_name_the_parameter() -> None:

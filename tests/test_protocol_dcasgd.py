@@ -11,7 +11,7 @@ from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Pull, Push
 from asyncsync.protocols.dcasgd import DcasgdParams, DcasgdServer
 from asyncsync.schema import ConfigError, from_mapping
-from tests.helpers import ranks, run_crash_and_rejoin, run_local
+from tests.helpers import ranks, run_local
 
 LR = 0.5
 PARAMS = 5  # the vector's last slot is a buffer (a value, not a gradient)
@@ -106,14 +106,6 @@ async def test_dcasgd_trains_with_stale_gradients() -> None:
     assert finals[0]["steps"] >= 5 * finals[1]["steps"]
     assert core.evals[-1].accuracy > 0.85
     assert core.evals[-1].loss < core.evals[0].loss
-
-
-async def test_a_lost_worker_stops_contributing_and_a_rejoined_one_goes_on() -> None:
-    run = await run_crash_and_rejoin("dcasgd", [0.005, 0.01, 0.02], victim=1)
-    assert run.core.workers[1].lost == 1
-    assert all(1 not in ranks(c) for c in run.between(run.lost_at + 2, run.restarted_at))
-    assert any(1 in ranks(c) for c in run.between(run.restarted_at + 1,
-                                                   run.core.store.version))
 
 
 def test_bad_parameters_name_the_parameter() -> None:

@@ -22,7 +22,7 @@ from asyncsync.protocols.easgd import (
     EasgdWorker,
 )
 from asyncsync.schema import ConfigError, from_mapping
-from tests.helpers import ranks, run_crash_and_rejoin, run_local
+from tests.helpers import ranks, run_local
 from tests.test_protocol_diloco import FakeContext
 
 ALPHA = 0.25
@@ -152,23 +152,6 @@ async def test_easgd_trains_the_center(protocol: str) -> None:
     else:  # nobody waited
         assert sum(core.store.blocked_s.values()) == 0.0
         assert finals[0]["steps"] > 2 * finals[2]["steps"]
-
-
-@pytest.mark.parametrize(("protocol", "full"), [("easgd", True), ("easgd_async", False)])
-async def test_a_lost_worker_is_dropped_and_a_rejoined_one_counted_again(
-        protocol: str, full: bool) -> None:
-    run = await run_crash_and_rejoin(protocol, [0.005, 0.01, 0.02], victim=1,
-                                     params=EasgdParams(local_steps=2))
-    assert run.core.workers[1].lost == 1
-    without = run.between(run.lost_at + 2, run.restarted_at)
-    assert without and all(1 not in ranks(c) for c in without)
-    if full:
-        assert all(ranks(c) == {0, 2} for c in without)
-    back = [c for c in run.between(run.restarted_at + 1, run.core.store.version)
-            if 1 in ranks(c)]
-    assert back
-    if full:
-        assert ranks(back[0]) == {0, 1, 2}
 
 
 def test_bad_parameters_name_the_parameter() -> None:
