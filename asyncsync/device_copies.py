@@ -40,6 +40,8 @@ from typing import Protocol, cast
 
 import torch
 
+from asyncsync.buffers import VectorPool
+
 STAGING_BUFFERS = 2
 """Staging buffers per trainer: one is filled while the copy from the other runs."""
 
@@ -100,9 +102,13 @@ class PlainCopies:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.buffers = VectorPool()
 
     def gather(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([part.to("cpu") for part in parts])
+        """On a CPU device the result is a warm vector of `buffers` (`asyncsync.buffers`)."""
+        host = [part.to("cpu") for part in parts]
+        out = self.buffers.take(sum(part.numel() for part in host), host[0].dtype)
+        return torch.cat(host, out=out)
 
     def read(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to("cpu")

@@ -70,35 +70,41 @@ STAT_FIELDS = frozenset(WorkerStats.__dataclass_fields__)
 class IntervalUnion:
     """The measure of a union of time intervals, added in roughly increasing time.
 
-    The most recent `KEEP` disjoint pieces are kept to merge overlaps; older ones are
-    folded into a total, so memory stays bounded (an interval that reaches back past the
-    kept pieces can then be counted twice for its overlap with them).
+    The most recent `KEEP` disjoint pieces are kept (sorted) to merge overlaps; older ones
+    are folded into a total, so memory stays bounded (an interval that reaches back past
+    the kept pieces can then be counted twice for its overlap with them). An add touches
+    only the pieces it overlaps, found from the end.
     """
 
     KEEP = 64
 
     def __init__(self) -> None:
         self.folded = 0.0
+        self.kept = 0.0  # the measure of `pieces`
         self.pieces: list[tuple[float, float]] = []
 
     def add(self, start: float, end: float) -> None:
         if end <= start:
             return
-        merged: list[tuple[float, float]] = []
-        for a, b in self.pieces:
-            if b < start or a > end:
-                merged.append((a, b))
-            else:
-                start, end = min(a, start), max(b, end)
-        merged.append((start, end))
-        merged.sort()
-        while len(merged) > self.KEEP:
-            a, b = merged.pop(0)
+        pieces = self.pieces
+        last = len(pieces)  # pieces[first:last] overlap [start, end]
+        while last and pieces[last - 1][0] > end:
+            last -= 1
+        first = last
+        while first and pieces[first - 1][1] >= start:
+            first -= 1
+        for a, b in pieces[first:last]:
+            self.kept -= b - a
+            start, end = min(a, start), max(b, end)
+        pieces[first:last] = [(start, end)]
+        self.kept += end - start
+        while len(pieces) > self.KEEP:
+            a, b = pieces.pop(0)
             self.folded += b - a
-        self.pieces = merged
+            self.kept -= b - a
 
     def measure(self) -> float:
-        return self.folded + sum(b - a for a, b in self.pieces)
+        return self.folded + self.kept
 
 
 class WorkerMetrics:
@@ -153,13 +159,20 @@ class WorkerMetrics:
     def transferred(self, op: str, start: float, seconds: float, held_s: float,
                     up: int, down: int, version: int | None) -> None:
         """Account one request; `up` / `down` are the tensor bytes it carried (the byte
-        totals come from the transport, see `take_bytes`)."""
+        totals come from the transport, see `take_bytes`). An ``exchange`` (a push and the
+        pull that follows it, fused) splits its moving time between push and pull by
+        bytes."""
         s = self.stats
         held = max(0.0, min(held_s, seconds))
-        if op == "push":
-            s.push_s += seconds - held
+        moving = seconds - held
+        if op == "exchange":  # a fused push and pull: its moving time split by bytes
+            up_share = up / (up + down) if up + down else 0.5
+            s.push_s += moving * up_share
+            s.pull_s += moving * (1 - up_share)
+        elif op == "push":
+            s.push_s += moving
         else:
-            s.pull_s += seconds - held
+            s.pull_s += moving
         moving_until = start + seconds - held
         self._busy.add(start, moving_until)
         self._present.add(start, start + seconds)

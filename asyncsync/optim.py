@@ -47,3 +47,15 @@ class FlatSGD:
             buffer = g.clone() if buffer is None else buffer * self.momentum + g
             g = g + self.momentum * buffer if self.nesterov else buffer
         return self.lr * g, buffer
+
+    def apply_into(self, out: torch.Tensor, w: torch.Tensor, g: torch.Tensor
+                   ) -> torch.Tensor | None:
+        """Write ``w - step`` for gradient `g` into `out`, without changing this optimizer;
+        returns the momentum state it would leave (as `propose`). Plain SGD takes one pass
+        and no temporary vector."""
+        if not self.momentum and not self.weight_decay:
+            torch.add(w, g, alpha=-self.lr, out=out)
+            return None
+        step, buffer = self.propose(w, g)
+        torch.sub(w, step, out=out)
+        return buffer

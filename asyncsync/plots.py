@@ -112,7 +112,8 @@ def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
     """(start, duration) spans per kind from a worker's log that overlap the window.
 
     A push transfers then waits for the server's answer; a pull waits (barrier) then
-    transfers the model.
+    transfers the model; an exchange (a fused push and pull) uploads, waits, then
+    downloads (its transfer time split by bytes).
     """
     spans: dict[str, list[tuple[float, float]]] = {k: [] for k in COLORS}
     for r in records:
@@ -121,10 +122,16 @@ def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
             continue
         if r.get("ev") == "compute":
             spans["compute"].append((start, dur))
-        elif r.get("ev") in ("push", "pull", "query"):
+        elif r.get("ev") in ("push", "pull", "query", "exchange"):
             wait = min(r.get("wait", 0.0), dur)
             transfer = dur - wait
-            if r["ev"] == "pull":
+            if r["ev"] == "exchange":
+                up, down = r.get("up", 0), r.get("down", 0)
+                upload = transfer * (up / (up + down) if up + down else 0.5)
+                spans["communicate"].append((start, upload))
+                spans["wait"].append((start + upload, wait))
+                spans["communicate"].append((start + upload + wait, transfer - upload))
+            elif r["ev"] == "pull":
                 spans["wait"].append((start, wait))
                 spans["communicate"].append((start + wait, transfer))
             else:

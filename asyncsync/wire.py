@@ -29,6 +29,7 @@ import msgpack
 import torch
 
 from asyncsync.compression import payload_bytes
+from asyncsync.protocols.base import all_finite
 from asyncsync.protocols.messages import brief
 
 CONTENT_TYPE = "application/x-asyncsync"
@@ -157,6 +158,35 @@ def _compressed_spec(spec: dict[str, Any], codec: object, limits: Limits) -> int
 
 
 ReadAny = Callable[[], Awaitable[bytes]]
+Allocate = Callable[[int, torch.dtype], torch.Tensor]
+"""Makes the tensor a body is read into: ``(numel, dtype) -> tensor`` (e.g. a pool's)."""
+CHECK_BYTES = 1 << 18
+"""Received bytes checked for NaN/Inf at a time (a slice that is still in the cache)."""
+
+
+def _allocate(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(numel, dtype=dtype)
+
+
+class _FiniteChecker:
+    """Checks a float32 tensor for NaN/Inf while it fills, `CHECK_BYTES` at a time."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.checked = 0  # elements
+        self.finite = True
+
+    def advance(self, filled_bytes: int) -> None:
+        """Check the whole elements filled since the last call, once enough arrived."""
+        upto = filled_bytes // 4
+        if self.finite and (upto - self.checked) * 4 >= CHECK_BYTES:
+            self.finite = all_finite(self.tensor[self.checked : upto])
+            self.checked = upto
+
+    def finish(self) -> bool:
+        if self.finite and self.checked < self.tensor.numel():
+            self.finite = all_finite(self.tensor[self.checked :])
+        return self.finite
 
 
 class FrameReader:
@@ -168,6 +198,8 @@ class FrameReader:
         self._total = 0
         self._max_total = max_total
         self._compressed = False
+        self.finite: bool | None = None
+        """Whether the tensor read holds no NaN or Inf (None: not checked)."""
 
     async def _fill(self, want: int) -> None:
         while len(self._pending) < want:
@@ -193,17 +225,27 @@ class FrameReader:
         self._compressed = "codec" in header
         return header
 
-    async def tensor(self, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
-        """Read exactly `nbytes` into a fresh tensor of `dtype` (of uint8 when the header
-        declared a compressed payload), then require end of stream."""
+    async def tensor(self, nbytes: int, dtype: torch.dtype, allocate: Allocate = _allocate,
+                     check_finite: bool = False) -> torch.Tensor:
+        """Read exactly `nbytes` into a tensor of `dtype` (of uint8 when the header declared
+        a compressed payload) from `allocate`, then require end of stream.
+
+        With `check_finite`, a float32 tensor is checked for NaN and Inf slice by slice as
+        its bytes arrive, while they are still in the cache: `finite` holds the outcome
+        (None when not checked). A non-finite value is not an error here: the core
+        decides what to refuse, and in which order.
+        """
         if self._compressed:
             dtype = torch.uint8
-        out = torch.empty(nbytes // dtype.itemsize, dtype=dtype)
+        out = allocate(nbytes // dtype.itemsize, dtype)
         view = out.numpy().data.cast("B")
+        checker = _FiniteChecker(out) if check_finite and dtype == torch.float32 else None
         filled = min(len(self._pending), nbytes)
         view[:filled] = self._pending[:filled]
         del self._pending[:filled]
         while filled < nbytes:
+            if checker is not None:
+                checker.advance(filled)
             chunk = await self._read_any()
             if not chunk:
                 raise WireError(400, f"truncated tensor: got {filled} of {nbytes} bytes")
@@ -216,6 +258,8 @@ class FrameReader:
             if take < len(chunk):
                 raise WireError(400, "trailing bytes after the tensor")
         await self.end()
+        if checker is not None:
+            self.finite = checker.finish()
         return out
 
     async def end(self) -> None:

@@ -118,9 +118,26 @@ def start_server(numel: int, workers: int = 1) -> tuple[mp.process.BaseProcess, 
     return proc, int(port.value), done
 
 
-async def joined_client(port: int, numel: int, rank: int) -> HttpTransport:
-    client = HttpTransport(f"http://127.0.0.1:{port}", numel)
-    await client.request("join", {"worker": rank, "run_id": RUN})
+class SessionClient:
+    """An `HttpTransport` that sends its join's session secret with every request."""
+
+    def __init__(self, transport: HttpTransport) -> None:
+        self.transport = transport
+        self.session = ""
+
+    async def request(self, op: str, header: dict[str, Any],
+                      vector: torch.Tensor | None = None,
+                      ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        return await self.transport.request(op, {**header, "session": self.session}, vector)
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+async def joined_client(port: int, numel: int, rank: int) -> SessionClient:
+    client = SessionClient(HttpTransport(f"http://127.0.0.1:{port}", numel))
+    reply, _ = await client.request("join", {"worker": rank, "run_id": RUN})
+    client.session = str(reply["meta"]["session"])
     return client
 
 
@@ -133,7 +150,7 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-async def instrument(client: HttpTransport, cmd: str) -> dict[str, Any]:
+async def instrument(client: SessionClient, cmd: str) -> dict[str, Any]:
     """Send a sink-rule command as worker 0: "record" starts measuring, "report" returns
     loop-lag percentiles and peak memory since "record"."""
     reply, _ = await client.request("query", {"worker": 0, "run_id": RUN, "meta": {"cmd": cmd}})

@@ -19,7 +19,8 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
 from asyncsync.metrics import JsonlLog
 from asyncsync.optim import FlatSGD
-from asyncsync.protocols.base import Forbidden, NotInRun, OutOfStep, Unacceptable
+from asyncsync.protocols.base import BadRequest, Forbidden, NotInRun, OutOfStep, Unacceptable
+from asyncsync.protocols.rounds import average
 from asyncsync.protocols.wbsp import WbspParams
 from tests.helpers import keep_every_commit, tiny_model
 
@@ -353,3 +354,54 @@ async def test_a_damaged_checkpoint_is_refused_with_a_clear_message(
     with pytest.raises(CheckpointError, match=problem):
         core.resume(settings.checkpoint_path)  # type: ignore[arg-type]
     assert core.store.version == 0
+
+
+async def test_a_fused_exchange_answers_with_the_model_of_the_round_it_closed() -> None:
+    """bsp, two workers: worker 0's push with ``then_pull`` waits at the barrier and is
+    answered with version 1, ``w0 - lr * mean(g0, g1)``, its push's meta beside."""
+    core = build_core(tiny_model(), "bsp", 2, ServerSettings(lr=0.1, worker_timeout_s=None))
+    await join_all(core, 2)
+    numel, w0 = core.store.numel, core.store.w.clone()
+    fused = asyncio.create_task(core.handle(
+        "push", {**push(0, 0, "gradient"), "then_pull": True}, torch.full((numel,), 1.0)))
+    for _ in range(100):
+        if 0 in core.store.waiting:
+            break
+        await asyncio.sleep(0)
+    assert 0 in core.store.waiting and not fused.done()
+    await core.handle("push", push(1, 0, "gradient"), torch.full((numel,), 3.0))
+    reply, vector = await fused
+    assert reply["version"] == 1
+    assert reply["meta"]["push"] == {"fragment": 0, "round": 0}
+    assert vector is not None and torch.allclose(vector, w0 - 0.1 * 2.0)
+    with pytest.raises(BadRequest, match="then_pull"):
+        await core.handle("push", {**push(0, 1, "gradient"), "then_pull": "yes"},
+                          torch.zeros(numel))
+    assert core.store.version == 1
+
+
+@pytest.mark.parametrize(("momentum", "weight_decay", "nesterov"),
+                         [(0.0, 0.0, False), (0.9, 0.0, False), (0.9, 1e-2, True)])
+def test_the_servers_one_pass_step_matches_the_optimizer(
+        momentum: float, weight_decay: float, nesterov: bool) -> None:
+    gen = torch.Generator().manual_seed(3)
+    w, g = torch.randn(50, generator=gen), torch.randn(50, generator=gen)
+    reference = FlatSGD(0.1, momentum, weight_decay, nesterov)
+    fused = FlatSGD(0.1, momentum, weight_decay, nesterov)
+    for _ in range(3):
+        expected = w - reference.update(w, g)
+        out = torch.empty(50)
+        fused.momentum_buffer = fused.apply_into(out, w, g)
+        assert torch.allclose(out, expected, atol=1e-6)
+        w = expected
+
+
+def test_averaging_in_place_overwrites_the_first_vector_with_the_mean() -> None:
+    vectors = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])]
+    first = vectors[0]
+    mean = average(vectors, [1.0, 3.0], in_place=True)
+    assert mean is first
+    assert torch.equal(mean, torch.tensor([2.5, 5.0]))
+    single = torch.tensor([4.0])
+    assert average([single], in_place=True) is single and single.item() == 4.0
+    assert average([torch.tensor([1.0]), torch.tensor([2.0])]).item() == 1.5

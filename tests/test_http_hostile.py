@@ -14,6 +14,7 @@ import msgpack
 import pytest
 import torch
 
+import asyncsync.engine.core as core_module
 from asyncsync.compression import INT8_CHUNK
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
@@ -221,6 +222,28 @@ async def test_every_bad_request_is_refused_and_changes_nothing(
     assert resp.status == 200
     assert server.core.store.version == 1
     assert not torch.equal(server.core.store.w, before)
+
+
+async def test_a_push_is_checked_for_nan_once_while_it_arrives(
+    live: tuple[ParameterServer, aiohttp.ClientSession, int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The core makes no second pass over a float32 push received over HTTP: with its own
+    check made to pass everything, a NaN in the last element is still refused."""
+    server, session, numel = live
+    second_passes: list[torch.Tensor] = []
+
+    def core_check(vector: torch.Tensor) -> bool:
+        second_passes.append(vector)
+        return True
+
+    monkeypatch.setattr(core_module, "all_finite", core_check)
+    bad = torch.full((numel,), 0.01)
+    bad[-1] = math.nan
+    resp = await post(session, server.url, "push", body(push_header(), bad))
+    assert resp.status == 422
+    assert "non-finite" in await resp.text()
+    assert not second_passes
+    assert server.core.store.version == 0
 
 
 async def test_push_before_join_is_refused() -> None:

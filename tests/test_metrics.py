@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from asyncsync.metrics import IntervalUnion, JsonlLog, WorkerMetrics
@@ -29,3 +31,28 @@ def test_a_long_run_keeps_few_pieces_and_its_measure() -> None:
         union.add(k + 0.25, k + 0.75)  # overlaps the previous piece
     assert len(union.pieces) <= IntervalUnion.KEEP
     assert union.measure() == pytest.approx(10_000 * 0.75)
+
+
+def exact_union(intervals: list[tuple[float, float]]) -> float:
+    """The measure of a union of intervals, by sorting and sweeping."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def test_the_union_of_overlapping_and_out_of_order_intervals_is_exact() -> None:
+    """Random intervals, added in roughly increasing time with overlaps that reach back
+    over several kept pieces, some spanning many of them."""
+    rng = random.Random(7)
+    union = IntervalUnion()
+    intervals = []
+    for k in range(50):
+        start = k + rng.uniform(-3.0, 1.0)
+        interval = (start, start + rng.choice([0.1, 0.4, 2.5, 6.0]))
+        intervals.append(interval)
+        union.add(*interval)
+        assert union.measure() == pytest.approx(exact_union(intervals))
+    assert all(b < c for (_, b), (c, _) in zip(union.pieces, union.pieces[1:], strict=False))

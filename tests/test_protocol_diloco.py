@@ -162,6 +162,14 @@ class FakeContext:
         self.answers.append(Answer(asked, self.done, dict(meta or {})))
         return self.reply(number, dict(meta or {})), number + 1, {}
 
+    async def exchange(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
+                       meta: dict[str, Any] | None = None,
+                       ) -> tuple[torch.Tensor, int, dict[str, Any]]:
+        """A push, then a pull (as the engine's fused request)."""
+        pushed = await self.push(kind, vector, steps, samples, meta)
+        vector, version, pulled = await self.pull(meta)
+        return vector, version, {**pulled, "push": pushed}
+
     async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
         """Where the exchange schedule stands (what streaming DiLoCo asks at its start)."""
         return {"step": self.start_step}

@@ -6,6 +6,7 @@ import msgpack
 import pytest
 import torch
 
+from asyncsync.protocols.base import all_finite
 from asyncsync.wire import (
     MAX_HEADER_BYTES,
     PREFIX,
@@ -99,3 +100,44 @@ def test_tensor_chunks_do_not_copy() -> None:
     piece = next(tensor_chunks(vector, 1 << 20))
     vector[0] = 5.0
     assert bytes(piece[:4]) == torch.tensor([5.0]).numpy().tobytes()
+
+
+@pytest.mark.parametrize("bad_at", [None, 0, 70_000, 150_000, 199_999])
+async def test_finiteness_is_checked_slice_by_slice_while_the_body_arrives(
+        bad_at: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200k floats arrive in 10 kB reads: NaN or Inf anywhere (first slice, a middle one,
+    the very last element) is found, and slices are checked before the body has ended."""
+    import asyncsync.wire as wire
+
+    vector = torch.linspace(-1.0, 1.0, 200_000)
+    if bad_at is not None:
+        vector[bad_at] = float("nan") if bad_at % 2 else float("inf")
+    data = frame({}, vector)
+    delivered = [0]
+    checked_at: list[int] = []
+    pieces = [data[i : i + 10_000] for i in range(0, len(data), 10_000)]
+
+    async def read_any() -> bytes:
+        piece = pieces.pop(0) if pieces else b""
+        delivered[0] += len(piece)
+        return piece
+
+    def recording(part: torch.Tensor) -> bool:
+        checked_at.append(delivered[0])
+        return all_finite(part)
+
+    monkeypatch.setattr(wire, "all_finite", recording)
+    reader = FrameReader(read_any, 1 << 22)
+    header = await reader.header()
+    out = await reader.tensor(tensor_spec(header, Limits(200_000)) or 0, torch.float32,
+                              check_finite=True)
+    assert torch.equal(out.isfinite(), vector.isfinite())
+    assert reader.finite is (bad_at is None)
+    assert checked_at and checked_at[0] < len(data), "checked while arriving"
+
+
+async def test_without_the_check_finite_is_unknown() -> None:
+    reader = reader_over(frame({}, torch.full((4,), float("nan"))))
+    header = await reader.header()
+    await reader.tensor(tensor_spec(header, Limits(4)) or 0, torch.float32)
+    assert reader.finite is None

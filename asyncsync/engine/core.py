@@ -4,6 +4,11 @@ Transport-independent: the HTTP app and the in-process transport both call
 `ServerCore.handle`, which validates a message fully (run, worker, fields, finiteness)
 before the protocol's rule sees it and raises the SDK's refusals for anything it refuses.
 A compressed push is decoded first (`asyncsync.compression`) and then checked like any.
+
+A push whose header says ``then_pull: true`` is a fused exchange: once the rule has taken
+the push, the request goes on as a pull with the same base version and meta, and its
+reply is the pull's (the push's reply meta under ``meta["push"]``). Barrier protocols,
+whose push is always followed by a pull of the next model, save a request per step.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from asyncsync.buffers import VectorPool
 from asyncsync.compression import decode
 from asyncsync.engine.checkpoint import model_fingerprint
 from asyncsync.engine.compute import ServerSeam
@@ -87,6 +93,11 @@ class ServerCore:
         self._all_joined = asyncio.Event()
 
     @property
+    def buffers(self) -> VectorPool:
+        """The pool transports receive pushes into (see `asyncsync.buffers`)."""
+        return self.store.buffers
+
+    @property
     def evals(self) -> list[EvalPoint]:
         return self.run.evals
 
@@ -155,9 +166,14 @@ class ServerCore:
         meta = header.get("meta", {})
         return self.rule.tensor_numel(op, meta if isinstance(meta, dict) else {})
 
-    async def handle(self, op: str, header: dict[str, Any],
-                     vector: torch.Tensor | None) -> tuple[dict[str, Any], torch.Tensor | None]:
-        """Validate and answer one message; raises a `Refused` for anything refused."""
+    async def handle(self, op: str, header: dict[str, Any], vector: torch.Tensor | None,
+                     finite: bool | None = None,
+                     ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """Validate and answer one message; raises a `Refused` for anything refused.
+
+        `finite` says whether `vector` holds no NaN or Inf, when the transport checked it
+        while receiving (None: the core checks it).
+        """
         check_op(op)
         if op == "status":
             return self.status(), None
@@ -196,7 +212,7 @@ class ServerCore:
         started = self.store.now()
         record.state = {"push": "pushing", "pull": "pulling"}.get(op, record.state)
         try:
-            reply = await self._dispatch(op, worker, header, meta, vector)
+            reply = await self._dispatch(op, worker, header, meta, vector, finite)
         except RunStopped:
             return {"stop": True}, None
         finally:
@@ -210,7 +226,8 @@ class ServerCore:
         return out, reply.vector
 
     async def _dispatch(self, op: str, worker: int, header: dict[str, Any],
-                        meta: dict[str, Any], vector: torch.Tensor | None) -> Reply:
+                        meta: dict[str, Any], vector: torch.Tensor | None,
+                        finite: bool | None) -> Reply:
         if op == "join":
             return await self._join(worker, header.get("session"))
         if op == "leave":
@@ -232,6 +249,7 @@ class ServerCore:
             raise BadRequest("push carries no tensor")
         if "codec" in header:
             vector = await self._decompress(header["codec"], vector, meta)
+            finite = None
         push = Push(worker, base_version, kind, vector, require_count(header, "steps"),
                     require_count(header, "samples"), meta)
         if push.samples > push.steps * self.settings.max_batch:
@@ -241,10 +259,20 @@ class ServerCore:
             raise OutOfStep(f"base version {base_version} is ahead of the server's "
                             f"{self.store.version}")
         self.workers[worker].check_base(worker, base_version)
-        if not await self.store.compute(all_finite, vector):
+        then_pull = header.get("then_pull", False)
+        if not isinstance(then_pull, bool):
+            raise BadRequest(f"field 'then_pull' must be a bool, got {brief(then_pull)}")
+        if finite is None:
+            finite = await self.store.compute(all_finite, vector)
+        if not finite:
             self._report_nonfinite(worker)
             raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
-        return Reply(meta=await self.rule.on_push(push))
+        pushed = await self.rule.on_push(push)
+        if not then_pull:
+            return Reply(meta=pushed)
+        pulled = await self.rule.on_pull(Pull(worker, base_version, meta))
+        pulled.meta["push"] = pushed
+        return pulled
 
     async def _decompress(self, codec: object, payload: torch.Tensor,
                           meta: dict[str, Any]) -> torch.Tensor:

@@ -2,7 +2,10 @@
 
 Implements the SDK's `Store` port. The vector is replaced on each commit (never written
 in place), so a refused request cannot change it and a pull can stream an old version
-while the next is made. Commits are counted, and the most recent kept for inspection.
+while the next is made. New vectors (received pushes, `apply_gradient`'s results) come
+from `buffers`, a pool of warm memory: a version's memory is reused once no pull streams
+it and no rule holds it any more (`asyncsync.buffers`). Commits are counted, and the
+most recent kept for inspection.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from asyncsync.buffers import VectorPool
 from asyncsync.clock import Stopwatch
 from asyncsync.engine.compute import ServerSeam, ThreadedServerSeam
 from asyncsync.optim import FlatSGD
@@ -64,6 +68,7 @@ class ParameterStore:
         live: the ranks in the run now (joined, not left or lost); barriers count these.
         commits: the most recent commits (at most `HISTORY`); `version` counts them all.
         blocked_s: seconds each worker's requests spent in `wait_for`.
+        buffers: the pool of model-sized vectors (pushes are received into it).
         run_time: the run's clock (seconds since the run started).
     """
 
@@ -76,6 +81,8 @@ class ParameterStore:
         self.workers = workers
         self.optimizer = optimizer
         self.seam = seam or ThreadedServerSeam(self.numel)
+        # a round holds one push per worker: keep that many warm for the next round
+        self.buffers = VectorPool(keep=workers + 2, track=2 * workers + 8)
         self.lock = asyncio.Lock()
         self.stopping = False
         self.commits: deque[Commit] = deque(maxlen=HISTORY)
@@ -103,9 +110,8 @@ class ParameterStore:
         n = self.num_params
 
         def step() -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-            change, buffer = self.optimizer.propose(self.w[:n], gradient[:n])
-            new = torch.empty_like(self.w)
-            new[:n] = self.w[:n] - change
+            new = self.buffers.take(self.numel, self.w.dtype)
+            buffer = self.optimizer.apply_into(new[:n], self.w[:n], gradient[:n])
             new[n:] = gradient[n:]
             return new, buffer, all_finite(new) and (buffer is None or all_finite(buffer))
 

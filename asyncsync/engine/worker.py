@@ -123,6 +123,24 @@ class WorkerContext:
     async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
                    meta: dict[str, Any] | None = None,
                    base_version: int | None = None) -> dict[str, Any]:
+        header, vector = await self._push_header(kind, vector, steps, samples, base_version)
+        reply, _ = await self._request("push", header, vector, meta)
+        return dict(reply.get("meta", {}))
+
+    async def exchange(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
+                       meta: dict[str, Any] | None = None,
+                       ) -> tuple[torch.Tensor, int, dict[str, Any]]:
+        header, vector = await self._push_header(kind, vector, steps, samples, None)
+        header["then_pull"] = True
+        reply, pulled = await self._request("push", header, vector, meta, label="exchange")
+        if pulled is None:
+            raise RuntimeError("exchange reply carried no model")
+        return pulled, int(reply["version"]), dict(reply.get("meta", {}))
+
+    async def _push_header(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
+                           base_version: int | None,
+                           ) -> tuple[dict[str, Any], torch.Tensor]:
+        """A push's header, and its vector as it travels (encoded when compressed)."""
         header: dict[str, Any] = {
             "kind": kind, "steps": steps, "samples": samples,
             "base_version": self.version if base_version is None else base_version}
@@ -130,8 +148,7 @@ class WorkerContext:
             vector, header["codec"] = await self._seam.math(
                 self._compressor.encode, kind, vector, self._session,
                 vector.numel() == self.numel)
-        reply, _ = await self._request("push", header, vector, meta)
-        return dict(reply.get("meta", {}))
+        return header, vector
 
     async def pull(self, meta: dict[str, Any] | None = None, base_version: int | None = None
                    ) -> tuple[torch.Tensor, int, dict[str, Any]]:
@@ -153,15 +170,17 @@ class WorkerContext:
         return {"worker": self.rank, "run_id": self.run_id, "session": self._session}
 
     async def _request(self, op: str, header: dict[str, Any], vector: torch.Tensor | None,
-                      meta: dict[str, Any] | None) -> tuple[dict[str, Any], torch.Tensor | None]:
-        """Send one message with this worker's identity and stats; account its time."""
+                       meta: dict[str, Any] | None, label: str | None = None,
+                       ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """Send one message with this worker's identity and stats; account its time (logged
+        as `label`, the operation by default)."""
         header = {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
                   "stats": self._metrics.snapshot(), "session": self._session}
         start = self._metrics.now()
         began = now()
         reply, out = await self._transport.request(op, header, vector)
         held = float(reply.get("meta", {}).get("held_s", 0.0))
-        self._metrics.transferred(op, start, now() - began, held,
+        self._metrics.transferred(label or op, start, now() - began, held,
                                   self._transport.wire_bytes(vector),
                                   self._transport.wire_bytes(out), reply.get("version"))
         self._metrics.take_bytes(self._transport.bytes_up, self._transport.bytes_down)

@@ -30,11 +30,7 @@ SGD", arXiv:1604.00981, 2016 (backup workers).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
-from typing import Any
-
-import torch
 
 from asyncsync.protocols.base import Protocol, Push, WorkerLoop, register
 from asyncsync.protocols.ports import Context
@@ -56,35 +52,17 @@ class BspServer(RoundServer):
     async def close_round(self, fragment: int, pushes: dict[int, Push]) -> None:
         gradients = [push.vector for push in pushes.values()]
         weights = [self.weight(push) for push in pushes.values()]
-        mean = await self.store.compute(average, gradients, weights)
+        mean = await self.store.compute(average, gradients, weights, True)  # pushes are ours
         await self.store.apply_gradient(mean, contributions(pushes))
 
 
-async def push_then_pull(ctx: Context, kind: str, vector: torch.Tensor, steps: int,
-                         samples: int, meta: dict[str, Any] | None = None
-                         ) -> tuple[torch.Tensor, int, dict[str, Any]]:
-    """Push, then pull the next version, with the pull already in flight during the push.
-
-    The pull waits at the server until the push's round has closed, so issuing it early
-    changes nothing but saves a round trip per iteration. Returns the pull's
-    ``(vector, version, meta)``.
-    """
-    pull = asyncio.create_task(ctx.pull())
-    try:
-        await ctx.push(kind, vector, steps=steps, samples=samples, meta=meta)
-        return await pull
-    finally:
-        pull.cancel()  # no-op when it finished; either way its outcome is collected
-        await asyncio.gather(pull, return_exceptions=True)
-
-
 class BspWorker(WorkerLoop):
-    """Gradient, push, pull, adopt: one global step per iteration."""
+    """Gradient, push and pull (one fused exchange), adopt: one global step per iteration."""
 
     async def run(self, ctx: Context) -> None:
         while True:
             result, grad = await ctx.gradient()
-            vector, version, _ = await push_then_pull(ctx, "gradient", grad, 1, result.samples)
+            vector, version, _ = await ctx.exchange("gradient", grad, 1, result.samples)
             await ctx.adopt(vector, version)
 
 

@@ -121,8 +121,8 @@ class DilocoWorker(WorkerLoop):
         while True:
             result = await ctx.steps(steps)
             delta = await ctx.delta_since(anchor)
-            await ctx.push("delta", delta, steps=steps, samples=result.samples)
-            anchor, version, _ = await ctx.pull()
+            anchor, version, _ = await ctx.exchange("delta", delta, steps=steps,
+                                                    samples=result.samples)
             await ctx.adopt(anchor, version)
 
 

@@ -157,8 +157,8 @@ class EsyncWorker(WorkerLoop):
                 report["c"] = step_s
             if (await ctx.query(report)).get("sync"):
                 delta = await ctx.delta_since(anchor)
-                await ctx.push("delta", delta, steps=steps, samples=samples)
-                anchor, version, _ = await ctx.pull()
+                anchor, version, _ = await ctx.exchange("delta", delta, steps=steps,
+                                                        samples=samples)
                 await ctx.adopt(anchor, version)
                 steps = samples = 0
             else:

@@ -98,6 +98,14 @@ class FedBuffServer(ServerOptimizerState, ServerRule):
             self.total, self.buffered = None, []
 
 
+class FedBuffWorker(LocalSgdWorker):
+    """Local SGD's loop with a separate pull after each push: the pull then comes a round
+    trip later, so with equal speeds it sees the other workers' pushes of the same round
+    (with K = N, synchronous averaging); a fused exchange would pull before they land."""
+
+    fused = False
+
+
 FEDBUFF = register(Protocol("fedbuff", "buffered asynchronous aggregation: every K "
                                        "staleness-weighted deltas make a version",
-                            FedBuffParams, FedBuffServer, LocalSgdWorker))
+                            FedBuffParams, FedBuffServer, FedBuffWorker))

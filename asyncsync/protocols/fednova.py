@@ -96,12 +96,13 @@ class FedNovaWorker(WorkerLoop):
     """Pull a round's model, run H steps or as many as the budget holds, push the delta."""
 
     async def run(self, ctx: Context) -> None:
+        anchor, version, _ = await ctx.pull()
         while True:
-            anchor, version, _ = await ctx.pull()
             await ctx.adopt(anchor, version)
             steps, samples = await self.local_work(ctx)
             delta = await ctx.delta_since(anchor)
-            await ctx.push("delta", delta, steps=steps, samples=samples)
+            anchor, version, _ = await ctx.exchange("delta", delta, steps=steps,
+                                                    samples=samples)
 
     async def local_work(self, ctx: Context) -> tuple[int, int]:
         """Run this round's local steps; ``(steps, samples)``."""

@@ -224,9 +224,9 @@ class LbbspWorker(WorkerLoop):
         batch = self.params.first_batch(ctx.batch_size) if assigned is None else int(assigned)
         while True:
             result, grad = await ctx.gradient(batch_size=batch)
-            await ctx.push("gradient", grad, steps=1, samples=result.samples,
-                           meta={"compute_s": result.compute_s})
-            vector, version, meta = await ctx.pull()
+            vector, version, meta = await ctx.exchange(
+                "gradient", grad, steps=1, samples=result.samples,
+                meta={"compute_s": result.compute_s})
             await ctx.adopt(vector, version)
             batch = int(meta.get("batch_size", batch))
 

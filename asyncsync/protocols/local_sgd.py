@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Set
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -132,16 +133,26 @@ class LocalSgdServer(ServerOptimizerState, RoundServer):
 
 
 class LocalSgdWorker(WorkerLoop):
-    """Pull a round's model, run H local (proximal) steps, push the delta."""
+    """Pull a round's model, run H local (proximal) steps, push the delta and pull the next
+    round's model (one exchange)."""
+
+    fused: ClassVar[bool] = True
+    """Push and pull in one request (the pull waits for the round anyway). An asynchronous
+    variant whose pull should see the pushes that arrive in the meantime sets False."""
 
     async def run(self, ctx: Context) -> None:
         steps, mu = self.params.local_steps, self.params.mu
+        anchor, version, _ = await ctx.pull()
         while True:
-            anchor, version, _ = await ctx.pull()
             await ctx.adopt(anchor, version)
             result = await ctx.steps(steps, proximal=(anchor, mu) if mu > 0 else None)
             delta = await ctx.delta_since(anchor)
-            await ctx.push("delta", delta, steps=steps, samples=result.samples)
+            if self.fused:
+                anchor, version, _ = await ctx.exchange("delta", delta, steps=steps,
+                                                        samples=result.samples)
+            else:
+                await ctx.push("delta", delta, steps=steps, samples=result.samples)
+                anchor, version, _ = await ctx.pull()
 
 
 LOCAL_SGD = register(Protocol("local_sgd", "local SGD: H local steps, then average the deltas",

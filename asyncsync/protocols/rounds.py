@@ -72,17 +72,26 @@ from asyncsync.protocols.base import (
 from asyncsync.protocols.ports import Contributions, Store
 
 
-def average(vectors: Sequence[torch.Tensor],
-            weights: Sequence[float] | None = None) -> torch.Tensor:
-    """``sum_i w_i v_i / sum_i w_i`` (the plain mean without weights) as a new tensor.
+def average(vectors: Sequence[torch.Tensor], weights: Sequence[float] | None = None,
+            in_place: bool = False) -> torch.Tensor:
+    """``sum_i w_i v_i / sum_i w_i`` (the plain mean without weights).
 
+    A new tensor, or with `in_place` the first vector itself, overwritten (for a rule
+    discarding the vectors it averages, e.g. a round's pushes: no new model-sized
+    tensor; the mean of one vector is then that vector, untouched).
     Each vector is scaled by its share before it is added, so every partial sum is a part
     of a convex combination: finite vectors never overflow on the way to their mean.
     O(model) per vector: call it through ``store.compute``.
     """
     scales = [1.0] * len(vectors) if weights is None else list(weights)
     total_weight = sum(scales)
-    total = vectors[0] * (scales[0] / total_weight)
+    first = scales[0] / total_weight
+    if not in_place:
+        total = vectors[0] * first
+    elif first != 1.0:
+        total = vectors[0].mul_(first)
+    else:
+        total = vectors[0]
     for vector, scale in zip(vectors[1:], scales[1:], strict=True):
         total.add_(vector, alpha=scale / total_weight)
     return total

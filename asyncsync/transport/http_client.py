@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import torch
 
+from asyncsync.buffers import VectorPool
 from asyncsync.clock import now
 from asyncsync.engine.channel import Dial, register_scheme
 from asyncsync.hetero.network import Link
@@ -90,6 +91,8 @@ class HttpTransport:
         self.link = link
         self.bytes_up = 0
         self.bytes_down = 0
+        self.buffers = VectorPool()
+        """Replies are received into this pool's warm vectors (`asyncsync.buffers`)."""
         connector = aiohttp.TCPConnector(local_addr=(local_addr, 0) if local_addr else None,
                                          ssl=tls or True)
         self._session = aiohttp.ClientSession(
@@ -155,7 +158,7 @@ class HttpTransport:
             if nbytes is None:
                 await reader.end()
             else:
-                out = await reader.tensor(nbytes, self.limits.dtype)
+                out = await reader.tensor(nbytes, self.limits.dtype, self.buffers.take)
             self.bytes_down += resp.content_length or 0
             return reply, out
 

@@ -1,8 +1,9 @@
 """HTTP hosting: the aiohttp application, and `ParameterServer` on an `AppRunner`.
 
-One POST route per operation, frames in and out. Request bodies are streamed into a
-preallocated tensor under a limit derived from the model size; replies are streamed from
-the tensor the store holds (no copy). Every framing error and every refusal becomes a 4xx
+One POST route per operation, frames in and out. Request bodies are streamed into a warm
+tensor of the core's pool (`asyncsync.buffers`) under a limit derived from the model size,
+checked for NaN/Inf as they arrive; replies are streamed from the tensor the store holds
+(no copy). Every framing error and every refusal becomes a 4xx
 with a one-line ``text/plain`` reason.
 
 With a run token, every request must carry ``Authorization: Bearer <token>`` with the run
@@ -132,8 +133,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
             await reader.end()
             vector = None
         else:
-            vector = await reader.tensor(nbytes, limits.dtype)
-        reply, reply_vector = await core.handle(op, header, vector)
+            vector = await reader.tensor(nbytes, limits.dtype, core.buffers.take,
+                                         check_finite=True)
+        reply, reply_vector = await core.handle(op, header, vector, finite=reader.finite)
     except WireError as err:
         return web.Response(status=err.status, text=err.reason)
     except Refused as refusal:
