@@ -17,16 +17,16 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from asyncsync.assembly import batch_sources, run_data, run_model, server_settings
 from asyncsync.clock import VirtualTimeLoop, wall
-from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
+from asyncsync.engine.compute import Charged, InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import build_core
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import build_profile
+from asyncsync.hetero.compute import ComputeProfile, build_profile
 from asyncsync.hetero.network import Link, ServerLink
 from asyncsync.metrics import JsonlLog
 from asyncsync.models import TimingModel
@@ -38,6 +38,52 @@ from asyncsync.transport.local import LocalTransport
 StatusSink = Callable[[dict[str, Any]], None]
 CALIBRATION_STEPS = 7
 TIMING_CLASSES = 10
+T = TypeVar("T")
+
+
+@dataclass
+class RealCost:
+    """Real seconds a virtual-time run spent in its workers' local steps and in
+    evaluations (both run inline, so they are what bounds a run's speed)."""
+
+    math_s: float = 0.0
+    eval_s: float = 0.0
+
+
+class _TimedWorkerSeam(VirtualWorkerSeam):
+    """`VirtualWorkerSeam` that adds the real time of each step's math to a `RealCost`."""
+
+    def __init__(self, profile: ComputeProfile, base_step_s: float, reference_batch: int,
+                 cost: RealCost) -> None:
+        super().__init__(profile, base_step_s, reference_batch)
+        self.cost = cost
+
+    async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
+        cost = self.cost
+
+        def timed(*inner: Any) -> Any:
+            began = wall()
+            try:
+                return fn(*inner)
+            finally:
+                cost.math_s += wall() - began
+
+        return await super().step(timed, *args, batch=batch)
+
+
+class _TimedServerSeam(InlineServerSeam):
+    """`InlineServerSeam` that adds the real time of each evaluation to a `RealCost`."""
+
+    def __init__(self, cost: RealCost) -> None:
+        super().__init__()
+        self.cost = cost
+
+    async def evaluate(self, fn: Callable[..., T], *args: Any) -> T:
+        began = wall()
+        try:
+            return fn(*args)
+        finally:
+            self.cost.eval_s += wall() - began
 
 
 def calibrate_step_s(spec: RunSpec) -> float:
@@ -58,27 +104,31 @@ def calibrate_step_s(spec: RunSpec) -> float:
 def simulate(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
              status: StatusSink | None = None) -> dict[str, Any]:
     """Run `spec` in virtual time, writing the same logs as a real run; returns the facts
-    a summary adds (base step time, real seconds taken, virtual seconds per real one)."""
+    a summary adds (base step time, real seconds taken, of which in the model's math and
+    in evaluations, virtual seconds per real one)."""
     torch.set_num_threads(1)
     loop = VirtualTimeLoop()
+    cost = RealCost()
     began = wall()
     try:
-        virtual_s = loop.run_until_complete(_run(spec, run_dir, run_id, base_step_s, status))
+        virtual_s = loop.run_until_complete(
+            _run(spec, run_dir, run_id, base_step_s, status, cost))
     finally:
         loop.close()
     real_s = wall() - began
     return {"clock": "virtual", "base_step_s": base_step_s, "real_s": round(real_s, 3),
+            "math_real_s": round(cost.math_s, 3), "eval_real_s": round(cost.eval_s, 3),
             "virtual_per_real": round(virtual_s / real_s, 3) if real_s > 0 else None}
 
 
 async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
-               status: StatusSink | None) -> float:
+               status: StatusSink | None, cost: RealCost) -> float:
     protocol = get_protocol(spec.protocol.name)
     parts = _timing_parts(spec) if spec.model.name == TIMING_MODEL else _training_parts(spec)
     core = build_core(parts.model(), protocol, spec.workers,
                       server_settings(spec, run_id, None), protocol_params=spec.protocol.params,
                       test_data=parts.test_data, events=JsonlLog(run_dir / "events.jsonl"),
-                      seam=InlineServerSeam())
+                      seam=_TimedServerSeam(cost))
     server_link = ServerLink(spec.network.server_mbps) if spec.network.server_mbps else None
     workers = []
     for rank in range(spec.workers):
@@ -94,7 +144,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
             weight_decay=spec.optim.weight_decay, batch_size=spec.data.batch_size,
             device="cpu", heartbeat_s=spec.fault.heartbeat_s,
             log_path=run_dir / f"worker-{rank}.jsonl", compressor=spec.network.compressor(),
-            seam=VirtualWorkerSeam(profile, base_step_s, spec.data.batch_size)))
+            seam=_TimedWorkerSeam(profile, base_step_s, spec.data.batch_size, cost)))
     began = wall()
 
     def progress() -> dict[str, Any]:
