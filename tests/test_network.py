@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
 import torch
 
 from asyncsync.engine.settings import ServerSettings
+from asyncsync.hetero import network
 from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.recipe import NetworkSpec
 from asyncsync.transport.http_client import HttpTransport
@@ -93,3 +95,22 @@ async def test_jitter_is_bounded_and_seeded() -> None:
     assert max(first) - min(first) > 0.004  # the jitter varies
     assert abs(first[0] - (0.010 + random.Random(3).uniform(0, 20) / 1000)) < 0.01
     assert all(abs(a - b) < 0.01 for a, b in zip(first, again, strict=True))
+
+
+def test_a_late_wake_up_does_not_slow_the_rest_of_a_transfer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 MB/s: each 1000-byte chunk takes 1 ms. A transfer whose sleeps wake 0.7 ms late
+    still ends at 10 ms after 10 chunks; an unrelated booking, or one after the link was
+    idle, starts when it is made."""
+    clock = [0.0]
+    monkeypatch.setattr(network, "clock_now", lambda: clock[0])
+    pacer = network.Pacer(8.0)
+    through = None
+    for _ in range(10):
+        through = pacer.reserve(1000, through)
+        clock[0] = through + 0.0007  # the sleep until `through` woke late
+    assert through == pytest.approx(0.010)
+    last = pacer.reserve(1000)  # not a continuation: starts now
+    assert last == pytest.approx(clock[0] + 0.001)
+    clock[0] = last + 0.5  # idle link: a continuation after a long gap starts now
+    assert pacer.reserve(1000, last) == pytest.approx(clock[0] + 0.001)
