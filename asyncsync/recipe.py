@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 import tomllib
 from collections.abc import Callable, Sequence
@@ -133,6 +134,10 @@ class NetworkSpec:
     server_mbps: float = option(0.0, lambda v: v >= 0, "must be >= 0",
                                 "the server's own link, shared by all workers, each way "
                                 "(0 = unlimited; virtual clock only)")
+    message_overhead_ms: float = option(0.0, lambda v: 0 <= v < math.inf,
+                                        "must be >= 0 and finite",
+                                        "software cost of a message (HTTP, framing, checks) "
+                                        "charged each way (virtual clock only)")
     compression: str = option("none", lambda v: v in CODECS,
                               f"must be one of {', '.join(CODECS)}",
                               "codec of gradient and delta pushes (model pushes and pulls "
@@ -244,6 +249,10 @@ class RunSpec:
         if self.network.server_mbps and self.clock != "virtual":
             raise ValueError("network.server_mbps: the server's shared link is modelled on "
                              "the virtual clock only (set clock = \"virtual\")")
+        if self.network.message_overhead_ms and self.clock != "virtual":
+            raise ValueError("network.message_overhead_ms: a real run pays its messages' "
+                             "software cost itself; it is charged on the virtual clock only "
+                             "(set clock = \"virtual\")")
         if self.model.name == TIMING_MODEL:
             self._check_timing()
         elif self.model.size_mb:

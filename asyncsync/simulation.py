@@ -138,7 +138,8 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
         link_spec = spec.network.link(rank)
         link = Link(link_spec, seed=spec.seed * 1000 + rank) if link_spec.shaped else None
         workers.append(Worker(
-            rank, LocalTransport(core, link, server_link, parts.payload_scale), parts.model(),
+            rank, LocalTransport(core, link, server_link, parts.payload_scale,
+                                 spec.network.message_overhead_ms / 1000), parts.model(),
             parts.batches(rank), protocol, protocol_params=spec.protocol.params,
             run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
             weight_decay=spec.optim.weight_decay, batch_size=spec.data.batch_size,

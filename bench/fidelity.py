@@ -13,9 +13,13 @@ the first step boundary after it completes) turn a few milliseconds per message 
 whole step per round when the exchange is close to a worker's step time; these lines show
 when that happens.
 
+Virtual runs charge each message a software cost (`network.message_overhead_ms`), by
+default measured on this host first: half the median time of a real push or pull of the
+model's size to a sink server on unshaped loopback HTTP (``--overhead-ms 0`` turns it off).
+
 Run: ``.venv/bin/python bench/fidelity.py [--time-s 40] [--only nbsync]
-[--set network.latency_ms=1]`` (real mode takes the budget in wall time per protocol; the
-host should be otherwise idle).
+[--set network.latency_ms=1] [--overhead-ms measure|MS]`` (real mode takes the budget in
+wall time per protocol; the host should be otherwise idle).
 """
 
 from __future__ import annotations
@@ -25,9 +29,14 @@ import asyncio
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from benchlib import RUN, joined_client, push_header, start_server
+
+from asyncsync.assembly import run_data, run_model
 from asyncsync.recipe import load_recipe
 from asyncsync.runner import run_recipe
 
@@ -67,7 +76,7 @@ def exchanges(logs: Path, run: str, latency_ms: float, mbps: float) -> str:
     """What the worker logs of `run` under `logs` show of its messages (see the module
     docstring): median moving time of pushes and of pulls, the link model's charge for a
     push, and each worker's local steps per push."""
-    moving: dict[str, list[float]] = {"push": [], "pull": []}
+    moving: dict[str, list[float]] = {"push": [], "pull": [], "exchange": []}
     per_push: list[str] = []
     pushed = 0
     for path in sorted(logs.glob(f"*/*/{run}/worker-*.jsonl")):
@@ -78,17 +87,44 @@ def exchanges(logs: Path, run: str, latency_ms: float, mbps: float) -> str:
                 steps += record["steps"]
             elif record["ev"] in moving:
                 moving[record["ev"]].append(record["dur"] - record["wait"])
-                if record["ev"] == "push":
+                if record["ev"] in ("push", "exchange"):
                     pushes += 1
                     pushed = max(pushed, record["up"])
         per_push.append(f"{steps / pushes:.2f}" if pushes else "-")
-    if not moving["push"]:
+    if not pushed:
         return "no pushes"
     model_ms = 2 * latency_ms + (pushed * 8 / (mbps * 1e3) if mbps else 0.0)
-    pulls = statistics.median(moving["pull"]) * 1e3 if moving["pull"] else float("nan")
-    return (f"message moving ms: push {statistics.median(moving['push']) * 1e3:.1f}, "
-            f"pull {pulls:.1f} (link model {model_ms:.1f}); "
+    medians = ", ".join(f"{kind} {statistics.median(times) * 1e3:.1f}"
+                        for kind, times in moving.items() if times)
+    return (f"message moving ms: {medians} (link model per message {model_ms:.1f}); "
             f"local steps per push by rank {'/'.join(per_push)}")
+
+
+async def request_ms(numel: int, repeats: int = 20) -> float:
+    """Median real time of a push and of a pull of `numel` floats on unshaped loopback
+    HTTP (a sink server in another process): the software cost of two messages."""
+    proc, port, done = start_server(numel)
+    client = await joined_client(port, numel, 0)
+    vector = torch.full((numel,), 1e-3)
+    times = []
+    try:
+        for k in range(repeats + 2):  # two to warm up connections and pools
+            began = time.perf_counter()
+            if k % 2:
+                await client.request("push", push_header(0), vector)
+            else:
+                await client.request("pull", {"worker": 0, "run_id": RUN, "base_version": 0})
+            times.append(time.perf_counter() - began)
+    finally:
+        await client.close()
+        done.set()
+        proc.join()
+    return statistics.median(times[2:]) * 1e3
+
+
+def model_numel(recipe_path: Path, overrides: list[str]) -> int:
+    spec = load_recipe(recipe_path, overrides).runs[0]
+    return sum(p.numel() for p in run_model(spec, run_data(spec)).state_dict().values())
 
 
 def ranking(summaries: list[dict[str, Any]]) -> list[str]:
@@ -104,14 +140,24 @@ def main() -> None:
                         help="run only this run (repeatable): bsp, asp, nbsync, local_sgd")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override defaults.KEY in both modes (as asyncsync run --set)")
+    parser.add_argument("--overhead-ms", default="measure", metavar="MS",
+                        help="network.message_overhead_ms of the virtual runs: 'measure' "
+                             "(half a real loopback request of the model's size on this "
+                             "host, measured first) or a number, e.g. 0")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fidelity.toml"
         path.write_text(RECIPE.format(time_s=args.time_s))
+        if args.overhead_ms == "measure":
+            overhead_ms = asyncio.run(request_ms(model_numel(path, args.set))) / 2
+        else:
+            overhead_ms = float(args.overhead_ms)
+        print(f"virtual runs charge {overhead_ms:.2f} ms of software cost per message")
         results = {}
         notes = {}
         for clock in ("real", "virtual"):
-            recipe = load_recipe(path, [*args.set, f'clock="{clock}"'], args.only)
+            extra = [f"network.message_overhead_ms={overhead_ms}"] if clock == "virtual" else []
+            recipe = load_recipe(path, [*args.set, *extra, f'clock="{clock}"'], args.only)
             results[clock] = asyncio.run(run_recipe(recipe, Path(tmp) / clock, live=False))
             notes[clock] = {spec.name: exchanges(Path(tmp) / clock, spec.name,
                                                  spec.network.link(0).latency_ms,

@@ -18,6 +18,7 @@ import pytest
 
 from asyncsync.recipe import load_recipe
 from asyncsync.report import summarize_run
+from asyncsync.schema import ConfigError
 from asyncsync.simulation import simulate
 
 RECIPE = """
@@ -34,6 +35,7 @@ slowdown = [1, 4]
 [defaults.network]
 bandwidth_mbps = 100
 latency_ms = {latency_ms}
+message_overhead_ms = {overhead_ms}
 [defaults.stop]
 time_s = 12
 [[runs]]
@@ -42,12 +44,13 @@ protocol = "nbsync"
 """
 
 
-def nbsync_run(tmp_path: Path, latency_ms: float) -> tuple[int, list[float], list[float]]:
+def nbsync_run(tmp_path: Path, latency_ms: float, overhead_ms: float = 0.0,
+               ) -> tuple[int, list[float], list[float]]:
     """Versions, each rank's local steps per push, and the pushes' durations."""
-    root = tmp_path / f"lat{latency_ms}"
+    root = tmp_path / f"lat{latency_ms}-{overhead_ms}"
     root.mkdir()
     path = root / "recipe.toml"
-    path.write_text(RECIPE.format(latency_ms=latency_ms))
+    path.write_text(RECIPE.format(latency_ms=latency_ms, overhead_ms=overhead_ms))
     spec = load_recipe(path).run("nbsync")
     run_dir = root / "nbsync"
     run_dir.mkdir()
@@ -77,3 +80,20 @@ def test_an_exchange_just_over_the_slowest_step_halves_the_rounds(tmp_path: Path
     assert fast_per_push[0] == pytest.approx(4.0, abs=0.1)  # the fast worker: 4 x 30 ms
     assert 95 <= fast_versions <= 100  # (12 s - the join) / 120 ms
     assert slow_versions == pytest.approx(fast_versions / 2, abs=2)
+
+
+def test_a_message_overhead_is_charged_each_way_like_latency(tmp_path: Path) -> None:
+    """6 ms of software cost per message on a 5 ms link costs what an 11 ms link does:
+    62 ms per push, and the slow worker needs two steps per round."""
+    versions, per_push, pushes = nbsync_run(tmp_path, 5.0, overhead_ms=6.0)
+    assert pushes == pytest.approx([0.062] * len(pushes), abs=1e-3)
+    assert per_push[1] == pytest.approx(2.0, abs=0.05)
+    assert 45 <= versions <= 52
+
+
+def test_a_real_run_refuses_a_message_overhead(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.toml"
+    path.write_text(RECIPE.format(latency_ms=5, overhead_ms=3).replace(
+        'clock = "virtual"', 'clock = "real"'))
+    with pytest.raises(ConfigError, match="message_overhead_ms"):
+        load_recipe(path)

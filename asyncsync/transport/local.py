@@ -25,12 +25,19 @@ class LocalTransport:
 
     `payload_scale` multiplies the bytes a vector is charged (links and byte counts): a
     timing-only run carries a tiny stand-in vector for the large model it declares.
+    `overhead_s` is charged to each direction of every message after its bytes are
+    through: the software cost of a message (HTTP, framing, the server's checks) that a
+    real run pays and the link model does not.
     """
 
     def __init__(self, core: ServerCore, link: Link | None = None,
-                 server_link: ServerLink | None = None, payload_scale: float = 1.0) -> None:
+                 server_link: ServerLink | None = None, payload_scale: float = 1.0,
+                 overhead_s: float = 0.0) -> None:
         if not payload_scale > 0:
             raise ValueError(f"payload_scale must be > 0, got {payload_scale}")
+        if not 0 <= overhead_s < float("inf"):
+            raise ValueError(f"overhead_s must be >= 0 and finite, got {overhead_s}")
+        self.overhead_s = overhead_s
         self.core = core
         self.link = link
         self.server_link = server_link
@@ -74,7 +81,7 @@ class LocalTransport:
         if self.server_link is not None:
             server = self.server_link.incoming if incoming else self.server_link.outgoing
             through = max(through, server.reserve(nbytes))
-        await sleep_until(through)
+        await sleep_until(through + self.overhead_s)
 
     async def close(self) -> None:
         """Nothing to release."""
