@@ -14,8 +14,11 @@ whole step per round when the exchange is close to a worker's step time; these l
 when that happens.
 
 Virtual runs charge each message a software cost (`network.message_overhead_ms`), by
-default measured on this host first: half the median time of a real push or pull of the
-model's size to a sink server on unshaped loopback HTTP (``--overhead-ms 0`` turns it off).
+default measured on this host first, as real paced mode pays it: a real push or pull of
+the model's size to a sink server over loopback HTTP through the recipe's emulated link,
+less what the link model charges, halved (``--overhead-ms 0`` turns it off). It is
+measured with the host otherwise idle, so the run's own contention (4 workers and the
+server on the host's cores) is not in it.
 
 Run: ``.venv/bin/python bench/fidelity.py [--time-s 40] [--only nbsync]
 [--set network.latency_ms=1] [--overhead-ms measure|MS]`` (real mode takes the budget in
@@ -34,11 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from benchlib import RUN, joined_client, push_header, start_server
+from benchlib import RUN, SessionClient, push_header, start_server
 
 from asyncsync.assembly import run_data, run_model
+from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.recipe import load_recipe
 from asyncsync.runner import run_recipe
+from asyncsync.transport.http_client import HttpTransport
 
 RECIPE = """
 name = "fidelity"
@@ -100,31 +105,40 @@ def exchanges(logs: Path, run: str, latency_ms: float, mbps: float) -> str:
             f"local steps per push by rank {'/'.join(per_push)}")
 
 
-async def request_ms(numel: int, repeats: int = 20) -> float:
-    """Median real time of a push and of a pull of `numel` floats on unshaped loopback
-    HTTP (a sink server in another process): the software cost of two messages."""
+async def overhead_ms(numel: int, link: LinkSpec, repeats: int = 20) -> float:
+    """The software cost of one message on this host, as real paced mode pays it: the
+    median real time of a push and of a pull of `numel` floats over HTTP on loopback
+    through the recipe's emulated `link`, less what the link model charges for the
+    request (2 x latency + its bytes / bandwidth), halved (a request is two messages)."""
     proc, port, done = start_server(numel)
-    client = await joined_client(port, numel, 0)
+    client = SessionClient(HttpTransport(f"http://127.0.0.1:{port}", numel, link=Link(link)))
+    reply, _ = await client.request("join", {"worker": 0, "run_id": RUN})
+    client.session = str(reply["meta"]["session"])
     vector = torch.full((numel,), 1e-3)
-    times = []
+    extra = []
     try:
         for k in range(repeats + 2):  # two to warm up connections and pools
             began = time.perf_counter()
             if k % 2:
                 await client.request("push", push_header(0), vector)
+                mbps = link.uplink_mbps
             else:
                 await client.request("pull", {"worker": 0, "run_id": RUN, "base_version": 0})
-            times.append(time.perf_counter() - began)
+                mbps = link.downlink_mbps
+            charged = 2 * link.latency_ms / 1e3 + (numel * 4 * 8 / (mbps * 1e6) if mbps else 0)
+            extra.append(time.perf_counter() - began - charged)
     finally:
         await client.close()
         done.set()
         proc.join()
-    return statistics.median(times[2:]) * 1e3
+    return max(0.0, statistics.median(extra[2:]) * 1e3 / 2)
 
 
-def model_numel(recipe_path: Path, overrides: list[str]) -> int:
+def model_and_link(recipe_path: Path, overrides: list[str]) -> tuple[int, LinkSpec]:
+    """The recipe's model length and worker 0's link."""
     spec = load_recipe(recipe_path, overrides).runs[0]
-    return sum(p.numel() for p in run_model(spec, run_data(spec)).state_dict().values())
+    numel = sum(p.numel() for p in run_model(spec, run_data(spec)).state_dict().values())
+    return numel, spec.network.link(0)
 
 
 def ranking(summaries: list[dict[str, Any]]) -> list[str]:
@@ -149,14 +163,14 @@ def main() -> None:
         path = Path(tmp) / "fidelity.toml"
         path.write_text(RECIPE.format(time_s=args.time_s))
         if args.overhead_ms == "measure":
-            overhead_ms = asyncio.run(request_ms(model_numel(path, args.set))) / 2
+            overhead = asyncio.run(overhead_ms(*model_and_link(path, args.set)))
         else:
-            overhead_ms = float(args.overhead_ms)
-        print(f"virtual runs charge {overhead_ms:.2f} ms of software cost per message")
+            overhead = float(args.overhead_ms)
+        print(f"virtual runs charge {overhead:.2f} ms of software cost per message")
         results = {}
         notes = {}
         for clock in ("real", "virtual"):
-            extra = [f"network.message_overhead_ms={overhead_ms}"] if clock == "virtual" else []
+            extra = [f"network.message_overhead_ms={overhead}"] if clock == "virtual" else []
             recipe = load_recipe(path, [*args.set, *extra, f'clock="{clock}"'], args.only)
             results[clock] = asyncio.run(run_recipe(recipe, Path(tmp) / clock, live=False))
             notes[clock] = {spec.name: exchanges(Path(tmp) / clock, spec.name,
