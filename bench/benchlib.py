@@ -9,9 +9,13 @@ lag (a 10 ms heartbeat task) and the process's peak resident memory.
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing as mp
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -171,3 +175,21 @@ async def instrument(client: SessionClient, cmd: str) -> dict[str, Any]:
     loop-lag percentiles and peak memory since "record"."""
     reply, _ = await client.request("query", {"worker": 0, "run_id": RUN, "meta": {"cmd": cmd}})
     return dict(reply["meta"])
+
+
+def cli_run(workdir: Path, recipe: Path, overrides: list[str]) -> list[Path]:
+    """Run `recipe` through ``asyncsync run`` as a user would (logs under `workdir`, each
+    `overrides` item passed as ``--set``); returns its run directories in the recipe's
+    order. Exits with the CLI's output when it fails."""
+    args = [sys.executable, "-m", "asyncsync", "run", str(recipe), "--logs",
+            str(workdir / "logs"), "--plain"]
+    for item in overrides:
+        args += ["--set", item]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    stamps = sorted((workdir / "logs").glob("*/*/recipe.json"))
+    if done.returncode != 0 or not stamps:
+        sys.exit(f"asyncsync run failed ({done.returncode}):\n{done.stdout[-3000:]}"
+                 f"{done.stderr[-3000:]}")
+    root = stamps[-1].parent
+    names = [run["name"] for run in json.loads(stamps[-1].read_text())["runs"]]
+    return [root / name for name in names]

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
+
+from benchlib import cli_run
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "compression.toml"
 QUICK = ["stop.time_s=10", "stop.target_accuracy=0.6"]
@@ -44,22 +44,6 @@ def write_recipe(workdir: Path, bfloat16: bool) -> Path:
     path = workdir / "compression.json"
     path.write_text(json.dumps(raw))
     return path
-
-
-def run_recipe(workdir: Path, recipe: Path, overrides: list[str]) -> list[Path]:
-    """Run the recipe through the CLI; returns its run directories in the recipe's order."""
-    args = [sys.executable, "-m", "asyncsync", "run", str(recipe), "--logs",
-            str(workdir / "logs"), "--plain"]
-    for item in overrides:
-        args += ["--set", item]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    stamps = sorted((workdir / "logs").glob("*/*/recipe.json"))
-    if done.returncode != 0 or not stamps:
-        sys.exit(f"asyncsync run failed ({done.returncode}):\n{done.stdout[-3000:]}"
-                 f"{done.stderr[-3000:]}")
-    root = stamps[-1].parent
-    names = [run["name"] for run in json.loads(stamps[-1].read_text())["runs"]]
-    return [root / name for name in names]
 
 
 def measure(run_dir: Path) -> dict[str, Any]:
@@ -102,7 +86,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-compression-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        rows = [measure(d) for d in run_recipe(workdir, write_recipe(workdir, args.bfloat16),
+        rows = [measure(d) for d in cli_run(workdir, write_recipe(workdir, args.bfloat16),
                                                overrides)]
     reference = {r["protocol"]: r for r in rows if r["codec"] == "none"}
     first = rows[0]

@@ -26,13 +26,13 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from benchlib import cli_run
 from transport import gloo_round_trips
 
 from asyncsync.models import mlp
@@ -56,22 +56,6 @@ name = "bsp"
 protocol = "bsp"
 """
 TRANSFERS = ("push", "pull", "exchange")
-
-
-def run_recipe(workdir: Path, seconds: float, overrides: list[str]) -> Path:
-    """Run the step recipe through the CLI; returns the run directory."""
-    recipe = workdir / "step.toml"
-    recipe.write_text(RECIPE.format(seconds=seconds, hidden=HIDDEN))
-    args = [sys.executable, "-m", "asyncsync", "run", str(recipe), "--logs",
-            str(workdir / "logs"), "--plain"]
-    for item in overrides:
-        args += ["--set", item]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    runs = sorted((workdir / "logs").glob("*/*/bsp/summary.json"))
-    if done.returncode != 0 or not runs:
-        sys.exit(f"asyncsync run failed ({done.returncode}):\n{done.stdout[-3000:]}"
-                 f"{done.stderr[-3000:]}")
-    return runs[-1].parent
 
 
 def step_spans(records: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -134,7 +118,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        run_dir = run_recipe(workdir, args.seconds, args.overrides)
+        recipe = workdir / "step.toml"
+        recipe.write_text(RECIPE.format(seconds=args.seconds, hidden=HIDDEN))
+        (run_dir,) = cli_run(workdir, recipe, args.overrides)
         records = [json.loads(line) for line in
                    (run_dir / "worker-0.jsonl").read_text().splitlines() if line.strip()]
     gloo_after = gloo_round_trips(numel, args.repeats)
