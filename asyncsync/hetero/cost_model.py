@@ -1,0 +1,129 @@
+"""The hardware cost model: a local step's virtual duration from the work it does.
+
+A step of `batch` samples costs ``flops_per_sample * batch + optimizer_flops`` floating-point
+operations, and a device performs ``peak_flops_per_s * efficiency`` of them per second, so
+
+    seconds(batch) = (flops_per_sample * batch + optimizer_flops) / (peak * efficiency)
+
+The model's FLOPs are counted once per run by PyTorch's own counter
+(`torch.utils.flop_counter.FlopCounterMode`) over one forward and backward pass of the real
+model at the run's input shape and batch size, on the ``meta`` device (shapes only, no math,
+so the count is exact and costs milliseconds). The counter sees the matrix products and
+convolutions, which are where a training step's arithmetic is; element-wise work
+(activations, pooling, the loss, BatchNorm) is not counted, as in the usual "model FLOPs"
+convention. The flat SGD update adds a few operations per parameter (`optimizer_flops`).
+
+Peak figures are FP32 (a training step at full precision) from the vendors' data sheets or
+derived from their published core counts and clocks; `efficiency` is the share of that peak a
+real training step of a small model sustains. It is an assumption, stated per device and
+overridable in a recipe (``compute.efficiency``), never a measurement of this host.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass(frozen=True)
+class Device:
+    """A named compute device: FP32 peak, the share of it a step sustains, and the source."""
+
+    name: str
+    peak_flops_per_s: float
+    efficiency: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.peak_flops_per_s <= 0:
+            raise ValueError(f"device {self.name!r}: peak_flops_per_s must be > 0")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"device {self.name!r}: efficiency must be in (0, 1]")
+
+    @property
+    def flops_per_s(self) -> float:
+        """The sustained training throughput: peak x efficiency."""
+        return self.peak_flops_per_s * self.efficiency
+
+
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("cpu-core", 96e9, 0.25,
+           "one x86 core at 3.0 GHz with AVX2: two 256-bit FMA units = 32 FP32 FLOP/cycle "
+           "(Intel 64 and IA-32 Architectures Optimization Reference Manual, Haswell and later)"),
+    Device("laptop-cpu", 358e9, 0.25,
+           "4 x86 cores at 2.8 GHz with AVX2 FMA, 32 FP32 FLOP/cycle each (as cpu-core)"),
+    Device("phone", 161e9, 0.2,
+           "Snapdragon 865's four Cortex-A77 cores (one at 2.84 GHz, three at 2.42 GHz; "
+           "Qualcomm product brief), two 128-bit NEON FMA pipes = 16 FP32 FLOP/cycle each "
+           "(Arm Cortex-A77 Software Optimization Guide)"),
+    Device("jetson-nano", 236e9, 0.4,
+           "NVIDIA Jetson Nano data sheet: 128 Maxwell CUDA cores at 921.6 MHz "
+           "(472 GFLOP/s FP16, half that in FP32)"),
+    Device("k80", 4.37e12, 0.4,
+           "NVIDIA Tesla K80 data sheet: 8.73 TFLOP/s FP32 with GPU Boost per board of two "
+           "GK210 GPUs; one GPU, as a framework sees it, is half"),
+    Device("t4", 8.1e12, 0.4, "NVIDIA T4 data sheet: 8.1 TFLOP/s FP32"),
+    Device("v100", 15.7e12, 0.4, "NVIDIA V100 SXM2 data sheet: 15.7 TFLOP/s FP32"),
+    Device("a100", 19.5e12, 0.4,
+           "NVIDIA A100 data sheet: 19.5 TFLOP/s FP32 (TF32 tensor cores not assumed)"),
+    Device("h100", 67e12, 0.4,
+           "NVIDIA H100 SXM data sheet: 67 TFLOP/s FP32 (TF32 tensor cores not assumed)"),
+)}
+"""Named devices; `asyncsync devices` lists them with their sources."""
+
+
+def device(name: str) -> Device:
+    """The named device, or a ValueError that lists the known names."""
+    try:
+        return DEVICES[name]
+    except KeyError:
+        raise ValueError(f"unknown device {name!r}; known: {', '.join(DEVICES)} "
+                         "(or give flops_per_s)") from None
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The FLOPs of one local step: per sample (forward and backward) and per step
+    (the optimizer's update, independent of the batch)."""
+
+    flops_per_sample: float
+    optimizer_flops: float
+
+    def flops(self, batch: int) -> float:
+        """The FLOPs of one step of `batch` samples."""
+        return self.flops_per_sample * batch + self.optimizer_flops
+
+    def seconds(self, batch: int, flops_per_s: float) -> float:
+        """The duration of one step of `batch` samples at a sustained `flops_per_s`."""
+        return self.flops(batch) / flops_per_s
+
+
+def optimizer_flops_per_param(momentum: float, weight_decay: float, nesterov: bool) -> int:
+    """The FLOPs per parameter of one `FlatSGD` update: a multiply-add for the step, and one
+    more for weight decay, for momentum and for Nesterov's look-ahead."""
+    return 2 + 2 * (weight_decay > 0) + 2 * (momentum > 0) + 2 * nesterov
+
+
+def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], batch: int,
+                     optimizer_flops_per_parameter: int = 2) -> StepCost:
+    """Count one training step of `model` at `batch` samples of `input_shape` (C, H, W).
+
+    The count runs on a copy of the model on the ``meta`` device with a cross-entropy loss
+    over integer labels; the model itself is not touched.
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    shadow = copy.deepcopy(model).to("meta")
+    shadow.train()
+    inputs = torch.empty((batch, *input_shape), device="meta")
+    labels = torch.zeros(batch, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        loss = nn.functional.cross_entropy(shadow(inputs), labels)
+        loss.backward()
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return StepCost(flops_per_sample=counter.get_total_flops() / batch,
+                    optimizer_flops=float(optimizer_flops_per_parameter * params))
