@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import csv
+import io
+import itertools
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from asyncsync.comparison import groups, interval, is_baseline, paired_speedups, speedup
 from asyncsync.runlogs import label, read_jsonl, sweep_suffix
@@ -17,11 +24,30 @@ from asyncsync.runlogs import label, read_jsonl, sweep_suffix
 SMOOTHING = 3
 """Evaluations in the moving average of `time_to_target_avg_s`."""
 
+SLIP = 1.5
+"""A run's evaluations slipped when two of them lie more than this many intervals apart
+(one arrived more than half an interval late): its times to target have a coarser grid."""
+
+
+class LogError(ValueError):
+    """A directory that is not a readable run log."""
+
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
-    """Build ``summary.json``'s fields from ``recipe.json``, ``events.jsonl`` and workers' logs."""
-    recipe = json.loads((run_dir / "recipe.json").read_text())
-    spec = recipe["runs"][0]
+    """Build ``summary.json``'s fields from ``recipe.json``, ``events.jsonl`` and workers' logs.
+
+    Raises:
+        LogError: recipe.json is missing or not a run's resolved recipe.
+    """
+    try:
+        recipe = json.loads((run_dir / "recipe.json").read_text())
+        spec = recipe["runs"][0]
+        missing = [k for k in ("name", "protocol", "workers", "stop") if k not in spec]
+        if missing:
+            raise KeyError(", ".join(missing))
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise LogError(f"{run_dir}: not a run's log directory (recipe.json: "
+                       f"{type(exc).__name__}: {exc})") from None
     events = read_jsonl(run_dir / "events.jsonl")
     evals = [e for e in events if e.get("event") == "eval"]
     stop = next((e for e in events if e.get("event") == "stop"), {})
@@ -46,7 +72,9 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
                    if target is not None
                    and sum(accuracies[i - SMOOTHING + 1 : i + 1]) / SMOOTHING >= target), None)
     samples = sum(f["samples"] for f in finals.values())
-    return {
+    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(evals)]
+    every = (spec.get("eval") or {}).get("interval_s")
+    summary = {
         "recipe": recipe["name"],
         "run": spec["name"],
         "protocol": spec["protocol"]["name"],
@@ -54,6 +82,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "repeat": recipe.get("repeat", 0),
         "seed": spec.get("seed", 0),
         "sweep": spec.get("sweep") or {},
+        "clock": spec.get("clock", "real"),
+        "time_s": spec["stop"].get("time_s"),
         "wall_s": wall,
         "target_accuracy": target,
         "time_to_target_s": reached,
@@ -69,12 +99,79 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "versions": stop.get("versions"),
         "mean_staleness": stop.get("mean_staleness"),
         "max_staleness": stop.get("max_staleness"),
+        "eval_interval_s": every,
+        "eval_interval_mean_s": round(sum(gaps) / len(gaps), 3) if gaps else None,
+        "eval_interval_max_s": round(max(gaps), 3) if gaps else None,
+        "eval_slipped": bool(gaps and every and max(gaps) > SLIP * every),
         "evaluations": [[e["t"], e["accuracy"]] for e in evals],
     }
+    for column in COLUMNS:
+        if column.derive is not None:
+            summary[column.key] = column.derive(summary)
+    return summary
 
 
-def _speedup_text(value: float | None, lower_bound: bool) -> str:
-    return (">=" if lower_bound else "") + _fmt(value, ".2f", "x")
+@dataclass(frozen=True)
+class Column:
+    """One figure of a run: one entry here puts it in the table, table.csv and summary.json.
+
+    Attributes:
+        key: its name in summary.json and table.csv.
+        header: the table's short header (``{target}`` becomes the target accuracy).
+        legend: what it means, printed under the table.
+        spec: format of a value; suffix: appended to it.
+        derive: computes it from the summary's other fields (None: summarize_run sets it).
+        shown: whether the terminal table shows it (table.csv has every column).
+        relative: a ratio against the baseline's repeat of the same seed (the speedup).
+    """
+
+    key: str
+    header: str
+    legend: str
+    spec: str = ".3f"
+    suffix: str = ""
+    derive: Callable[[dict[str, Any]], Any] | None = None
+    shown: bool = True
+    relative: bool = False
+
+
+def _mb_moved(summary: dict[str, Any]) -> float:
+    return round(float(summary["bytes_up"] + summary["bytes_down"]) / 1e6, 3)
+
+
+COLUMNS = (
+    Column("time_to_target_s", "t@{target}", "seconds to the first evaluation >= {target}",
+           ".1f"),
+    Column("time_to_target_avg_s", "avg3", "seconds until the mean of 3 evaluations >= "
+           "{target}", ".1f"),
+    Column("best_accuracy", "best", "best test accuracy"),
+    Column("final_accuracy", "final", "last test accuracy", shown=False),
+    Column("speedup", "speedup", "baseline's t@target / this run's (>=: a lower bound)",
+           ".2f", "x", relative=True),
+    Column("compute_proportion", "comp", "compute proportion (time computing / wall time)",
+           ".2f"),
+    Column("samples_per_s", "smp/s", "samples per second, all workers", ".0f"),
+    Column("mb_moved", "MB", "megabytes pushed and pulled", ".0f", derive=_mb_moved,
+           shown=False),
+    Column("mean_staleness", "stale", "mean staleness of the applied updates (versions)",
+           ".2f"),
+    Column("versions", "vers", "model versions", ".0f", shown=False),
+    Column("eval_interval_mean_s", "eval", "mean seconds between evaluations", ".1f",
+           shown=False),
+    Column("eval_interval_max_s", "eval max", "longest gap between evaluations", ".1f",
+           shown=False),
+)
+"""The comparison's figures, in table order."""
+
+IDENTITY = ("recipe", "run", "repeat", "seed", "protocol", "workers", "clock", "wall_s",
+            "target_accuracy")
+"""table.csv's leading fields: which run it is and what it was measured against."""
+
+RAW = ("bytes_up", "bytes_down", "max_staleness", "eval_slipped")
+"""summary.json fields table.csv keeps after the columns."""
+
+SLIP_MARK = "*"
+"""Marks a run whose evaluations slipped (see `summarize_run`)."""
 
 
 def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
@@ -96,44 +193,80 @@ def _mean_text(values: list[float], spec: str, total: int, suffix: str = "") -> 
     return text if len(values) == total else f"{text} ({len(values)}/{total})"
 
 
-def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str = "") -> Table:
-    """Time to target, best accuracy, speedup vs `baseline`, compute proportion, throughput;
-    with repeats, one row per run: the mean and its 95% interval over the repeats."""
+def _cells(summaries: list[dict[str, Any]], baseline: str, columns: list[Column]
+           ) -> list[tuple[str, str, list[str] | None, str]]:
+    """Per run (repeats together): name, protocol, its cells (None: failed) or the error."""
     runs = groups(summaries)
     bases = {sweep_suffix(g[0].get("sweep") or {}): g for g in runs if is_baseline(g[0], baseline)}
-    target = next((s.get("target_accuracy") for s in summaries if s.get("target_accuracy")),
-                  None)
     mixed = len({s.get("recipe") for s in summaries}) > 1
-    repeats = max(len(g) for g in runs)
-    caption = f" - mean±95% interval over {repeats} repeats" if repeats > 1 else ""
-    table = Table(title=f"{title}: comparison (baseline {baseline}){caption}"
-                  if title else None)
-    for column in ("run", "protocol", f"t->{_fmt(target, '.2f')} (s)", "avg3 (s)", "best acc",
-                   "final acc", "speedup", "compute", "samples/s", "MB moved",
-                   "staleness", "versions"):
-        table.add_column(column, justify="left" if column in ("run", "protocol") else "right")
+    rows: list[tuple[str, str, list[str] | None, str]] = []
     for group in runs:
         first = group[0]
         name = label(first) if mixed else first["run"]
         done = [s for s in group if "error" not in s]
+        if any(s.get("eval_slipped") for s in done):
+            name += SLIP_MARK
         if not done:
-            table.add_row(name, first["protocol"], f"[red]failed: {first['error']}[/red]")
+            rows.append((name, first["protocol"], None, str(first["error"])))
             continue
-        n = len(group)
-        speedups, bound = paired_speedups(
-            done, bases.get(sweep_suffix(first.get("sweep") or {}), []))
-        moved = [(s["bytes_up"] + s["bytes_down"]) / 1e6 for s in done]
-        table.add_row(
-            name, first["protocol"], _mean_text(_values(done, "time_to_target_s"), ".1f", n),
-            _mean_text(_values(done, "time_to_target_avg_s"), ".1f", n),
-            _mean_text(_values(done, "best_accuracy"), ".3f", n),
-            _mean_text(_values(done, "final_accuracy"), ".3f", n),
-            (">=" if bound else "") + _mean_text(speedups, ".2f", n, "x") if speedups else "-",
-            _mean_text(_values(done, "compute_proportion"), ".2f", n),
-            _mean_text(_values(done, "samples_per_s"), ".0f", n),
-            _mean_text(moved, ".0f", n), _mean_text(_values(done, "mean_staleness"), ".2f", n),
-            _mean_text(_values(done, "versions"), ".0f", n))
-    return table
+        cells = []
+        for column in columns:
+            if column.relative:
+                speedups, bound = paired_speedups(
+                    done, bases.get(sweep_suffix(first.get("sweep") or {}), []))
+                text = _mean_text(speedups, column.spec, len(group), column.suffix)
+                cells.append((">=" if bound and speedups else "") + text)
+            else:
+                cells.append(_mean_text(_values(done, column.key), column.spec, len(group),
+                                        column.suffix))
+        rows.append((name, first["protocol"], cells, ""))
+    return rows
+
+
+def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str = "",
+                     width: int | None = None) -> Group:
+    """The comparison: one row per run (with repeats, the mean and its 95% interval), short
+    headers and a legend; where the table is wider than `width`, one block per run instead,
+    so that no number is ever cut."""
+    target = _fmt(next((s.get("target_accuracy") for s in summaries
+                        if s.get("target_accuracy")), None), ".2f")
+    columns = [c for c in COLUMNS if c.shown]
+    headers = [c.header.format(target=target) for c in columns]
+    repeats = max(len(g) for g in groups(summaries))
+    caption = f" - mean±95% interval over {repeats} repeats" if repeats > 1 else ""
+    heading = f"{title}: comparison (baseline {baseline}){caption}" if title else ""
+    rows = _cells(summaries, baseline, columns)
+    table = Table(title=heading or None, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for header in ("run", "protocol", *headers):
+        table.add_column(header, justify="left" if header in ("run", "protocol") else "right",
+                         no_wrap=True)
+    for name, protocol, cells, error in rows:
+        table.add_row(name, protocol, *(cells or [f"[red]failed: {error}[/red]"]))
+    legend = [f"{h}: {c.legend.format(target=target)}" for h, c in zip(headers, columns,
+                                                                         strict=True)]
+    if any(name.endswith(SLIP_MARK) for name, *_ in rows):
+        legend.append(f"{SLIP_MARK} evaluations slipped (a gap > 1.5 evaluation intervals): "
+                      "a coarser grid for its times to target; see eval_interval_* in table.csv")
+    notes = Text("; ".join(legend) + ". Every column: table.csv.", style="dim")
+    natural = Measurement.get(_MEASURE, _MEASURE.options, table).maximum
+    if width is None or natural <= width:
+        return Group(table, notes)
+    blocks: list[Any] = [Text(heading, style="italic")] if heading else []
+    for name, protocol, cells, error in rows:
+        block = Table.grid(padding=(0, 2))
+        block.add_column(no_wrap=True)
+        block.add_column(justify="right", no_wrap=True)
+        block.add_row(f"[bold]{name}[/bold]", protocol)
+        if cells is None:
+            block.add_row("[red]failed[/red]", Text(error, style="red"))
+        for header, cell in zip(headers, cells or [], strict=False):
+            block.add_row(f"  {header}", cell)
+        blocks.append(block)
+    return Group(*blocks, notes)
+
+
+_MEASURE = Console(width=10_000, file=io.StringIO())
+"""Measures a table's natural width, whatever the terminal's."""
 
 
 def find_runs(dirs: list[Path]) -> list[Path]:
@@ -155,26 +288,24 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, str]:
     return str(run_dir.parent), index, run_dir.name
 
 
-CSV_FIELDS = ("recipe", "run", "repeat", "seed", "protocol", "workers", "wall_s",
-              "target_accuracy", "time_to_target_s", "time_to_target_avg_s", "speedup",
-              "speedup_is_lower_bound", "best_accuracy", "final_accuracy",
-              "compute_proportion", "samples_per_s", "bytes_up", "bytes_down", "versions",
-              "mean_staleness", "max_staleness")
-
-
 def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
-    """The comparison as CSV: one row per run and repeat (speedups against the baseline's
-    repeat with the same index); failed runs keep their error."""
+    """The comparison as CSV: one row per run and repeat, every column of `COLUMNS`
+    (speedups against the baseline's repeat with the same index); failed runs keep their
+    error."""
     base = {(sweep_suffix(s.get("sweep") or {}), s.get("repeat", 0)): s for s in summaries
             if is_baseline(s, baseline)}
+    fields = [*IDENTITY]
+    for column in COLUMNS:
+        fields += [column.key, "speedup_is_lower_bound"] if column.relative else [column.key]
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "error"])
+        writer = csv.DictWriter(handle, fieldnames=[*fields, *RAW, "error"])
         writer.writeheader()
         for s in summaries:
-            row = {k: s.get(k) for k in CSV_FIELDS}
-            row["speedup"], row["speedup_is_lower_bound"] = speedup(s, base.get(
-                (sweep_suffix(s.get("sweep") or {}), s.get("repeat", 0))))
-            row["error"] = s.get("error")
+            row = {k: s.get(k) for k in (*fields, *RAW, "error")}
+            for column in COLUMNS:
+                if column.relative:
+                    row[column.key], row["speedup_is_lower_bound"] = speedup(s, base.get(
+                        (sweep_suffix(s.get("sweep") or {}), s.get("repeat", 0))))
             writer.writerow(row)
     return path
 
@@ -192,7 +323,7 @@ def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str
     """Print the comparison table; write it as CSV and, with matplotlib, the PNG plots."""
     from asyncsync.plots import matplotlib_available, write_plots
 
-    console.print(comparison_table(summaries, baseline, title))
+    console.print(comparison_table(summaries, baseline, title, console.width))
     out.mkdir(parents=True, exist_ok=True)
     files = [write_csv(summaries, baseline, out / "table.csv")]
     done = [(d, s) for d, s in zip(run_dirs, summaries, strict=True) if "error" not in s]

@@ -124,3 +124,45 @@ def test_repeats_give_one_row_per_run_with_95_percent_intervals(tmp_path: Path) 
         ("fast", "0", "0"), ("fast", "1", "1"), ("fast", "2", "2")]
     assert [float(r["speedup"]) for r in rows[3:]] == [3.0, 1.5, 2.0]
     assert (tmp_path / "out" / "accuracy.png").stat().st_size > 1000
+
+
+def summary(run: str, protocol: str, repeat: int, ttt: float | None, **extra: object
+            ) -> dict[str, object]:
+    return {"recipe": "esync", "run": run, "protocol": protocol, "repeat": repeat,
+            "seed": repeat, "sweep": {}, "wall_s": 300.0, "target_accuracy": 0.7,
+            "time_to_target_s": ttt, "time_to_target_avg_s": ttt, "best_accuracy": 0.9234,
+            "final_accuracy": 0.9012, "compute_proportion": 0.4567, "samples_per_s": 12345.6,
+            "bytes_up": 10**9, "bytes_down": 2 * 10**9, "mb_moved": 3000.0, "versions": 56789,
+            "mean_staleness": 12.345, **extra}
+
+
+@pytest.mark.parametrize("width", [80, 100, 150])
+def test_the_table_fits_the_terminal_and_never_cuts_a_number(width: int) -> None:
+    """The at-scale case: five repeats, long names, large speedups."""
+    summaries = [summary("bsp@workers=16", "bsp", k, 100.0, sweep={"workers": 16})
+                 for k in range(5)]
+    summaries += [summary("esync@workers=16", "esync", k, t, sweep={"workers": 16})
+                  for k, t in enumerate([1.25, 1.5, 1.25, 1.5, None])]
+    console = Console(record=True, width=width, color_system=None)
+    publish_table = __import__("asyncsync.report", fromlist=["comparison_table"])
+    console.print(publish_table.comparison_table(summaries, "bsp", "esync", console.width))
+    text = console.export_text()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= width
+    # esync's speedups 80, 66.67, 80, 66.67 (4 of 5 reached the target)
+    speedups = [80.0, 100 / 1.5, 80.0, 100 / 1.5]
+    half = 3.182 * statistics.stdev(speedups) / 2  # t(3 dof), sqrt(4) = 2
+    assert f"73.33x±{half:.2f} (4/5)" in text
+    assert "1.4±0.2 (4/5)" in text  # time to 0.70: mean 1.375, half 3.182*0.144/2 = 0.23
+    assert "0.923" in text and "12346" in text and "12.35" in text and "0.46" in text
+    assert "esync@workers=16" in text and "bsp@workers=16" in text
+    assert "t@0.70: seconds to the first evaluation >= 0.70" in " ".join(text.split())
+
+
+def test_the_quickstart_table_is_one_row_per_run_in_80_columns() -> None:
+    summaries = [summary("bsp", "bsp", 0, 20.0), summary("asp", "asp", 0, 6.0)]
+    console = Console(record=True, width=80, color_system=None)
+    publish_table = __import__("asyncsync.report", fromlist=["comparison_table"])
+    console.print(publish_table.comparison_table(summaries, "bsp", "quickstart", 80))
+    rows = [line.split() for line in console.export_text().splitlines()]
+    assert ["asp", "asp", "6.0", "6.0", "0.923", "3.33x", "0.46", "12346", "12.35"] in rows
