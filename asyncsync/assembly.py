@@ -10,8 +10,12 @@ from pathlib import Path
 import torch
 
 from asyncsync.data import BatchSampler, Dataset, load_dataset
+from asyncsync.engine.channel import Dial, Transport, connect
+from asyncsync.engine.compute import ThreadedWorkerSeam, WorkerSeam
 from asyncsync.engine.settings import ServerSettings
-from asyncsync.engine.worker import Worker
+from asyncsync.engine.worker import Worker, model_numel
+from asyncsync.hetero.compute import ComputeProfile, StepCost
+from asyncsync.hetero.network import Link
 from asyncsync.hetero.partition import partition
 from asyncsync.metrics import JsonlLog
 from asyncsync.models import build_model
@@ -19,7 +23,7 @@ from asyncsync.protocols.base import get_protocol
 from asyncsync.recipe import RunSpec
 from asyncsync.schema import ConfigError
 from asyncsync.trainer import BatchSource
-from asyncsync.transport.http_client import client_tls, trust
+from asyncsync.transport.http_client import client_tls
 from asyncsync.transport.http_server import ParameterServer, server_tls, worker_token
 
 WORKER_TOKEN_ENV = "ASYNCSYNC_WORKER_TOKEN"
@@ -103,25 +107,61 @@ def checkpoint_file(log_dir: Path) -> Path:
     return log_dir / "checkpoint.npz"
 
 
-def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
-                 log_dir: Path | None, local_addr: str | None = None) -> Worker:
-    """Worker `rank` of one run, as the CLI's ``worker`` command starts it."""
-    if not 0 <= rank < spec.workers:
-        raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
-    tls = run_client_tls(spec)
-    if tls is not None:
-        if not url.startswith("https://"):
-            raise ConfigError(f"tls.ca is set, so the server's URL must be https://, got {url}")
-        trust(url, tls)
-    data = run_data(spec)
+def link_seed(seed: int, rank: int) -> int:
+    """The seed of worker `rank`'s link jitter in a run seeded `seed` (both clocks)."""
+    return seed * 1000 + rank
+
+
+def worker_link(spec: RunSpec, rank: int) -> Link | None:
+    """Worker `rank`'s emulated link (None: not shaped)."""
+    link_spec = spec.network.link(rank)
+    return Link(link_spec, seed=link_seed(spec.seed, rank)) if link_spec.shaped else None
+
+
+def step_cost(spec: RunSpec, base_step_s: float) -> StepCost | None:
+    """What a step of the recipe's batch costs before slowness (None: not paced)."""
+    return StepCost(base_step_s, spec.data.batch_size) if base_step_s > 0 else None
+
+
+TransportFor = Callable[[Link | None], Transport]
+"""Makes a worker's transport from its link."""
+SeamFor = Callable[[ComputeProfile], WorkerSeam]
+"""Makes a worker's compute seam from its profile."""
+
+
+def assemble_worker(spec: RunSpec, rank: int, run_id: str, model: torch.nn.Module,
+                    batches: BatchSource, transport: TransportFor, seam: SeamFor,
+                    log_dir: Path | None, device: str) -> Worker:
+    """Worker `rank` of a run on either clock: its compute profile, its link (one seed
+    rule), its seam and its transport, the last two made by the clock's factories."""
     return Worker(
-        rank, url, run_model(spec, data), batch_sources(spec, data)(rank),
-        get_protocol(spec.protocol.name),
-        protocol_params=spec.protocol.params, run_id=run_id, lr=spec.optim.lr,
-        momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
-        batch_size=spec.data.batch_size, slowdown=spec.compute_profile(rank), device=spec.device,
-        link=spec.network.link(rank), local_addr=local_addr, token=run_worker_token(spec),
-        heartbeat_s=spec.fault.heartbeat_s, compressor=spec.network.compressor(),
+        rank, transport(worker_link(spec, rank)), model, batches,
+        get_protocol(spec.protocol.name), protocol_params=spec.protocol.params, run_id=run_id,
+        lr=spec.optim.lr, momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
+        batch_size=spec.data.batch_size, device=device, heartbeat_s=spec.fault.heartbeat_s,
+        compressor=spec.network.compressor(), seam=seam(spec.compute_profile(rank)),
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 
 
+def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
+                 log_dir: Path | None, local_addr: str | None = None) -> Worker:
+    """Worker `rank` of one run on the real clock, as the CLI's ``worker`` command starts
+    it (paced when the recipe sets ``compute.base_step_s``)."""
+    if not 0 <= rank < spec.workers:
+        raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
+    tls = run_client_tls(spec)
+    if tls is not None and not url.startswith("https://"):
+        raise ConfigError(f"tls.ca is set, so the server's URL must be https://, got {url}")
+    data = run_data(spec)
+    model = run_model(spec, data)
+    token = run_worker_token(spec)
+    cost = step_cost(spec, spec.compute.base_step_s)
+
+    def dial(link: Link | None) -> Transport:
+        return connect(url, Dial(model_numel(model), link, local_addr, token, tls))
+
+    def threaded(profile: ComputeProfile) -> WorkerSeam:
+        return ThreadedWorkerSeam(profile, f"asyncsync-compute-{rank}", cost)
+
+    return assemble_worker(spec, rank, run_id, model, batch_sources(spec, data)(rank), dial,
+                           threaded, log_dir, spec.device)

@@ -1,6 +1,6 @@
 """Recipes: TOML files composing protocol x model x data x heterogeneity into runs.
 
-Shape (see DESIGN.md, "Recipe shape")::
+Shape (the README's "Running recipes" section lists every key)::
 
     name = "quickstart"      # optional; defaults to the file's stem
     baseline = "bsp"         # run that speedups are measured against (default: first run)
@@ -29,7 +29,7 @@ from typing import Any
 
 from asyncsync.compression import CODECS, Compressor
 from asyncsync.data import DATASETS
-from asyncsync.hetero.compute import ComputeProfile, build_profile, profile_params
+from asyncsync.hetero.compute import PROFILES, ComputeProfile, build_profile, profile_params
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams, get_protocol
@@ -89,8 +89,7 @@ class ComputeSpec:
     slowdown: list[float] = option([], lambda v: all(f >= 1 for f in v),
                                    "factors must be >= 1",
                                    "one factor per worker; missing ones are 1")
-    profile: dict[str, Any] = option({}, help="{ name = step_delay | random | periodic | "
-                                              "moving | trace, ... }")
+    profile: dict[str, Any] = option({}, help=f"{{ name = {' | '.join(PROFILES)}, ... }}")
     base_step_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
                                 "paced mode: each step lasts base_step_s x factor (0 = off)")
 
@@ -100,7 +99,7 @@ class ComputeSpec:
 
     def build(self, rank: int, workers: int, seed: int) -> ComputeProfile:
         factor = self.slowdown[rank] if rank < len(self.slowdown) else 1.0
-        return build_profile(self.profile, factor, self.base_step_s, rank, workers, seed)
+        return build_profile(self.profile, factor, rank, workers, seed)
 
 
 PerWorker = float | list[float]

@@ -4,7 +4,8 @@
 The protocol code, the engine, the compute profiles and the link model are the same as in
 real mode; only the clock and the two compute seams differ. Each local step runs its real
 torch math inline and is charged ``base_step_s x slowdown`` (scaled by its batch size) in
-virtual seconds; each message pays latency and bytes / bandwidth in virtual seconds. The
+virtual seconds; each message pays latency and bytes / bandwidth in virtual seconds.
+Workers are built by `asyncsync.assembly.assemble_worker`, as in real mode. The
 base step time is the recipe's ``compute.base_step_s``, or else the median of a few real
 steps of the run's model and batch size on this host (written to summary.json).
 """
@@ -21,12 +22,19 @@ from typing import Any, TypeVar
 
 import torch
 
-from asyncsync.assembly import batch_sources, run_data, run_model, server_settings
+from asyncsync.assembly import (
+    assemble_worker,
+    batch_sources,
+    run_data,
+    run_model,
+    server_settings,
+    step_cost,
+)
 from asyncsync.clock import VirtualTimeLoop, wall
-from asyncsync.engine.compute import Charged, InlineServerSeam, VirtualWorkerSeam
+from asyncsync.engine.channel import Transport
+from asyncsync.engine.compute import Charged, InlineServerSeam, VirtualWorkerSeam, WorkerSeam
 from asyncsync.engine.core import build_core
-from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import ComputeProfile, build_profile
+from asyncsync.hetero.compute import ComputeProfile, StepCost
 from asyncsync.hetero.network import Link, ServerLink
 from asyncsync.metrics import JsonlLog
 from asyncsync.models import TimingModel
@@ -53,13 +61,12 @@ class RealCost:
 class _TimedWorkerSeam(VirtualWorkerSeam):
     """`VirtualWorkerSeam` that adds the real time of each step's math to a `RealCost`."""
 
-    def __init__(self, profile: ComputeProfile, base_step_s: float, reference_batch: int,
-                 cost: RealCost) -> None:
-        super().__init__(profile, base_step_s, reference_batch)
-        self.cost = cost
+    def __init__(self, profile: ComputeProfile, cost: StepCost, real: RealCost) -> None:
+        super().__init__(profile, cost)
+        self.real = real
 
     async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
-        cost = self.cost
+        cost = self.real
 
         def timed(*inner: Any) -> Any:
             began = wall()
@@ -130,22 +137,20 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
                       test_data=parts.test_data, events=JsonlLog(run_dir / "events.jsonl"),
                       seam=_TimedServerSeam(cost))
     server_link = ServerLink(spec.network.server_mbps) if spec.network.server_mbps else None
-    workers = []
-    for rank in range(spec.workers):
-        factor = spec.compute.slowdown[rank] if rank < len(spec.compute.slowdown) else 1.0
-        profile = build_profile(spec.compute.profile, factor, 0.0, rank, spec.workers,
-                                spec.seed)
-        link_spec = spec.network.link(rank)
-        link = Link(link_spec, seed=spec.seed * 1000 + rank) if link_spec.shaped else None
-        workers.append(Worker(
-            rank, LocalTransport(core, link, server_link, parts.payload_scale,
-                                 spec.network.message_overhead_ms / 1000), parts.model(),
-            parts.batches(rank), protocol, protocol_params=spec.protocol.params,
-            run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
-            weight_decay=spec.optim.weight_decay, batch_size=spec.data.batch_size,
-            device="cpu", heartbeat_s=spec.fault.heartbeat_s,
-            log_path=run_dir / f"worker-{rank}.jsonl", compressor=spec.network.compressor(),
-            seam=_TimedWorkerSeam(profile, base_step_s, spec.data.batch_size, cost)))
+    step = step_cost(spec, base_step_s)
+    if step is None:
+        raise ValueError(f"base_step_s must be > 0, got {base_step_s}")
+
+    def local(link: Link | None) -> Transport:
+        return LocalTransport(core, link, server_link, parts.payload_scale,
+                              spec.network.message_overhead_ms / 1000)
+
+    def timed(profile: ComputeProfile) -> WorkerSeam:
+        return _TimedWorkerSeam(profile, step, cost)
+
+    workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
+                               timed, run_dir, "cpu")
+               for rank in range(spec.workers)]
     began = wall()
 
     def progress() -> dict[str, Any]:

@@ -29,7 +29,7 @@ from asyncsync.data import BatchSampler, synthetic
 from asyncsync.device_copies import CudaStreams, Event, Pairs, StagedCopies
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.network import LinkSpec
+from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.hetero.partition import partition
 from asyncsync.models import build_model
 from asyncsync.transport.http_server import ParameterServer
@@ -136,9 +136,10 @@ def work(rank: int, protocol: str, port: int, results: Any) -> None:
         data = synthetic(seed=0)
         shard = partition(data.train_y, WORKERS, "iid", seed=0)[rank]
         model = build_model(MODEL, data.input_shape, data.num_classes, {})
-        worker = Worker(rank, f"http://127.0.0.1:{port}", model,
-                        BatchSampler(data, shard, seed=rank).next, protocol, lr=LR,
-                        batch_size=BATCH, device="cuda", link=LinkSpec(LINK_MBPS, LINK_MBPS))
+        worker = Worker.connect(rank, f"http://127.0.0.1:{port}", model,
+                                BatchSampler(data, shard, seed=rank).next, protocol, lr=LR,
+                                batch_size=BATCH, device="cuda",
+                                link=Link(LinkSpec(LINK_MBPS, LINK_MBPS), seed=rank))
         streams = TimedStreams(worker.trainer.device)
         worker.trainer.copies = StagedCopies(streams, worker.trainer.numel)
         final = await worker.run()

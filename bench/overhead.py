@@ -73,7 +73,7 @@ async def asyncsync_loop(seconds: float) -> float:
     data = synthetic(seed=0)
     model = build_model("cnn", data.input_shape, data.num_classes, {})
     sampler = BatchSampler(data, torch.arange(len(data.train_y)), seed=0)
-    worker = Worker(0, f"http://127.0.0.1:{port.value}", model, sampler.next, "bsp",
+    worker = Worker.connect(0, f"http://127.0.0.1:{port.value}", model, sampler.next, "bsp",
                     lr=LR, batch_size=BATCH, device="cpu")
     final = await worker.run()
     await asyncio.to_thread(proc.join)

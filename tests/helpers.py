@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from asyncsync.clock import VirtualTimeLoop
-from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
+from asyncsync.engine.compute import InlineServerSeam, ThreadedWorkerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import Commit
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import StepDelay
+from asyncsync.hetero.compute import StepCost, StepDelay
 from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.trainer import BatchSource
 from asyncsync.transport.http_server import ParameterServer
@@ -99,7 +99,7 @@ async def _local_run(protocol: str, delays: list[float], params: Any, max_steps:
         Worker(rank, LocalTransport(core, Link(link, seed=rank) if link else None),
                tiny_model(), batches_of(x, y, rank), protocol, protocol_params=params,
                lr=lr, batch_size=batch_size, max_steps=max_steps,
-               seam=VirtualWorkerSeam(StepDelay(delay), STEP_S, batch_size))
+               seam=VirtualWorkerSeam(StepDelay(delay), StepCost(STEP_S, batch_size)))
         for rank, delay in enumerate(delays)
     ]
     return core, await run_workers(core, workers)
@@ -129,7 +129,7 @@ async def run_http(protocol: str, workers: int = 3, *, params: Any = None,
     keep_every_commit(server.core)
     url = await server.start()
     try:
-        nodes = [Worker(rank, url, tiny_model(), batches_of(x, y, rank), protocol,
+        nodes = [Worker.connect(rank, url, tiny_model(), batches_of(x, y, rank), protocol,
                         protocol_params=params, lr=0.1, batch_size=16)
                  for rank in range(workers)]
         finals = await asyncio.gather(*(node.run() for node in nodes))
@@ -214,7 +214,7 @@ async def run_crash_and_rejoin(
     def start(rank: int, transport: LocalTransport) -> asyncio.Task[dict[str, Any]]:
         worker = Worker(rank, transport, tiny_model(), batches_of(x, y, rank), protocol,
                         protocol_params=params, lr=0.1, batch_size=16,
-                        slowdown=StepDelay(delays[rank]), heartbeat_s=0.1)
+                        seam=ThreadedWorkerSeam(StepDelay(delays[rank])), heartbeat_s=0.1)
         return asyncio.create_task(worker.run())
 
     transports = [CuttableTransport(core) for _ in delays]

@@ -17,7 +17,7 @@ from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import StepDelay
+from asyncsync.hetero.compute import StepCost, StepDelay
 from asyncsync.protocols.base import BadRequest, Unacceptable
 from asyncsync.recipe import load_recipe
 from asyncsync.schema import ConfigError
@@ -163,7 +163,7 @@ def run(protocol: str, codec: str, *, error_feedback: bool = True, fraction: flo
                        for _ in range(workers)]
         ranks = [Worker(rank, LocalTransport(core), model(), batches_of(x, y, rank), protocol,
                         lr=lr, batch_size=16, max_steps=steps, compressor=compressors[rank],
-                        seam=VirtualWorkerSeam(StepDelay(0.0), STEP_S, 16))
+                        seam=VirtualWorkerSeam(StepDelay(0.0), StepCost(STEP_S, 16)))
                  for rank in range(workers)]
         finals = await run_workers(core, ranks)
         net = model()
@@ -220,7 +220,7 @@ def test_bytes_up_shrink_by_the_codec_ratio(codec: str, ratio: float) -> None:
 async def test_a_compressed_push_over_http_is_decoded_and_applied() -> None:
     x, y = task()
     async with ParameterServer(model(), "asp", 1, ServerSettings(lr=0.1)) as server:
-        worker = Worker(0, server.url, model(), batches_of(x, y, 0), "asp", lr=0.1,
+        worker = Worker.connect(0, server.url, model(), batches_of(x, y, 0), "asp", lr=0.1,
                         max_steps=5, compressor=Compressor("topk", 0.05), heartbeat_s=0.5)
         await worker.run()
         assert server.core.store.version == 5

@@ -4,28 +4,29 @@ worker's compute seam, recipe tables."""
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from asyncsync.engine.compute import ThreadedWorkerSeam
+from asyncsync.assembly import build_worker
+from asyncsync.engine import compute
+from asyncsync.engine.compute import ThreadedWorkerSeam, VirtualWorkerSeam
 from asyncsync.hetero.compute import (
     ComputeProfile,
     MovingStraggler,
-    Paced,
     PeriodicStraggler,
     RandomSlowdown,
     Scaled,
     StaticSlowdown,
+    StepCost,
     StepDelay,
     TraceSlowdown,
     build_profile,
+    step_seconds,
 )
-from asyncsync.recipe import ComputeSpec
+from asyncsync.recipe import ComputeSpec, DataSpec, ModelSpec, RunSpec
 from asyncsync.schema import ConfigError, from_mapping
-from asyncsync.trainer import Computed, Trainer
-from tests.helpers import batches_of, tiny_data, tiny_model
 
 
 def assert_pads_by_factor(profile: ComputeProfile, times: list[float]) -> None:
@@ -123,92 +124,99 @@ def test_scaled_multiplies_the_inner_factor_and_stretches_its_padding() -> None:
     assert 0.1 + delayed.padding(0.0, 0.1) == pytest.approx(2.0 * (0.1 + 0.5))
 
 
-def test_paced_padding_targets_base_times_factor() -> None:
-    paced = Paced(StaticSlowdown(2.0), base_step_s=0.05)
-    assert paced.factor_at(3.0) == 2.0
-    assert paced.describe() == "2x paced"
-    # whatever the computation took (below the target), the step lasts 0.05 x 2
-    for compute_s in (0.0, 0.001, 0.03, 0.099):
-        assert compute_s + paced.padding(0.0, compute_s) == pytest.approx(0.1)
-    assert paced.overruns == 0
-    assert paced.padding(0.0, 0.15) == 0.0  # longer than the target: an overrun, no padding
-    assert paced.overruns == 1
-    # a time-varying inner factor: the target follows it
-    straggler = Paced(PeriodicStraggler(worker=0, slow=4.0, duration_s=1.0, period_s=2.0,
-                                        rank=0), base_step_s=0.05)
-    assert 0.01 + straggler.padding(0.5, 0.01) == pytest.approx(0.2)
-    assert 0.01 + straggler.padding(1.5, 0.01) == pytest.approx(0.05)
-    # a step delay inner adds its delay to the paced step
-    delayed = Paced(StepDelay(0.02), base_step_s=0.05)
-    assert 0.01 + delayed.padding(0.0, 0.01) == pytest.approx(0.07)
-    assert delayed.overruns == 0
+def test_a_paced_step_lasts_its_batch_cost_times_the_factor() -> None:
+    cost = StepCost(base_step_s=0.05, reference_batch=8)
+    assert step_seconds(StaticSlowdown(2.0), 3.0, cost, 8) == pytest.approx(0.1)
+    assert step_seconds(StaticSlowdown(2.0), 3.0, cost, 0) == pytest.approx(0.1)  # reference
+    assert step_seconds(StaticSlowdown(2.0), 3.0, cost, 16) == pytest.approx(0.2)
+    assert step_seconds(StaticSlowdown(1.0), 0.0, cost, 4) == pytest.approx(0.025)
+    # a time-varying factor: the duration follows it
+    straggler = PeriodicStraggler(worker=0, slow=4.0, duration_s=1.0, period_s=2.0, rank=0)
+    assert step_seconds(straggler, 0.5, cost, 8) == pytest.approx(0.2)
+    assert step_seconds(straggler, 1.5, cost, 8) == pytest.approx(0.05)
+    # a step delay adds its delay to the paced step
+    assert step_seconds(StepDelay(0.02), 0.0, cost, 8) == pytest.approx(0.07)
+    for base_step_s, reference_batch in ((0.0, 8), (0.1, 0)):
+        with pytest.raises(ValueError, match="must be"):
+            StepCost(base_step_s, reference_batch)
 
 
-def paced_trainer() -> Trainer:
-    x, y = tiny_data()
-    return Trainer(tiny_model(), batches_of(x, y, 0), device="cpu")
+class FakeClock:
+    """Stands in for the seam's clock: real computation takes exactly what `work` says."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def work(self, seconds: float) -> Callable[[], str]:
+        def step() -> str:
+            self.t += seconds
+            return "done"
+
+        return step
 
 
-async def test_paced_steps_last_base_times_factor_and_count_overruns() -> None:
-    trainer = paced_trainer()
-    paced = Paced(StaticSlowdown(2.0), base_step_s=0.05)
-    seam = ThreadedWorkerSeam(paced)
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(compute, "now", fake)
+    return fake
+
+
+async def test_paced_steps_last_base_times_factor_and_count_overruns(clock: FakeClock) -> None:
+    seam = ThreadedWorkerSeam(StaticSlowdown(2.0), cost=StepCost(0.01, 8))
     try:
         seam.start()
-        for _ in range(5):
-            began = time.monotonic()
-            charged = await seam.step(trainer.local_step, 8)
-            elapsed = time.monotonic() - began
-            assert isinstance(charged.result, Computed) and charged.result.samples == 8
-            # the tiny model's real step (~1 ms) is padded to 0.05 x 2; on a busy machine
-            # the step may end late, never early
-            assert charged.seconds == pytest.approx(0.1, abs=1e-6)
-            assert elapsed >= 0.1 - 1e-3
-            assert elapsed < 1.0
-            assert charged.factor > 1.0
-        assert paced.overruns == seam.overruns == 0
-    finally:
-        seam.close()
-
-    # a computation longer than its paced duration runs unpadded and counts as an overrun
-    tight = Paced(StaticSlowdown(1.0), base_step_s=0.05)
-    seam = ThreadedWorkerSeam(tight)
-    try:
-        seam.start()
-        charged = await seam.step(time.sleep, 0.08)
-        assert charged.seconds >= 0.08
+        for real in (0.0, 0.001, 0.015):
+            charged = await seam.step(clock.work(real), batch=8)
+            assert charged.result == "done"
+            assert charged.seconds == pytest.approx(0.02)  # padded to 0.01 x 2
+        assert seam.overruns == 0
+        # a computation longer than its paced duration runs unpadded: an overrun
+        charged = await seam.step(clock.work(0.03), batch=8)
+        assert charged.seconds == pytest.approx(0.03)
         assert charged.factor == pytest.approx(1.0)
-        assert tight.overruns == seam.overruns == 1
-        fitting = await seam.step(time.sleep, 0.0)  # fits its 50 ms: padded, no overrun
-        assert fitting.seconds == pytest.approx(0.05, abs=1e-6)
-        assert tight.overruns == seam.overruns == 1
+        assert seam.overruns == 1
     finally:
         seam.close()
 
 
-async def test_seam_pads_and_reports_the_effective_factor() -> None:
-    trainer = paced_trainer()
+async def test_real_paced_step_time_scales_with_the_batch_like_virtual(
+        clock: FakeClock) -> None:
+    """LB-BSP measures speed as samples per second: in real paced mode a step of twice
+    the recipe's batch must take twice as long, as in virtual time."""
+    spec = RunSpec(name="r", workers=1, model=ModelSpec(name="mlp"),
+                   data=DataSpec(batch_size=8), compute=ComputeSpec(base_step_s=0.01))
+    worker = build_worker(spec, 0, "http://127.0.0.1:9", "run", None)
+    try:
+        worker.seam.start()
+        charged = [await worker.seam.step(clock.work(0.0), batch=b) for b in (4, 8, 16)]
+    finally:
+        worker.seam.close()
+        await worker.transport.close()
+    assert [c.seconds for c in charged] == pytest.approx([0.005, 0.01, 0.02])
+    virtual = VirtualWorkerSeam(StaticSlowdown(1.0), StepCost(0.01, 8))
+    assert [(await virtual.step(clock.work(0.0), batch=b)).seconds
+            for b in (4, 8, 16)] == pytest.approx([0.005, 0.01, 0.02])
+
+
+async def test_seam_pads_and_reports_the_effective_factor(clock: FakeClock) -> None:
     seam = ThreadedWorkerSeam(StepDelay(0.02))
     try:
         seam.start()
-        began = time.monotonic()
-        charged = await seam.step(trainer.local_step, 8)
-        assert time.monotonic() - began >= 0.02 - 1e-3
-        assert charged.seconds >= 0.02
-        real = charged.seconds - 0.02
-        assert real > 0
-        # the factor in force is the padded step over the real one (a ~1 ms step: > 2)
-        assert charged.factor == pytest.approx(charged.seconds / real)
-        assert charged.factor > 1.0
+        charged = await seam.step(clock.work(0.01))
+        assert charged.seconds == pytest.approx(0.03)
+        # the factor in force is the padded step over the real one
+        assert charged.factor == pytest.approx(3.0)
     finally:
         seam.close()
     static = ThreadedWorkerSeam(StaticSlowdown(3.0))
     try:
         static.start()
-        began = time.monotonic()
-        charged = await static.step(time.sleep, 0.01)
-        assert time.monotonic() - began >= 0.03 - 1e-3
-        assert charged.seconds >= 0.03 - 1e-6
+        charged = await static.step(clock.work(0.01))
+        assert charged.seconds == pytest.approx(0.03)
         assert charged.factor == pytest.approx(3.0)
         assert static.overruns == 0
     finally:
@@ -226,9 +234,7 @@ def test_recipe_profile_tables(tmp_path: Path) -> None:
     assert scaled.build(0, 2, 0).factor_at(10.0) == 2.0  # outside the straggling window
     assert scaled.build(1, 2, 0).factor_at(0.0) == 1.0
     assert ComputeSpec(slowdown=[1.0, 2.5]).build(1, 2, 0).factor_at(0.0) == 2.5
-    paced = ComputeSpec(base_step_s=0.1).build(0, 1, 0)
-    assert isinstance(paced, Paced)
-    assert 0.01 + paced.padding(0.0, 0.01) == pytest.approx(0.1)
+    assert ComputeSpec(base_step_s=0.1).build(0, 1, 0).padding(0.0, 0.01) == 0.0
     for table, message in (
         ({"name": "periodic", "worker": -1}, "worker: must be >= 0"),
         ({"name": "zigzag"}, "profile.name: must be one of"),
@@ -252,7 +258,7 @@ class RecordingProfile(ComputeProfile):
 
 
 def test_built_profiles_are_functions_of_run_time() -> None:
-    profile = build_profile({"name": "moving", "factor": 2.0, "dwell_s": 0.05}, 1.0, 0.0,
+    profile = build_profile({"name": "moving", "factor": 2.0, "dwell_s": 0.05}, 1.0,
                             rank=1, workers=2, seed=0)
     assert [profile.factor_at(t) for t in (0.0, 0.049, 0.06, 0.11, 0.16)] == [
         1.0, 1.0, 2.0, 1.0, 2.0]

@@ -202,8 +202,11 @@ async def round_trip(transport: str) -> tuple[Probe, torch.Tensor]:
     initial = core.store.w.clone()
     server = await http.start() if http is not None else LocalTransport(core)
     try:
-        worker = Worker(0, server, bn_cnn(), batches_of(x, y, 0), ECHO, protocol_params=probe,
-                        batch_size=16, device=DEVICE)
+        options: dict[str, Any] = {"protocol_params": probe, "batch_size": 16,
+                                   "device": DEVICE}
+        worker = (Worker.connect(0, server, bn_cnn(), batches_of(x, y, 0), ECHO, **options)
+                  if isinstance(server, str)
+                  else Worker(0, server, bn_cnn(), batches_of(x, y, 0), ECHO, **options))
         probe.trainer = worker.trainer
         await worker.run()
     finally:

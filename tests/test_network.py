@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 
 import pytest
 import torch
 
+from asyncsync.assembly import build_worker, worker_link
+from asyncsync.clock import VirtualTimeLoop
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.hetero import network
 from asyncsync.hetero.network import Link, LinkSpec
-from asyncsync.recipe import NetworkSpec
+from asyncsync.recipe import ModelSpec, NetworkSpec, RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from tests.helpers import tiny_model
@@ -80,21 +83,68 @@ async def test_downlink_paces_pulls() -> None:
     assert abs(seconds - expected) / expected < 0.2, (seconds, expected)
 
 
-async def test_jitter_is_bounded_and_seeded() -> None:
-    async def delays(seed: int) -> list[float]:
-        link = Link(LinkSpec(latency_ms=10, jitter_ms=20), seed=seed)
+def virtual_delays(link: Link, count: int = 8) -> list[float]:
+    """The virtual seconds each of `count` one-way delays of `link` takes."""
+
+    async def measure() -> list[float]:
+        loop = asyncio.get_running_loop()
         out = []
-        for _ in range(8):
-            began = time.monotonic()
+        for _ in range(count):
+            began = loop.time()
             await link.one_way_delay()
-            out.append(time.monotonic() - began)
+            out.append(loop.time() - began)
         return out
 
-    first, again = await delays(3), await delays(3)
-    assert all(0.0095 <= d < 0.045 for d in first), first  # latency + U[0, jitter]
-    assert max(first) - min(first) > 0.004  # the jitter varies
-    assert abs(first[0] - (0.010 + random.Random(3).uniform(0, 20) / 1000)) < 0.01
-    assert all(abs(a - b) < 0.01 for a, b in zip(first, again, strict=True))
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(measure())
+    finally:
+        loop.close()
+
+
+def test_jitter_is_bounded_and_seeded() -> None:
+    def delays(seed: int) -> list[float]:
+        return virtual_delays(Link(LinkSpec(latency_ms=10, jitter_ms=20), seed=seed))
+
+    first = delays(3)
+    draws = random.Random(3)
+    assert first == pytest.approx([0.010 + draws.uniform(0, 20) / 1000 for _ in range(8)])
+    assert all(0.010 <= d <= 0.030 for d in first), first  # latency + U[0, jitter]
+    assert delays(3) == first
+    assert delays(4) != first
+
+
+def real_worker_link(seed: int, rank: int) -> Link | None:
+    """The link `build_worker` gives worker `rank` of a real-clock run seeded `seed`."""
+    spec = RunSpec(name="r", workers=2, seed=seed, model=ModelSpec(name="mlp"),
+                   network=NetworkSpec(latency_ms=5.0, jitter_ms=20.0))
+
+    async def build() -> Link | None:
+        worker = build_worker(spec, rank, "http://127.0.0.1:9", "run", None)
+        await worker.transport.close()
+        worker.seam.close()
+        assert isinstance(worker.transport, HttpTransport)
+        return worker.transport.link
+
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(build())
+    finally:
+        loop.close()
+
+
+def test_real_mode_jitter_follows_the_run_seed_like_virtual_mode() -> None:
+    seeds = {}
+    for seed in (1, 2):
+        link = real_worker_link(seed, rank=1)
+        assert link is not None
+        seeds[seed] = virtual_delays(link)
+        # the same seed rule as a virtual run: seed * 1000 + rank
+        virtual = worker_link(RunSpec(name="r", workers=2, seed=seed,
+                                      network=NetworkSpec(latency_ms=5.0, jitter_ms=20.0)), 1)
+        assert virtual is not None
+        assert virtual_delays(virtual) == seeds[seed]
+    assert seeds[1] != seeds[2]  # repeats with other seeds draw other jitter
 
 
 def test_a_late_wake_up_does_not_slow_the_rest_of_a_transfer(

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from asyncsync.engine.compute import ThreadedWorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
@@ -254,7 +255,7 @@ async def test_degenerate_lbbsp_is_large_batch_sgd(monkeypatch: pytest.MonkeyPat
                recording_batches(2, 0.002, short_every=3)]
     workers = [Worker(rank, LocalTransport(core), tiny_model(), source, "lbbsp",
                       protocol_params=params, lr=lr, momentum=0.0, device="cpu",
-                      slowdown=StaticSlowdown(1.0), max_steps=steps)
+                      seam=ThreadedWorkerSeam(StaticSlowdown(1.0)), max_steps=steps)
                for rank, (source, _) in enumerate(sources)]
     finals = await run_workers(core, workers)
     assert [f["steps"] for f in finals] == [steps] * 3

@@ -8,6 +8,7 @@ transport registers ``http``), so the engine never imports a transport.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,12 +52,14 @@ class Transport(Protocol):
 @dataclass(frozen=True)
 class Dial:
     """How a worker connects: the model's length (bounds replies), its emulated link, the
-    local address to connect from, and the bearer token."""
+    local address to connect from, the bearer token, and the TLS context that verifies
+    an https server (None: the system's trust store)."""
 
     numel: int
     link: Link | None = None
     local_addr: str | None = None
     token: str | None = None
+    tls: ssl.SSLContext | None = None
 
 
 TransportFactory = Callable[[str, Dial], Transport]

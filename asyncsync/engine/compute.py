@@ -5,9 +5,9 @@ math and evaluation. Real mode (here): a worker computes in one dedicated thread
 event loop keeps moving bytes meanwhile, and its emulated slowness is padding slept on
 the loop after each real step (counted as computation); the server runs small models'
 vector math inline and large ones, and every evaluation, in threads. Virtual mode: the
-same math runs inline (it costs no virtual time) and each local step is charged
-``base_step_s x the slowdown at that instant``, scaled by its batch size, as an asyncio
-sleep on the virtual clock.
+same math runs inline (it costs no virtual time). A paced step (virtual mode always, real
+mode with a `StepCost`) lasts `asyncsync.hetero.compute.step_seconds`, the one step-time
+rule of both clocks; virtual mode charges it as an asyncio sleep on the virtual clock.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from asyncsync.clock import Stopwatch, now
-from asyncsync.hetero.compute import ComputeProfile
+from asyncsync.hetero.compute import ComputeProfile, StepCost, step_seconds
 
 T = TypeVar("T")
 INLINE_NUMEL = 1 << 18
@@ -72,16 +72,20 @@ class ServerSeam(Protocol):
 
 
 class ThreadedWorkerSeam:
-    """Real mode: one compute thread; slowness padding is an asyncio sleep after the step."""
+    """Real mode: one compute thread; slowness padding is an asyncio sleep after the step.
 
-    def __init__(self, profile: ComputeProfile, name: str = "asyncsync-compute") -> None:
+    Without a `cost`, a step is its real computation padded by the profile; with one
+    (paced mode), it lasts `step_seconds` whatever the computation took, unless the
+    computation alone is longer (an overrun: counted, not padded).
+    """
+
+    def __init__(self, profile: ComputeProfile, name: str = "asyncsync-compute",
+                 cost: StepCost | None = None) -> None:
         self.profile = profile
+        self.cost = cost
+        self.overruns = 0
         self.run_time = Stopwatch()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
-
-    @property
-    def overruns(self) -> int:
-        return self.profile.overruns
 
     def start(self) -> None:
         self.run_time.start()
@@ -94,7 +98,13 @@ class ThreadedWorkerSeam:
         result = await self.math(fn, *args)
         real = now() - began
         t = self.run_time.elapsed()
-        pad = self.profile.padding(t, real)
+        if self.cost is None:
+            pad = self.profile.padding(t, real)
+        else:
+            pad = step_seconds(self.profile, t, self.cost, batch) - real
+            if pad < 0:
+                self.overruns += 1
+                pad = 0.0
         if pad > 0:
             await asyncio.sleep(pad)
         factor = (real + pad) / real if real > 0 else self.profile.factor_at(t)
@@ -129,15 +139,11 @@ class ThreadedServerSeam:
 
 class VirtualWorkerSeam:
     """Virtual mode: real math inline; a step of `batch` samples is charged
-    ``base_step_s * batch / reference_batch`` padded by the profile, in virtual seconds."""
+    `step_seconds` (its `StepCost` padded by the profile), in virtual seconds."""
 
-    def __init__(self, profile: ComputeProfile, base_step_s: float,
-                 reference_batch: int) -> None:
-        if base_step_s <= 0:
-            raise ValueError(f"base_step_s must be > 0, got {base_step_s}")
+    def __init__(self, profile: ComputeProfile, cost: StepCost) -> None:
         self.profile = profile
-        self.base_step_s = base_step_s
-        self.reference_batch = reference_batch
+        self.cost = cost
         self.run_time = Stopwatch()
         self.overruns = 0
 
@@ -149,11 +155,9 @@ class VirtualWorkerSeam:
 
     async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
         result = fn(*args)
-        base = self.base_step_s * (batch / self.reference_batch if batch else 1.0)
-        t = self.run_time.elapsed()
-        seconds = base + self.profile.padding(t, base)
+        seconds = step_seconds(self.profile, self.run_time.elapsed(), self.cost, batch)
         await asyncio.sleep(seconds)
-        return Charged(result, seconds, seconds / base)
+        return Charged(result, seconds, seconds / self.cost.base_s(batch))
 
     def close(self) -> None:
         """Nothing to release."""

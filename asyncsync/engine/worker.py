@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ from asyncsync.compression import COMPRESSED_KINDS, Compressor
 from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
-from asyncsync.hetero.network import Link, LinkSpec
+from asyncsync.hetero.network import Link
 from asyncsync.metrics import JsonlLog, WorkerMetrics
 from asyncsync.protocols.base import NotInRun, OutOfStep, Protocol, RunStopped, get_protocol
 from asyncsync.protocols.ports import StepResult
@@ -194,6 +195,15 @@ class WorkerContext:
 
 
 
+def model_numel(model: nn.Module) -> int:
+    """The length of `model`'s flat vector (parameters, then floating buffers), as its
+    trainer lays it out: the most elements a reply vector may have."""
+    params = sum(p.numel() for p in model.parameters())
+    return params + sum(buf.numel() for owner in model.modules()
+                        for buf in owner.buffers(recurse=False)
+                        if buf is not None and buf.is_floating_point())
+
+
 def cycle_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> BatchSource:
     """Adapt an iterable of ``(inputs, targets)`` (e.g. a DataLoader) to a batch source.
 
@@ -213,11 +223,12 @@ def cycle_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Batch
 
 
 class Worker:
-    """One worker of a run.
+    """One worker of a run, talking to its server through `transport`.
 
     Args:
         rank: this worker's rank in ``0..workers-1``.
-        server: the server's base URL, or a `Transport` (e.g. `LocalTransport`).
+        transport: how it reaches the server: a `LocalTransport` in one process, or an
+            HTTP one (`Worker.connect` dials a URL).
         model: the local model (same architecture as the server's).
         batches: a callable ``batch_size -> (inputs, targets)`` or an iterable of batches
             (not for protocols that resize batches, e.g. lbbsp).
@@ -225,16 +236,12 @@ class Worker:
         run_id: must match the server's.
         lr, momentum, weight_decay: local SGD settings.
         batch_size: default local batch size.
-        slowdown: a factor (>= 1) or a compute profile from `asyncsync.hetero.compute`.
         max_steps: stop after this many local steps (None: until the server stops).
-        link: emulated bandwidth/latency of this worker's link (URL servers only; give a
-            `LocalTransport` its own `Link`).
-        local_addr: the local address to connect from (URL servers only).
-        token: the server's bearer token (URL servers only).
         heartbeat_s: seconds between heartbeats (keep well under the server's timeout).
         max_rejoins: give up after rejoining this many times.
         log_path: a JSONL file for this worker's spans and totals.
-        seam: the compute seam (default: a compute thread with `slowdown`'s padding).
+        seam: how it computes and what a step is charged (default: a compute thread, no
+            slowdown; see `asyncsync.engine.compute`).
         compressor: encodes this worker's gradient and delta pushes (None: float32; see
             `asyncsync.compression`).
     """
@@ -242,7 +249,7 @@ class Worker:
     def __init__(
         self,
         rank: int,
-        server: str | Transport,
+        transport: Transport,
         model: nn.Module,
         batches: BatchSource | Iterable[tuple[torch.Tensor, torch.Tensor]],
         protocol: str | Protocol = "bsp",
@@ -254,12 +261,8 @@ class Worker:
         weight_decay: float = 0.0,
         loss_fn: LossFn | None = None,
         batch_size: int = 32,
-        slowdown: float | ComputeProfile = 1.0,
         device: str = "auto",
         max_steps: int | None = None,
-        link: LinkSpec | None = None,
-        local_addr: str | None = None,
-        token: str | None = None,
         heartbeat_s: float = 2.0,
         max_rejoins: int = 20,
         log_path: Path | None = None,
@@ -284,17 +287,36 @@ class Worker:
                              "(batch_size -> (inputs, targets))")
         else:
             source = cycle_batches(batches)
-        profile = StaticSlowdown(slowdown) if isinstance(slowdown, int | float) else slowdown
         extra = {} if loss_fn is None else {"loss_fn": loss_fn}
         self.trainer = Trainer(model, source, lr, momentum, weight_decay, device=device,
                                **extra)
-        self.seam = seam or ThreadedWorkerSeam(profile, f"asyncsync-compute-{rank}")
-        shaped = Link(link, seed=rank) if link is not None and link.shaped else None
-        self.transport = (connect(server, Dial(self.trainer.numel, shaped, local_addr, token))
-                          if isinstance(server, str) else server)
+        self.seam = seam or ThreadedWorkerSeam(StaticSlowdown(1.0), f"asyncsync-compute-{rank}")
+        self.transport = transport
         self.metrics = WorkerMetrics(JsonlLog(log_path))
         self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.seam,
                                  self.metrics, batch_size, max_steps, compressor)
+
+    @classmethod
+    def connect(cls, rank: int, url: str, model: nn.Module,
+                batches: BatchSource | Iterable[tuple[torch.Tensor, torch.Tensor]],
+                protocol: str | Protocol = "bsp", *, link: Link | None = None,
+                local_addr: str | None = None, token: str | None = None,
+                tls: ssl.SSLContext | None = None, slowdown: float | ComputeProfile = 1.0,
+                **options: Any) -> Worker:
+        """A worker of the server at `url` (e.g. ``http://127.0.0.1:8470``).
+
+        Args:
+            link: an emulated link for its messages (`asyncsync.hetero.network.Link`).
+            local_addr: the local address to connect from.
+            token: the server's bearer token.
+            tls: the context that verifies an https server (None: the system's store).
+            slowdown: a factor (>= 1) or a compute profile (`asyncsync.hetero.compute`).
+            options: the keyword arguments of `Worker` (all but `seam`).
+        """
+        profile = StaticSlowdown(slowdown) if isinstance(slowdown, int | float) else slowdown
+        dial = Dial(model_numel(model), link, local_addr, token, tls)
+        return cls(rank, connect(url, dial), model, batches, protocol,
+                   seam=ThreadedWorkerSeam(profile, f"asyncsync-compute-{rank}"), **options)
 
     async def run(self) -> dict[str, Any]:
         """Join, run the protocol's loop until the run stops, leave; returns final totals.

@@ -1,7 +1,7 @@
 """HTTP client transport: one long-lived `aiohttp.ClientSession` per worker.
 
 Over https the server's certificate is verified against the system's trust store, or with
-the context registered for that server with `trust` (e.g. one trusting a private CA).
+the context the worker's `Dial` carries (e.g. `client_tls`, trusting a private CA).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import asyncio
 import ssl
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import torch
@@ -50,20 +49,6 @@ def client_tls(cafile: str | Path) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(cafile))
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
-
-
-_TRUSTED: dict[tuple[str, int], ssl.SSLContext] = {}
-
-
-def _origin(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    return parts.hostname or "", parts.port or 443
-
-
-def trust(url: str, tls: ssl.SSLContext) -> None:
-    """Verify the https server at `url` (its host and port) with `tls` (e.g. `client_tls`)
-    instead of the system's trust store, in every transport dialled to it from now on."""
-    _TRUSTED[_origin(url)] = tls
 
 
 class HttpTransport:
@@ -172,9 +157,9 @@ class HttpTransport:
 
 def dial_http(url: str, dial: Dial) -> HttpTransport:
     """The HTTP transport for a worker, as `asyncsync.engine.channel.connect` makes it
-    (verifying its server with the context registered with `trust`, if any)."""
+    (verifying an https server with the dial's TLS context, if it has one)."""
     return HttpTransport(url, dial.numel, link=dial.link, local_addr=dial.local_addr,
-                         token=dial.token, tls=_TRUSTED.get(_origin(url)))
+                         token=dial.token, tls=dial.tls)
 
 
 register_scheme("http", dial_http)
