@@ -16,12 +16,22 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from asyncsync.comparison import is_baseline
 from asyncsync.data import DatasetMissing
 from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.launch import DEFAULT_PORT, from_environ
 from asyncsync.protocols import discover
 from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
-from asyncsync.report import find_runs, make_console, publish, recipe_baseline, summarize_run
+from asyncsync.report import (
+    LogError,
+    find_reports,
+    make_console,
+    pool_problem,
+    publish,
+    recipe_baseline,
+    summarize_run,
+)
+from asyncsync.runlogs import label
 from asyncsync.schema import ConfigError, describe
 from asyncsync.transport.http_client import TlsFailure
 
@@ -59,7 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--baseline", default=None, help="run to compare against "
                         "(name or recipe/name; default: the recipe's baseline)")
     report.add_argument("--out", type=Path, default=None,
-                        help="where to write table.csv and plots (default: the first DIR)")
+                        help="where to write table.csv and plots (default: the study's "
+                             "directory, else the first DIR)")
+    report.add_argument("--all", action="store_true",
+                        help="report every study under the DIRs separately (default: the "
+                             "latest study of each recipe)")
 
     for name, text in (("server", "start the parameter server of one run"),
                        ("worker", "start one worker of one run"),
@@ -124,13 +138,19 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
 
     recipe = load_recipe(args.recipe)
     spec = _node_spec(recipe, args)
+    if args.log_dir is not None:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
     server = build_server(spec, args.run_id or f"{recipe.name}/{spec.name}", args.log_dir,
                           host, port)
     if args.resume:
         if args.log_dir is None:
             raise ConfigError("--resume needs --log-dir (where the checkpoint is)")
         server.core.resume(checkpoint_file(args.log_dir))
-    url = await server.start()
+    try:
+        url = await server.start()
+    except OSError as exc:
+        await server.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     if args.port_file:
         tmp = args.port_file.with_suffix(".tmp")
         tmp.write_text(str(server.port))
@@ -157,6 +177,8 @@ async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
 
     recipe = load_recipe(args.recipe)
     spec = _node_spec(recipe, args)
+    if args.log_dir is not None:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
     if getattr(args, "server", None) is None and (spec.tls.cert or spec.tls.ca):
         url = "https://" + url.removeprefix("http://")  # built from launcher variables
     worker = build_worker(spec, rank, url, args.run_id or f"{recipe.name}/{spec.name}",
@@ -178,7 +200,10 @@ async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
 
 def _node(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     """The coroutine of a server, worker or launch command, with launcher defaults."""
-    env = from_environ(os.environ)
+    try:
+        env = from_environ(os.environ)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if args.command == "server":
         port = args.port if args.port is not None else env.master_port
         return _serve(args, args.host, port)
@@ -205,6 +230,30 @@ def _protocols(console: Console) -> None:
         console.print(f"[bold]{name}[/bold]: {proto.summary}")
         for field_name, default, text in describe(proto.params):
             console.print(f"    {field_name} = {default!r}" + (f"  ({text})" if text else ""))
+
+
+def _report(args: argparse.Namespace, console: Console) -> int:
+    """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all)."""
+    reports, notes = find_reports(args.dirs, every=args.all)
+    for note in notes:
+        console.print(note, highlight=False)
+    for run_dirs in reports:
+        summaries = [summarize_run(d) for d in run_dirs]
+        problem = pool_problem(run_dirs, summaries)
+        if problem:
+            raise LogError(problem)
+        names = {s["run"] for s in summaries} | {label(s) for s in summaries}
+        baseline = args.baseline or recipe_baseline(run_dirs[0]) or summaries[0]["run"]
+        if not any(is_baseline(s, baseline) for s in summaries):
+            raise ConfigError(f"--baseline {baseline}: no such run; runs are "
+                              f"{', '.join(sorted(names))}")
+        studies = {d.parent for d in run_dirs}
+        out = args.out or (studies.pop() if len(studies) == 1 else args.dirs[0])
+        if args.all and args.out:
+            out = args.out / run_dirs[0].parent.name
+        publish(run_dirs, summaries, baseline, out, console,
+                title=summaries[0]["recipe"] if len(studies) <= 1 else "")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,18 +284,17 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"worker-token needs the run token in {TOKEN_ENV}")
             print(worker_token(run_token))
         elif args.command == "report":
-            run_dirs = find_runs(args.dirs)
-            if not run_dirs:
-                console.print("no run directories (with recipe.json and events.jsonl) found")
-                return 1
-            summaries = [summarize_run(d) for d in run_dirs]
-            baseline = args.baseline or recipe_baseline(run_dirs[0]) or summaries[0]["run"]
-            publish(run_dirs, summaries, baseline, args.out or args.dirs[0], console)
+            return _report(args, console)
         else:
             torch.set_num_threads(1)
             asyncio.run(_node(args))
-    except (ConfigError, DatasetMissing, CheckpointError, TlsFailure) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
+    except (ConfigError, DatasetMissing, CheckpointError, TlsFailure, LogError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    except OSError as exc:  # a file or directory the command could not use
+        where = f"{exc.filename}: " if exc.filename else ""
+        console.print(f"[red]error:[/red] {where}{exc.strerror or exc}", highlight=False,
+                      soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -269,14 +269,90 @@ _MEASURE = Console(width=10_000, file=io.StringIO())
 """Measures a table's natural width, whatever the terminal's."""
 
 
-def find_runs(dirs: list[Path]) -> list[Path]:
-    """Run directories (holding events.jsonl and recipe.json) at or under `dirs`: a recipe,
-    a timestamp or a run directory each."""
-    found: list[Path] = []
+def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]], list[str]]:
+    """The run directories to report, and notes on what was left out.
+
+    Each DIR is a recipe, timestamp (study) or run directory, or a log root. Where a DIR
+    holds several studies of one recipe, only the latest is taken (a note says so), and
+    all the DIRs make one report; with `every`, each study is a report of its own.
+
+    Raises:
+        LogError: a DIR that does not exist or holds no run logs.
+    """
+    reports: list[list[Path]] = [[]]
+    notes = []
     for root in dirs:
-        runs = [e.parent for e in root.rglob("events.jsonl") if (e.parent / "recipe.json").exists()]
-        found += sorted((r for r in runs if r not in found), key=_recipe_order)
-    return found
+        if not root.is_dir():
+            raise LogError(f"{root}: no such directory")
+        studies: dict[Path, list[Path]] = {}
+        for events in root.rglob("events.jsonl"):
+            if (events.parent / "recipe.json").exists():
+                studies.setdefault(events.parent.parent, []).append(events.parent)
+        if not studies:
+            raise LogError(f"{root}: no run logs (directories with recipe.json and "
+                           "events.jsonl) under it")
+        latest = {study.parent: study for study in sorted(studies)}  # timestamps sort
+        chosen = sorted(studies) if every else sorted(latest.values())
+        if len(chosen) < len(studies):
+            notes.append(f"{root} holds {len(studies)} studies: reporting the latest, "
+                         f"{', '.join(str(c) for c in chosen)} (--all: each one separately)")
+        for study in chosen:
+            runs = sorted(studies[study], key=_recipe_order)
+            if every:
+                reports.append(runs)
+            else:
+                reports[0] += [r for r in runs if r not in reports[0]]
+    return [r for r in reports if r], notes
+
+
+def pool_problem(run_dirs: list[Path], summaries: list[dict[str, Any]]) -> str | None:
+    """Why these runs cannot share one table, or None: different clocks or budgets at one
+    sweep point, one run (and repeat) from two studies, or one run with different
+    resolved settings."""
+    for key, what in (("clock", "clocks"), ("time_s", "budgets (stop.time_s)")):
+        seen: dict[str, dict[Any, str]] = {}
+        for s in summaries:
+            seen.setdefault(sweep_suffix(s.get("sweep") or {}), {}).setdefault(
+                s.get(key), label(s))
+        for values in seen.values():
+            if len(values) > 1:
+                pairs = ", ".join(f"{name} {value}" for value, name in values.items())
+                return (f"cannot pool runs with different {what} ({pairs}): their times "
+                        "are not comparable; report each study separately (--all)")
+    where: dict[tuple[str, Any], Path] = {}
+    specs: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for run_dir, s in zip(run_dirs, summaries, strict=True):
+        run = (label(s), s.get("repeat", 0))
+        if run in where:
+            return (f"{run[0]} (repeat {run[1]}) is in two studies, {where[run].parent} and "
+                    f"{run_dir.parent}: report one of them, or each separately (--all)")
+        where[run] = run_dir
+        spec = _settings(run_dir)
+        first = specs.setdefault(run[0], (run_dir, spec))
+        differ = sorted(k for k in spec.keys() | first[1].keys()
+                        if spec.get(k) != first[1].get(k))
+        if differ:
+            k = differ[0]
+            return (f"{run[0]} ran with different settings in {first[0].parent} and "
+                    f"{run_dir.parent} ({k}: {first[1].get(k)!r} vs {spec.get(k)!r}): "
+                    "report each study separately (--all)")
+    return None
+
+
+def _settings(run_dir: Path) -> dict[str, Any]:
+    """A run's resolved settings as dotted keys, without its seed."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            flat[prefix.rstrip(".")] = value
+
+    walk("", json.loads((run_dir / "recipe.json").read_text())["runs"][0])
+    flat.pop("seed", None)
+    return flat
 
 
 def _recipe_order(run_dir: Path) -> tuple[str, int, str]:

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from asyncsync import plots
-from asyncsync.report import find_runs, publish, summarize_run
+from asyncsync.report import find_reports, publish, summarize_run
 
 
 def fake_run(root: Path, recipe: str, name: str, protocol: str, accuracies: list[float],
@@ -61,7 +61,8 @@ def test_a_lucky_evaluation_does_not_make_the_smoothed_time_to_target(tmp_path: 
 def test_report_across_recipes_writes_csv_and_plots(tmp_path: Path) -> None:
     slow = fake_run(tmp_path, "a", "slow", "bsp", [0.1, 0.2, 0.3, 0.5])
     fast = fake_run(tmp_path, "b", "fast", "asp", [0.1, 0.5, 0.6])
-    runs = find_runs([tmp_path / "a", fast])
+    (runs,), notes = find_reports([tmp_path / "a", fast])
+    assert notes == []
     assert runs == [slow, fast]
     console = Console(record=True, width=200)
     files = publish(runs, [summarize_run(r) for r in runs], "a/slow", tmp_path / "out",

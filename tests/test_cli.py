@@ -1,0 +1,172 @@
+"""The CLI answers every user mistake with one ``error:`` line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncsync.cli import main
+from tests.test_report import fake_run
+
+ROOT = Path(__file__).parent.parent
+QUICKSTART = str(ROOT / "recipes" / "quickstart.toml")
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "asyncsync", *args], cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "120", **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_error(done: subprocess.CompletedProcess[str] | tuple[int, str]) -> str:
+    """The single ``error:`` line of a refused command (no traceback)."""
+    code, out = (done.returncode, done.stdout + done.stderr) if isinstance(
+        done, subprocess.CompletedProcess) else done
+    assert code == 2, out
+    assert "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out
+    return " ".join(lines[0].split())
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def with_settings(run_dir: Path, **settings: object) -> Path:
+    """Give a fake run's resolved recipe these top-level or stop settings."""
+    path = run_dir / "recipe.json"
+    recipe = json.loads(path.read_text())
+    spec = recipe["runs"][0]
+    for key, value in settings.items():
+        if key == "time_s":
+            spec["stop"]["time_s"] = value
+        else:
+            spec[key] = value
+    path.write_text(json.dumps(recipe))
+    return run_dir
+
+
+def test_report_on_a_missing_path_says_so(capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    assert one_error(run_main(capsys, "report", str(missing))) == \
+        f"error: {missing}: no such directory"
+
+
+def test_report_on_a_directory_without_runs(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    assert one_error(run_main(capsys, "report", str(tmp_path))).startswith(
+        f"error: {tmp_path}: no run logs")
+
+
+def test_report_on_a_broken_run_log(capsys: pytest.CaptureFixture[str],
+                                    tmp_path: Path) -> None:
+    run_dir = tmp_path / "stamp" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "recipe.json").write_text("{}")
+    (run_dir / "events.jsonl").write_text("")
+    assert one_error(run_main(capsys, "report", str(run_dir))) == (
+        f"error: {run_dir}: not a run's log directory (recipe.json: KeyError: 'runs')")
+
+
+def test_report_with_an_unknown_baseline(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: Path) -> None:
+    fake_run(tmp_path, "r", "slow", "bsp", [0.1, 0.6])
+    assert one_error(run_main(capsys, "report", str(tmp_path), "--baseline", "nope")) == (
+        "error: --baseline nope: no such run; runs are r/slow, slow")
+
+
+def test_report_of_a_recipe_directory_takes_its_latest_study(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    old = fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.2, 0.3])
+    new = tmp_path / "r" / "20260102-000000" / "bsp"
+    old.parent.rename(new.parent)
+    fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6])  # the older study, again
+    code, out = run_main(capsys, "report", str(tmp_path / "r"))
+    assert code == 0, out
+    assert f"reporting the latest, {new.parent}" in " ".join(out.split())
+    assert (new.parent / "table.csv").exists()
+    assert not (old.parent / "table.csv").exists()
+    code, out = run_main(capsys, "report", str(tmp_path / "r"), "--all")
+    assert code == 0 and out.count("r: comparison (baseline bsp)") == 2, out
+    assert (old.parent / "table.csv").exists()
+
+
+def test_report_refuses_to_pool_different_clocks(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    with_settings(fake_run(tmp_path, "a", "bsp", "bsp", [0.1, 0.6]), clock="real")
+    with_settings(fake_run(tmp_path, "b", "asp", "asp", [0.6]), clock="virtual")
+    assert one_error(run_main(capsys, "report", str(tmp_path / "a"), str(tmp_path / "b"),
+                              "--baseline", "a/bsp")) == (
+        "error: cannot pool runs with different clocks (a/bsp real, b/asp virtual): their "
+        "times are not comparable; report each study separately (--all)")
+
+
+def test_report_refuses_to_pool_different_budgets(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    with_settings(fake_run(tmp_path, "a", "bsp", "bsp", [0.1, 0.6]), time_s=60)
+    with_settings(fake_run(tmp_path, "b", "asp", "asp", [0.6]), time_s=20)
+    assert "different budgets (stop.time_s) (a/bsp 60, b/asp 20)" in one_error(
+        run_main(capsys, "report", str(tmp_path / "a"), str(tmp_path / "b"),
+                 "--baseline", "a/bsp"))
+
+
+def test_report_refuses_one_run_from_two_studies(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    first = fake_run(tmp_path / "x", "r", "bsp", "bsp", [0.1, 0.6])
+    second = fake_run(tmp_path / "y", "r", "bsp", "bsp", [0.1, 0.2, 0.6])
+    assert one_error(run_main(capsys, "report", str(first.parent), str(second.parent))) == (
+        f"error: r/bsp (repeat 0) is in two studies, {first.parent} and {second.parent}: "
+        "report one of them, or each separately (--all)")
+
+
+def test_report_refuses_one_run_with_different_settings(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    first = with_settings(fake_run(tmp_path / "x", "r", "bsp", "bsp", [0.6], repeat=0),
+                          workers=2)
+    second = with_settings(fake_run(tmp_path / "y", "r", "bsp", "bsp", [0.6], repeat=1),
+                           workers=3)
+    assert one_error(run_main(capsys, "report", str(first.parent), str(second.parent))) == (
+        f"error: r/bsp ran with different settings in {first.parent} and {second.parent} "
+        "(workers: 2 vs 3): report each study separately (--all)")
+
+
+def test_a_port_in_use_is_one_line_and_the_log_dir_is_created(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        log_dir = tmp_path / "logs" / "n"
+        done = cli("server", "--recipe", QUICKSTART, "--run", "bsp", "--port", str(port),
+                   "--log-dir", str(log_dir))
+    assert one_error(done).startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    assert log_dir.is_dir()
+
+
+def test_a_bad_launcher_variable_is_one_line() -> None:
+    done = cli("server", "--recipe", QUICKSTART, "--run", "bsp", env={"MASTER_PORT": "abc"})
+    assert one_error(done) == "error: MASTER_PORT='abc' is not an integer"
+
+
+def test_a_missing_recipe_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert one_error(run_main(capsys, "check", "nowhere.toml")) == (
+        "error: cannot read recipe nowhere.toml: No such file or directory")
+
+
+def test_an_unwritable_log_root_is_one_line(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    error = one_error(run_main(capsys, "run", QUICKSTART, "--logs", str(blocker), "--plain",
+                              "--set", "stop.time_s=1"))
+    assert error.startswith(f"error: {blocker / 'quickstart'}/")
+    assert error.endswith(": Not a directory")
