@@ -84,6 +84,7 @@ class ServerCore:
         optimizer = FlatSGD(settings.lr, settings.momentum, settings.weight_decay)
         self.store = ParameterStore(vector, workers, optimizer, num_params, seam)
         self.rule: ServerRule = protocol.server(protocol_params, self.store)
+        self.store.keep_state_of(self.rule)
         self.workers = [WorkerRecord() for _ in range(workers)]
         self.events = events or JsonlLog(None)
         self.run = RunLifecycle(settings, self.store, self.rule, self.events, evaluator,

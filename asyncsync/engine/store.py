@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Set
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
@@ -27,8 +29,10 @@ from asyncsync.protocols.base import (
     NotInRun,
     Reply,
     RunStopped,
+    ServerRule,
     Unacceptable,
     all_finite,
+    unchanged_if_refused,
 )
 from asyncsync.protocols.ports import Contributions
 
@@ -61,6 +65,37 @@ class StalenessStats:
         return self.total / self.count if self.count else 0.0
 
 
+class RuleLock(asyncio.Lock):
+    """The store's lock, which makes a rule's refusals change nothing of its state.
+
+    Rules hold it while they read and commit; each hold takes a snapshot of `rule`'s
+    state, put back when a `Refused` leaves the lock (`unchanged_if_refused`).
+
+    Attributes:
+        rule: the rule whose state is kept (None: nothing is kept).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rule: ServerRule | None = None
+        self._guard: AbstractContextManager[None] | None = None
+
+    async def __aenter__(self) -> None:
+        await super().__aenter__()
+        if self.rule is not None:
+            self._guard = unchanged_if_refused(self.rule)
+            self._guard.__enter__()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        guard, self._guard = self._guard, None
+        try:
+            if guard is not None:
+                guard.__exit__(kind, exc, traceback)
+        finally:
+            await super().__aexit__(kind, exc, traceback)
+
+
 class ParameterStore:
     """The global vector and its versions; the only way a rule changes the model.
 
@@ -83,7 +118,8 @@ class ParameterStore:
         self.seam = seam or ThreadedServerSeam(self.numel)
         # a round holds one push per worker: keep that many warm for the next round
         self.buffers = VectorPool(keep=workers + 2, track=2 * workers + 8)
-        self.lock = asyncio.Lock()
+        self._lock = RuleLock()
+        self.lock: asyncio.Lock = self._lock
         self.stopping = False
         self.commits: deque[Commit] = deque(maxlen=HISTORY)
         self.staleness = StalenessStats()
@@ -92,6 +128,10 @@ class ParameterStore:
         self.blocked_s: dict[int, float] = {}
         self.run_time = Stopwatch()
         self._changed = asyncio.Event()
+
+    def keep_state_of(self, rule: ServerRule) -> None:
+        """Make a `Refused` raised under the lock put `rule`'s state back (`RuleLock`)."""
+        self._lock.rule = rule
 
     @property
     def live(self) -> Set[int]:

@@ -24,6 +24,13 @@ tensor refers to it any more, so keeping a reference is all it takes to keep a v
 dropping the last one gives it back. A rule must not write into ``store.w`` (it may still
 be streaming to a reader); it makes new tensors.
 
+Rule state (`ServerRule.state_dict`) follows the same rule: its tensors are replaced,
+never written in place, so a snapshot of the mapping is a copy of the state. A refused
+update changes none of it, whatever the rule does before the refusal: the engine takes a
+snapshot whenever a rule takes ``store.lock`` and puts it back (`load_state_dict`) when a
+`Refused` leaves the lock, and a round whose result is refused is undone the same way
+(`unchanged_if_refused`).
+
 Beside this file and `ports.py`, the SDK offers `rounds.py` (the round barrier),
 `overlap.py` (background exchanges), `server_optim.py` (server optimizers for aggregated
 deltas: FedOpt's seam) and `staleness.py` (staleness functions of asynchronous
@@ -37,6 +44,8 @@ import importlib
 import math
 import pkgutil
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -66,7 +75,7 @@ __all__ = [
     "HISTORY", "BadRequest", "Context", "FlatSGD", "Forbidden", "NoParams", "NotInRun",
     "OutOfStep", "Protocol", "Pull", "Push", "Refused", "Reply", "RunStopped", "ServerRule",
     "StepResult", "Store", "Unacceptable", "WorkerLoop", "all_finite", "brief", "check_fields",
-    "get_protocol", "option", "register", "require", "require_count",
+    "get_protocol", "option", "register", "require", "require_count", "unchanged_if_refused",
 ]
 
 HISTORY = 256
@@ -141,11 +150,27 @@ class ServerRule(ABC):
         from the current global model and version."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Rule state worth a checkpoint (e.g. an outer optimizer's momentum)."""
+        """Rule state worth a checkpoint (e.g. an outer optimizer's momentum): the rule's
+        own tensors, which it replaces and never writes in place."""
         return {}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027
-        """Restore what `state_dict` returned, after the store holds the resumed model."""
+        """Restore what `state_dict` returned, after the store holds the resumed model;
+        raises `ValueError` naming the entry when `state` does not fit this rule."""
+
+
+@contextmanager
+def unchanged_if_refused(rule: ServerRule) -> Iterator[None]:
+    """Run a block that may change `rule`'s state; when it raises a `Refused`, put back
+    the state (`ServerRule.state_dict`) it started from, so the refusal changes nothing."""
+    saved = rule.state_dict()
+    try:
+        yield
+    except Refused:
+        now = rule.state_dict()
+        if now.keys() != saved.keys() or any(now[k] is not v for k, v in saved.items()):
+            rule.load_state_dict(saved)
+        raise
 
 
 class WorkerLoop(ABC):

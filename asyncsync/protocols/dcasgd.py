@@ -72,9 +72,13 @@ class DcasgdParams:
 
 def compensate(gradient: torch.Tensor, w: torch.Tensor, pulled: torch.Tensor, lam: float,
                num_params: int) -> torch.Tensor:
-    """``g + lam * g * g * (w - pulled)`` on the parameter slots, in place in `gradient`."""
+    """``g + lam * g * g * (w - pulled)`` on the parameter slots, in place in `gradient`.
+
+    Multiplied as ``g * (g * (w - pulled))``, so a slot that did not move adds exactly 0
+    (never ``inf * 0``) however large its gradient.
+    """
     g = gradient[:num_params]
-    g.add_(g * g * (w[:num_params] - pulled[:num_params]), alpha=lam)
+    g.add_(g * (g * (w[:num_params] - pulled[:num_params])), alpha=lam)
     return gradient
 
 
@@ -113,7 +117,7 @@ class DcasgdServer(ServerRule):
             gradient = push.vector
             if pulled is None:
                 self.uncompensated += 1
-            else:
+            elif push.base_version != self.store.version:  # staleness 0: nothing to add
                 gradient = await self.store.compute(compensate, gradient, self.store.w, pulled,
                                                     self.params.lam, self.store.num_params)
             await self.store.apply_gradient(gradient, [(push.worker, push.base_version)])

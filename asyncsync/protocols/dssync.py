@@ -47,6 +47,7 @@ from asyncsync.protocols.base import (
     Reply,
     ServerRule,
     WorkerLoop,
+    all_finite,
     brief,
     check_fields,
     option,
@@ -152,7 +153,13 @@ class DsSyncServer(ServerRule):
             del self._slots[iteration, group]
 
     async def _average(self, iteration: int, pushes: dict[int, Push]) -> None:
-        """Answer the members with their mean; fold it into the mean of the latest models."""
+        """Answer the members with their mean; fold it into the mean of the latest models.
+
+        The consensus is committed before any of the rule's state changes, so a commit the
+        store refused would leave the group state as it was. The consensus is the mean of
+        finite models: when the incremental update overflows on the way, it is recomputed
+        as that mean, so finite pushes always make a finite version.
+        """
         members = tuple(sorted(pushes))
         vectors = [pushes[m].vector for m in members]
         present = frozenset(self.store.live) or frozenset(members)
@@ -166,20 +173,22 @@ class DsSyncServer(ServerRule):
                 for m in members:
                     if m in present:
                         change.add_(mean).sub_(latest[m])
-                return mean, w.add(change, alpha=1.0 / len(present))
+                consensus = w.add(change, alpha=1.0 / len(present))
+                if all_finite(consensus):
+                    return mean, consensus
             for m in members:
                 latest[m] = mean
             return mean, average([latest[j] for j in sorted(present)])
 
         mean, consensus = await self.store.compute(mean_and_consensus)
-        version = self.store.version + 1
         behind = tuple(j for j in sorted(self.store.live) if self._pushed[j] <= iteration)
+        self.store.commit(consensus, [(m, pushes[m].base_version) for m in members])
+        version = self.store.version
         for m in members:
             self._latest[m] = mean
             self._results[m] = (iteration, mean, version, members)
         self._averaged = present
         self.averages.append(GroupAverage(iteration, members, version, behind))
-        self.store.commit(consensus, [(m, pushes[m].base_version) for m in members])
 
     async def on_pull(self, pull: Pull) -> Reply:
         """Wait for the worker's group of its last pushed iteration; answer with its mean."""

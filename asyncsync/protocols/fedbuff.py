@@ -11,6 +11,14 @@ FedYogi or FedAdagrad may replace it. Buffers (BatchNorm statistics) become
 ``w + sum / K``. The push reply's meta carries the applied weight (``staleness_weight``)
 and how many deltas the buffer now holds (``buffered``; 0 when this push flushed it).
 
+The buffer holds ``sum / K`` itself, added to share by share (each delta scaled by
+``s / K`` before it is added, as `rounds.average` does), so finite deltas never overflow
+on the way to a finite mean. A flush whose result the server optimizer or the store
+refuses as non-finite discards the buffer, as a round protocol discards a round: the
+model and the optimizer's state stay as they were, no version is made, the push that
+completed the buffer is answered (not refused; its reply says ``refused: True``) and
+`refused` counts it.
+
 Choices where the paper is open (it assumes many clients sampled by the server):
 
 - **(choice)** A fast worker may contribute several deltas to one version: the buffer
@@ -23,8 +31,14 @@ Choices where the paper is open (it assumes many clients sampled by the server):
   not the partly filled buffer.
 
 Local steps may take FedProx's proximal term (``mu``), as local SGD's do. With K = N
-workers of equal speed and s = 1, every version averages one delta of each worker, all
-from the previous version: synchronous delta averaging (local SGD).
+and s = 1, a version averages one delta of each worker, all from the previous version
+(synchronous delta averaging, local SGD), exactly when every worker's pull after its
+push is answered only after the other N - 1 deltas of that round arrived. Nothing makes a
+pull wait for them: it holds when the workers' steps take equal time and their messages
+equal time too (virtual time with equal step costs and links), not over real HTTP, where
+a worker whose exchange with the server is quicker may pull, train and push again from
+the same version before a slower worker's delta of that version lands; its two deltas
+then make one version, and FedBuff is asynchronous, as intended.
 
 Reference: J. Nguyen, K. Malik, H. Zhan, A. Yousefpour, M. Rabbat, M. Malek, D. Huba,
 "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022.
@@ -37,7 +51,15 @@ from typing import Any
 
 import torch
 
-from asyncsync.protocols.base import Protocol, Push, ServerRule, option, register
+from asyncsync.protocols.base import (
+    Protocol,
+    Push,
+    ServerRule,
+    Unacceptable,
+    option,
+    register,
+    unchanged_if_refused,
+)
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdWorker
 from asyncsync.protocols.ports import Contributions, Store
 from asyncsync.protocols.server_optim import ServerOptimizerState, apply_delta
@@ -53,18 +75,19 @@ class FedBuffParams(LocalSgdParams, StalenessOptions):
 
 
 def accumulate(total: torch.Tensor | None, delta: torch.Tensor,
-               weight: float) -> torch.Tensor:
-    """``total + weight * delta`` (`delta` itself, scaled, when there is no total yet)."""
-    return delta.mul_(weight) if total is None else total.add_(delta, alpha=weight)
+               share: float) -> torch.Tensor:
+    """``total + share * delta`` (`delta` itself, scaled, when there is no total yet)."""
+    return delta.mul_(share) if total is None else total.add_(delta, alpha=share)
 
 
 class FedBuffServer(ServerOptimizerState, ServerRule):
     """Buffer staleness-weighted deltas; every K-th arrival makes a version.
 
     Attributes:
-        total: the weighted sum of the buffered deltas (None when the buffer is empty).
+        total: ``sum / K`` over the buffered deltas (None when the buffer is empty).
         buffered: ``(worker, base_version)`` of each buffered delta, in arrival order.
         optimizer: the server optimizer.
+        refused: flushes whose result was refused as non-finite (their buffer discarded).
     """
 
     push_kinds = frozenset({"delta"})
@@ -74,28 +97,35 @@ class FedBuffServer(ServerOptimizerState, ServerRule):
         self.optimizer = params.make_server_optimizer()
         self.total: torch.Tensor | None = None
         self.buffered: Contributions = []
+        self.refused = 0
 
     async def on_push(self, push: Push) -> dict[str, Any]:
         async with self.store.lock:
             weight = self.params.staleness_weight(self.store.version - push.base_version)
-            total = await self.store.compute(accumulate, self.total, push.vector, weight)
+            share = weight / self.params.buffer_size
+            total = await self.store.compute(accumulate, self.total, push.vector, share)
             self.total = total
             self.buffered.append((push.worker, push.base_version))
+            meta: dict[str, Any] = {"staleness_weight": weight}
             if len(self.buffered) == self.params.buffer_size:
-                await self._flush(total)
-        return {"staleness_weight": weight, "buffered": len(self.buffered)}
+                meta["refused"] = not await self._flush(total)
+            meta["buffered"] = len(self.buffered)
+        return meta
 
-    async def _flush(self, total: torch.Tensor) -> None:
-        """Commit the buffer as one version and empty it (also when the store refuses the
-        result as non-finite: the buffer is then discarded and the push refused)."""
+    async def _flush(self, mean: torch.Tensor) -> bool:
+        """Commit the buffer (`mean`: ``sum / K``) as one version and empty it; whether it
+        was committed (a result refused as non-finite discards the buffer, unchanged)."""
         def step() -> torch.Tensor:
-            return apply_delta(self.optimizer, self.store.w, total.div_(len(self.buffered)),
-                               self.store.num_params)
+            return apply_delta(self.optimizer, self.store.w, mean, self.store.num_params)
 
+        buffered, self.total, self.buffered = self.buffered, None, []
         try:
-            self.store.commit(await self.store.compute(step), self.buffered)
-        finally:
-            self.total, self.buffered = None, []
+            with unchanged_if_refused(self):
+                self.store.commit(await self.store.compute(step), buffered)
+        except Unacceptable:
+            self.refused += 1
+            return False
+        return True
 
 
 class FedBuffWorker(LocalSgdWorker):

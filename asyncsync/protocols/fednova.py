@@ -27,6 +27,9 @@ Choices where the paper is open or does not fit:
   (``StepResult.compute_s``: measured time in real mode, virtual time in virtual mode),
   not waiting or transfers. A worker takes another step while the last step's duration
   still fits in what is left of the budget, and always at least one step.
+- **(choice)** A delta's step count scales every delta of its round (through
+  ``tau_eff``), so it is bounded as a push's samples are: at most ``max_steps`` (a
+  worker with a budget stops there); more is refused.
 
 Reference: J. Wang, Q. Liu, H. Liang, G. Joshi, H. V. Poor, "Tackling the Objective
 Inconsistency Problem in Heterogeneous Federated Optimization", NeurIPS 2020.
@@ -60,9 +63,15 @@ class FedNovaParams(ServerOptimizerOptions):
                               "H: local steps per round when there is no budget")
     budget_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
                              "seconds of local computation per round (0: H steps)")
+    max_steps: int = option(10_000, lambda v: v >= 1, "must be >= 1",
+                            "the most local steps a delta may claim (more is refused); "
+                            "a worker with a budget stops there")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.local_steps > self.max_steps:
+            raise ValueError(f"max_steps: must be >= local_steps ({self.local_steps}), "
+                             f"got {self.max_steps}")
 
 
 def normalized(pushes: list[Push], num_params: int) -> torch.Tensor:
@@ -84,6 +93,10 @@ class FedNovaServer(LocalSgdServer):
         """Deltas are not weighted (equal p_i), but each must say how many steps it took."""
         if push.steps < 1:
             raise Unacceptable("fednova normalizes deltas by their steps: 'steps' must be >= 1")
+        bound = self.params.max_steps
+        if push.steps > bound:
+            raise Unacceptable(f"{push.steps} steps: more than fednova's bound of {bound} "
+                               "local steps per round (max_steps)")
         return 1.0
 
     def aggregate(self, w: torch.Tensor, pushes: list[Push]) -> torch.Tensor:
@@ -101,7 +114,7 @@ class FedNovaWorker(WorkerLoop):
             await ctx.adopt(anchor, version)
             steps, samples = await self.local_work(ctx)
             delta = await ctx.delta_since(anchor)
-            anchor, version, _ = await ctx.exchange("delta", delta, steps=steps,
+            anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
                                                     samples=samples)
 
     async def local_work(self, ctx: Context) -> tuple[int, int]:
@@ -111,7 +124,8 @@ class FedNovaWorker(WorkerLoop):
             return params.local_steps, (await ctx.steps(params.local_steps)).samples
         steps, samples, spent = 0, 0, 0.0
         last: StepResult | None = None
-        while last is None or spent + last.compute_s <= params.budget_s:
+        while last is None or (spent + last.compute_s <= params.budget_s
+                               and steps < params.max_steps):
             last = await ctx.steps(1)
             steps, samples, spent = steps + 1, samples + last.samples, spent + last.compute_s
         return steps, samples

@@ -68,6 +68,7 @@ from asyncsync.protocols.base import (
     brief,
     check_fields,
     option,
+    unchanged_if_refused,
 )
 from asyncsync.protocols.ports import Contributions, Store
 
@@ -265,7 +266,8 @@ class RoundServer(ServerRule):
         pushes = self.pending[fragment]
         missing = frozenset(self.members(fragment) - pushes.keys())
         try:
-            await self.close_round(fragment, pushes)
+            with unchanged_if_refused(self):
+                await self.close_round(fragment, pushes)
             refused = False
         except Unacceptable:
             self.store.commit(self.store.w, contributions(pushes))

@@ -1,0 +1,184 @@
+"""Refusals change nothing: rule state, buffers, edges of the update rules (issue 21)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from asyncsync.engine.compute import InlineServerSeam
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.protocols.base import Pull, Push, ServerRule, Unacceptable, discover
+from asyncsync.protocols.dcasgd import DcasgdParams
+from asyncsync.protocols.diloco import DilocoParams
+from asyncsync.protocols.dssync import DsSyncParams
+from asyncsync.protocols.fedavg import FedAvgParams
+from asyncsync.protocols.fedbuff import FedBuffParams
+from asyncsync.protocols.fednova import FedNovaParams
+from asyncsync.protocols.local_sgd import LocalSgdParams
+from asyncsync.protocols.scaffold import ScaffoldParams
+from asyncsync.protocols.streaming_diloco import StreamingDilocoParams
+from asyncsync.protocols.wbsp import WbspParams
+from tests.helpers import tiny_model
+
+HUGE = 1e20
+"""A finite delta whose square overflows float32: Adam's second moment becomes Inf."""
+
+
+def core_of(protocol: str, params: Any, workers: int = 2) -> ServerCore:
+    """A core whose `workers` ranks are all in the run (rules are driven directly)."""
+    core = build_core(tiny_model(), protocol, workers, ServerSettings(lr=0.1),
+                      protocol_params=params, seam=InlineServerSeam())
+    core.store.members.update(range(workers))
+    return core
+
+
+def filled(core: ServerCore, value: float) -> torch.Tensor:
+    return torch.full_like(core.store.w, value)
+
+
+async def push_round(core: ServerCore, value: float) -> None:
+    """Every worker pushes one update of `value`s (with what its protocol needs first)."""
+    rule, base = core.rule, core.store.version
+    for worker in sorted(core.store.live):
+        if core.protocol.name == "scaffold":
+            control = filled(core, 7.0 + base)  # another value each round
+            await rule.on_push(Push(worker, base, "control", control, 4, 64))
+        await rule.on_push(Push(worker, base, "delta", filled(core, value), 4, 64))
+
+
+def snapshot(rule: ServerRule) -> dict[str, torch.Tensor]:
+    return {key: value.clone() for key, value in rule.state_dict().items()}
+
+
+def assert_identical(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> None:
+    assert sorted(before) == sorted(after)
+    for key, value in before.items():
+        assert after[key].dtype == value.dtype and torch.equal(after[key], value), key
+
+
+STATEFUL: dict[str, Any] = {
+    "local_sgd": LocalSgdParams(server_optimizer="adam"),
+    "fedavg": FedAvgParams(server_optimizer="adam"),
+    "fednova": FedNovaParams(server_optimizer="adam", local_steps=4),
+    "scaffold": ScaffoldParams(server_optimizer="adam"),
+    "fedbuff": FedBuffParams(server_optimizer="adam", buffer_size=2),
+    "diloco": DilocoParams(outer_optimizer="adam"),
+    "streaming_diloco": StreamingDilocoParams(outer_optimizer="adam", fragments=1,
+                                              overlap_steps=0),
+}
+"""Every rule that keeps state, with a server optimizer that refuses a huge delta (wbsp's
+refusal comes before any change and has its own test below)."""
+
+
+def test_every_rule_that_keeps_state_is_covered() -> None:
+    stateful = {name for name, protocol in discover().items()
+                if protocol.server.state_dict is not ServerRule.state_dict}
+    assert stateful == {*STATEFUL, "wbsp", "wbsp_opt"}
+
+
+@pytest.mark.parametrize("protocol", sorted(STATEFUL))
+async def test_a_refused_update_leaves_the_rules_state_bit_identical(protocol: str) -> None:
+    core = core_of(protocol, STATEFUL[protocol])
+    await push_round(core, 0.01)  # a good round: the state is not empty any more
+    assert core.store.version == 1
+    before, w = snapshot(core.rule), core.store.w
+    await push_round(core, HUGE)
+    assert torch.equal(core.store.w, w)
+    assert_identical(before, core.rule.state_dict())
+    await push_round(core, 0.01)  # and the run goes on from there
+    assert not torch.equal(core.store.w, w) and bool(torch.isfinite(core.store.w).all())
+
+
+async def test_scaffolds_control_variate_stays_when_its_round_is_refused() -> None:
+    core = core_of("scaffold", ScaffoldParams(server_optimizer="adam"))
+    await push_round(core, HUGE)
+    assert torch.equal(core.rule.state_dict()["control"], torch.zeros_like(core.store.w))
+
+
+async def test_wbsp_refuses_an_overflowing_delta_before_changing_its_working_model() -> None:
+    core = core_of("wbsp", WbspParams())
+    rule = core.rule
+    for _ in range(2):
+        await rule.on_push(Push(0, 0, "delta", filled(core, 3e38), 1, 1))
+    before = snapshot(rule)
+    with pytest.raises(Unacceptable):
+        await rule.on_push(Push(0, 0, "delta", filled(core, 3e38), 1, 1))
+    assert_identical(before, rule.state_dict())
+
+
+async def test_the_engine_restores_state_a_rule_changed_before_refusing() -> None:
+    """The SDK's guarantee, not each rule's care: a rule that writes its state and then
+    refuses under the store's lock finds its state as it was."""
+    core = core_of("local_sgd", LocalSgdParams(server_optimizer="adam"))
+    await push_round(core, 0.01)
+    rule = core.rule
+    before = snapshot(rule)
+    with pytest.raises(Unacceptable):
+        async with core.store.lock:
+            rule.optimizer.state = {**rule.optimizer.state,  # type: ignore[attr-defined]
+                                    "m": filled(core, 5.0)[: core.store.num_params]}
+            raise Unacceptable("refused after the change")
+    assert_identical(before, rule.state_dict())
+
+
+async def test_fedbuff_accumulates_share_by_share() -> None:
+    """Two deltas of 2e38 and an honest one: the mean (1.3e38 + small) is finite."""
+    core = core_of("fedbuff", FedBuffParams(buffer_size=3, staleness_fn="constant"))
+    w = core.store.w.clone()
+    replies = [await core.rule.on_push(Push(k, 0, "delta", filled(core, value), 4, 64))
+               for k, value in enumerate([2e38, 2e38, 3.0])]
+    assert replies[-1]["buffered"] == 0 and not replies[-1]["refused"]
+    assert core.store.version == 1
+    expected = w + torch.tensor(2e38 / 3 + 2e38 / 3 + 1.0)
+    assert torch.allclose(core.store.w, expected, rtol=1e-5)
+
+
+async def test_a_refused_fedbuff_flush_discards_the_buffer_and_answers_its_push() -> None:
+    core = core_of("fedbuff", FedBuffParams(buffer_size=2, server_optimizer="adam"))
+    w = core.store.w
+    await core.rule.on_push(Push(0, 0, "delta", filled(core, HUGE), 4, 64))
+    reply = await core.rule.on_push(Push(1, 0, "delta", filled(core, 0.01), 4, 64))
+    assert reply["refused"] and reply["buffered"] == 0
+    assert core.store.w is w and core.store.version == 0
+    assert core.rule.state_dict() == {}  # adam never stepped
+    assert core.rule.refused == 1  # type: ignore[attr-defined]
+
+
+async def test_dssync_commits_a_finite_consensus_when_the_incremental_one_overflows() -> None:
+    core = core_of("dssync", DsSyncParams(), workers=4)
+    rule = core.rule
+    for worker in range(4):  # iteration 0: groups (0, 1) and (2, 3)
+        await rule.on_push(Push(worker, 0, "model", filled(core, -3e38 if worker < 2 else 3e38),
+                                0, 0, {"iteration": 0}))
+    assert core.store.version == 2
+    for worker in range(4):  # iteration 1: groups (0, 3) and (1, 2), each with mean 0
+        value = 3e38 if worker < 2 else -3e38
+        await rule.on_push(Push(worker, 2, "model", filled(core, value), 1, 1,
+                                {"iteration": 1}))
+    assert core.store.version == 4
+    assert torch.equal(core.store.w, torch.zeros_like(core.store.w))
+
+
+async def test_dcasgd_applies_a_huge_gradient_of_staleness_0_unchanged() -> None:
+    core = core_of("dcasgd", DcasgdParams(), workers=1)
+    await core.rule.on_pull(Pull(0, 0, {}))  # the ring holds version 0
+    w = core.store.w.clone()
+    await core.rule.on_push(Push(0, 0, "gradient", filled(core, 1e20), 1, 1))
+    n = core.store.num_params
+    assert torch.equal(core.store.w[:n], w[:n] - torch.tensor(0.1) * 1e20)
+
+
+@pytest.mark.parametrize("steps", [10_001, 2**62])
+async def test_fednova_refuses_more_steps_than_its_bound(steps: int) -> None:
+    core = core_of("fednova", FedNovaParams())
+    with pytest.raises(Unacceptable, match="bound"):
+        await core.rule.on_push(Push(0, 0, "delta", filled(core, 0.1), steps, steps))
+    assert core.rule.pending == [{}]  # type: ignore[attr-defined]
+
+
+def test_fednovas_step_bound_holds_its_local_steps() -> None:
+    with pytest.raises(ValueError, match="max_steps: must be >= local_steps"):
+        FedNovaParams(local_steps=20, max_steps=10)
