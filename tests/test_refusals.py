@@ -7,9 +7,12 @@ from typing import Any
 import pytest
 import torch
 
-from asyncsync.engine.compute import InlineServerSeam
+from asyncsync.clock import VirtualTimeLoop
+from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker
+from asyncsync.hetero.compute import StepCost, StepDelay
 from asyncsync.protocols.base import Pull, Push, ServerRule, Unacceptable, discover
 from asyncsync.protocols.dcasgd import DcasgdParams
 from asyncsync.protocols.diloco import DilocoParams
@@ -21,7 +24,8 @@ from asyncsync.protocols.local_sgd import LocalSgdParams
 from asyncsync.protocols.scaffold import ScaffoldParams
 from asyncsync.protocols.streaming_diloco import StreamingDilocoParams
 from asyncsync.protocols.wbsp import WbspParams
-from tests.helpers import tiny_model
+from asyncsync.transport.local import LocalTransport
+from tests.helpers import STEP_S, batches_of, tiny_data, tiny_model
 
 HUGE = 1e20
 """A finite delta whose square overflows float32: Adam's second moment becomes Inf."""
@@ -182,3 +186,28 @@ async def test_fednova_refuses_more_steps_than_its_bound(steps: int) -> None:
 def test_fednovas_step_bound_holds_its_local_steps() -> None:
     with pytest.raises(ValueError, match="max_steps: must be >= local_steps"):
         FedNovaParams(local_steps=20, max_steps=10)
+
+
+def test_a_worker_whose_pushes_are_refused_logs_them_and_goes_on() -> None:
+    """Every push claims more samples than `max_batch` allows: each is refused, and the
+    worker re-syncs and trains on until its step limit instead of exiting."""
+    x, y = tiny_data()
+
+    async def run() -> dict[str, Any]:
+        core = build_core(tiny_model(), "asp", 1, ServerSettings(lr=0.1, max_batch=8),
+                          seam=InlineServerSeam())
+        worker = Worker(0, LocalTransport(core), tiny_model(), batches_of(x, y, 0), "asp",
+                        lr=0.1, batch_size=16, max_steps=4,
+                        seam=VirtualWorkerSeam(StepDelay(0.0), StepCost(STEP_S, 16)))
+        final = await worker.run()
+        await core.stop()
+        await core.close()
+        assert core.store.version == 0
+        return final
+
+    loop = VirtualTimeLoop()
+    try:
+        final = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert final["refused"] >= 3

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 import ssl
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,12 +26,20 @@ from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link
 from asyncsync.metrics import JsonlLog, WorkerMetrics
-from asyncsync.protocols.base import NotInRun, OutOfStep, Protocol, RunStopped, get_protocol
+from asyncsync.protocols.base import (
+    NotInRun,
+    OutOfStep,
+    Protocol,
+    RunStopped,
+    Unacceptable,
+    get_protocol,
+)
 from asyncsync.protocols.ports import StepResult
 from asyncsync.trainer import BatchSource, Computed, LossFn, Trainer
 
 T = TypeVar("T")
 RESYNC = (OutOfStep, NotInRun)
+LOG = logging.getLogger("asyncsync.worker")
 JOIN_WAIT_S = 120.0
 """Refusals after which a worker rejoins and restarts its loop: the server no longer counts
 it (dropped after a timeout, or restarted), or its request no longer fits the protocol's
@@ -325,9 +335,12 @@ class Worker:
         counts this worker (`NotInRun`: dropped after a timeout, or the server restarted
         from a checkpoint), refuses a request as `OutOfStep`, or the connection breaks
         mid-request, the worker rejoins, adopts the current global model and restarts its
-        loop, at most `max_rejoins` times.
+        loop, at most `max_rejoins` times. A request refused as `Unacceptable` (e.g. a push
+        completing a buffer whose result overflows) is logged (event ``refused``), counted
+        (``refused`` in the totals) and re-synced the same way, without limit: others'
+        pushes never end this worker.
         """
-        rejoins = 0
+        rejoins = refused = 0
         try:
             await self._join()
             self.metrics.start()
@@ -335,6 +348,14 @@ class Worker:
             while True:
                 try:
                     await self._session()
+                except Unacceptable as exc:  # e.g. others' deltas made the result overflow
+                    refused += 1
+                    self.metrics.log.write({"ev": "refused", "t": round(self.metrics.now(), 4),
+                                            "count": refused, "reason": str(exc)[:200]})
+                    if math.log10(refused).is_integer():
+                        LOG.warning("worker %d: %d requests refused, the last: %s; it "
+                                    "re-syncs and goes on", self.rank, refused, exc)
+                    await self._join()
                 except (*RESYNC, OSError) as exc:
                     rejoins += 1
                     if rejoins > self.max_rejoins:
@@ -348,6 +369,7 @@ class Worker:
         finally:
             self.metrics.take_bytes(self.transport.bytes_up, self.transport.bytes_down)
             final = self.metrics.final()  # totals of the run, before the leave request
+            final["refused"] = refused
             with contextlib.suppress(Exception):  # the server may be gone; leaving is best effort
                 await self.ctx._request("leave", {}, None, None)
             self.metrics.log.close()
