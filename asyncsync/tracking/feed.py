@@ -1,0 +1,230 @@
+"""Feeding trackers from a run folder's JSONL logs, after the fact or while the run goes on.
+
+The logs stay the source of truth: a feed reads ``recipe.json``, ``events.jsonl`` (one
+point per evaluation, the server's version as its step) and ``worker-<rank>.jsonl`` (each
+worker's compute proportion and the bytes moved up to the evaluation's time), then the
+run's ``summary.json``. A feed remembers how far it read, so calling `RunFeed.poll` again
+sends only what the files gained: the supervisor streams a live run that way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from asyncsync.report import LogError, summarize_run
+from asyncsync.tracking.base import Point, RunInfo, Tracker, flatten
+
+T = TypeVar("T")
+
+SECRET_KEYS = ("token",)
+"""Settings never sent to a tracker."""
+
+
+class _Tail:
+    """The complete JSON lines a file gained since the last read (a torn line waits)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as file:
+                file.seek(self.offset)
+                data = file.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        records = []
+        for line in data[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+        return records
+
+
+class _Worker:
+    """One worker's totals up to a time: seconds computing and bytes moved."""
+
+    def __init__(self, path: Path) -> None:
+        self.tail = _Tail(path)
+        self.pending: list[dict[str, Any]] = []
+        self.compute_s = 0.0
+        self.bytes = 0
+
+    def advance(self, until: float) -> None:
+        """Count the spans that ended by `until` (a worker writes a span when it ends)."""
+        self.pending += [r for r in self.tail.read() if "t" in r]
+        done = 0
+        for record in self.pending:
+            if record["t"] + record.get("dur", 0.0) > until:
+                break
+            done += 1
+            if record.get("ev") == "compute":
+                self.compute_s += record.get("dur", 0.0)
+            self.bytes += record.get("up", 0) + record.get("down", 0)
+        del self.pending[:done]
+
+
+def run_info(run_dir: Path) -> RunInfo:
+    """What trackers are told about the run in `run_dir`, from its recipe.json.
+
+    Raises:
+        LogError: recipe.json is missing or not a run's resolved recipe.
+    """
+    recipe_file = run_dir / "recipe.json"
+    try:
+        recipe = json.loads(recipe_file.read_text())
+        spec = recipe["runs"][0]
+        name = spec["name"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise LogError(f"{run_dir}: not a run's log directory (recipe.json: "
+                       f"{type(exc).__name__}: {exc})") from None
+    config = {k: v for k, v in flatten(spec).items() if k not in SECRET_KEYS}
+    return RunInfo(
+        run_id=f"{recipe['name']}/{run_dir.parent.name}/{run_dir.name}",
+        recipe=recipe["name"], stamp=run_dir.parent.name, name=name,
+        repeat=int(recipe.get("repeat", 0)), seed=int(spec.get("seed", 0)),
+        clock=spec.get("clock", "real"), start_wall=recipe_file.stat().st_mtime,
+        config=config, sweep=dict(spec.get("sweep") or {}))
+
+
+def figures(summary: dict[str, Any]) -> dict[str, float]:
+    """A summary's numeric fields (a per-worker list as ``key/w<rank>``); None left out."""
+    out: dict[str, float] = {}
+    for key, value in summary.items():
+        if isinstance(value, list) and key.endswith("_per_worker"):
+            out.update({f"{key.removesuffix('_per_worker')}/w{rank}": float(v)
+                        for rank, v in enumerate(value) if _number(v)})
+        elif _number(value):
+            out[key] = float(value)
+    return out
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+class RunFeed:
+    """Drives trackers from one run folder; `poll` while it runs, `finish` once it ended."""
+
+    def __init__(self, run_dir: Path, trackers: Sequence[Tracker]) -> None:
+        self.run_dir = run_dir
+        self.trackers = list(trackers)
+        self.run: RunInfo | None = None
+        self.step = 0
+        self._events = _Tail(run_dir / "events.jsonl")
+        self._workers: list[_Worker] = []
+
+    def poll(self) -> int:
+        """Send the evaluations the logs gained since the last call; returns how many."""
+        if self.run is None:
+            if not (self.run_dir / "recipe.json").exists():
+                return 0
+            self.run = run_info(self.run_dir)
+            workers = int(self.run.config.get("workers", 0))
+            self._workers = [_Worker(self.run_dir / f"worker-{rank}.jsonl")
+                             for rank in range(workers)]
+            for tracker in self.trackers:
+                tracker.start(self.run)
+        sent = 0
+        for record in self._events.read():
+            if record.get("event") == "eval":
+                point = self._point(record)
+                for tracker in self.trackers:
+                    tracker.log(point, self.run.start_wall + point.time_s)
+                sent += 1
+        return sent
+
+    def _point(self, record: dict[str, Any]) -> Point:
+        time_s = float(record["t"])
+        self.step = int(record.get("version", self.step))
+        metrics = {"accuracy": float(record["accuracy"])}
+        if _number(record.get("loss")):
+            metrics["loss"] = float(record["loss"])
+        moved = 0
+        for rank, worker in enumerate(self._workers):
+            worker.advance(time_s)
+            moved += worker.bytes
+            if time_s > 0:
+                metrics[f"compute_proportion/w{rank}"] = round(worker.compute_s / time_s, 4)
+        metrics["mb_moved"] = moved / 1e6
+        metrics["time_s"] = time_s
+        return Point(self.step, time_s, metrics)
+
+    def finish(self) -> RunInfo:
+        """Send the rest, then the run's summary (summary.json, else computed from the logs).
+
+        Raises:
+            LogError: the folder is not a run's logs.
+        """
+        self.poll()
+        if self.run is None:
+            raise LogError(f"{self.run_dir}: not a run's log directory (no recipe.json)")
+        try:
+            summary = json.loads((self.run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = summarize_run(self.run_dir)
+        last = summary.get("versions")
+        step = int(last) if _number(last) else self.step
+        for tracker in self.trackers:
+            tracker.finish(figures(summary), step)
+        return self.run
+
+
+def run_dirs_of(root: Path) -> list[Path]:
+    """The run folders under `root` (itself included), in the order they were run."""
+    found = [events.parent for events in root.rglob("events.jsonl")
+             if (events.parent / "recipe.json").exists()]
+    return sorted(found, key=lambda d: ((d / "recipe.json").stat().st_mtime, str(d)))
+
+
+def export_runs(run_dirs: Sequence[Path], trackers: Sequence[Tracker]) -> list[RunInfo]:
+    """Send finished runs to the trackers (the same run again updates its tracked run)."""
+    return [RunFeed(run_dir, trackers).finish() for run_dir in run_dirs]
+
+
+def export_study(study_dir: Path, trackers: Sequence[Tracker]) -> list[RunInfo]:
+    """Send every run of a study folder (or any folder of runs) to the trackers, then close
+    them.
+
+    Raises:
+        LogError: no run logs under `study_dir`.
+    """
+    run_dirs = run_dirs_of(study_dir)
+    if not run_dirs:
+        raise LogError(f"{study_dir}: no run logs (directories with recipe.json and "
+                       "events.jsonl) under it")
+    try:
+        return export_runs(run_dirs, trackers)
+    finally:
+        for tracker in trackers:
+            tracker.close()
+
+
+async def follow(run_dir: Path, job: Awaitable[T], trackers: Sequence[Tracker],
+                 every_s: float = 2.0) -> T:
+    """Await the run `job` writing `run_dir` while streaming its logs to the trackers.
+
+    For the supervisor: the files are read in a thread, every `every_s` seconds, never in a
+    node's event loop. The run's summary is sent once `job` is done, also when it failed.
+    """
+    feed = RunFeed(run_dir, trackers)
+    task = asyncio.ensure_future(job)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=every_s)
+            await asyncio.to_thread(feed.poll)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(LogError):
+            await asyncio.to_thread(feed.finish)

@@ -1,0 +1,108 @@
+"""MLflow through ``MlflowClient``, on a local store (a folder) by default.
+
+A run goes to the experiment named after its recipe, named ``<stamp>/<run>/r<repeat>``,
+tagged with its run id (``asyncsync.run_id``), its group (``asyncsync.group``: what its
+repeats share) and its seed. Exporting a run again finds it by that tag and adds only what
+it lacks, so a run is never tracked twice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from asyncsync.tracking.base import Point, RunInfo, TrackingError, require
+
+BATCH = 100
+"""Params per ``log_batch`` call (MLflow's limit)."""
+
+
+def store_uri(where: str) -> str:
+    """A tracking URI: `where` itself if it has a scheme, else a local store in that folder.
+
+    The local store is MLflow's SQLite one (``<folder>/mlflow.db``): MLflow 3 refuses its
+    plain-file store unless ``MLFLOW_ALLOW_FILE_STORE=true`` (then pass a ``file:`` URI).
+    """
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", where):
+        return where
+    folder = Path(where).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+class MlflowTracker:
+    """Logs each run to the MLflow tracking store at `uri`."""
+
+    def __init__(self, uri: str) -> None:
+        mlflow = require("mlflow", "mlflow")
+        self._entities = require("mlflow.entities", "mlflow")
+        self.client = mlflow.MlflowClient(tracking_uri=store_uri(uri))
+        self.run_id: str | None = None
+        self._skip = 0
+
+    def find(self, run: RunInfo) -> Any:
+        """The tracked MLflow run of `run`, or None."""
+        experiment = self.client.get_experiment_by_name(run.recipe)
+        if experiment is None:
+            return None
+        found = self.client.search_runs(
+            [experiment.experiment_id],
+            filter_string=f"tags.`asyncsync.run_id` = '{run.run_id}'", max_results=1)
+        return found[0] if found else None
+
+    def start(self, run: RunInfo) -> None:
+        """Reopen the run's tracked run, or create it with its settings as params."""
+        existing = self.find(run)
+        if existing is not None:
+            self.run_id = existing.info.run_id
+            self._skip = len(self.client.get_metric_history(self.run_id, "accuracy"))
+            return
+        experiment = self.client.get_experiment_by_name(run.recipe)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else self.client.create_experiment(run.recipe))
+        tags = {"asyncsync.run_id": run.run_id, "asyncsync.group": run.group,
+                "recipe": run.recipe, "run": run.name, "repeat": str(run.repeat),
+                "seed": str(run.seed), "clock": run.clock}
+        created = self.client.create_run(experiment_id, tags=tags,
+                                         run_name=f"{run.stamp}/{run.name}/r{run.repeat}",
+                                         start_time=int(run.start_wall * 1000))
+        self.run_id = created.info.run_id
+        self._skip = 0
+        params = [self._entities.Param(key, json.dumps(value) if not isinstance(value, str)
+                                       else value) for key, value in run.config.items()]
+        for at in range(0, len(params), BATCH):
+            self.client.log_batch(self.run_id, params=params[at:at + BATCH])
+
+    def log(self, point: Point, wall: float) -> None:
+        """The point's metrics at its version, stamped with `wall` (skipped if already there)."""
+        run_id = self._open()
+        if self._skip:
+            self._skip -= 1
+            return
+        stamp = int(wall * 1000)
+        self.client.log_batch(run_id, metrics=[
+            self._entities.Metric(key, value, stamp, point.step)
+            for key, value in point.metrics.items()])
+
+    def finish(self, summary: dict[str, float], step: int) -> None:
+        """The summary's figures as ``summary/<key>`` (those that changed); ends the run."""
+        run_id = self._open()
+        have = self.client.get_run(run_id).data.metrics
+        changed = [(f"summary/{key}", value) for key, value in summary.items()
+                   if have.get(f"summary/{key}") != value]
+        if changed:
+            stamp = self.client.get_run(run_id).info.start_time
+            self.client.log_batch(run_id, metrics=[
+                self._entities.Metric(key, value, stamp, step) for key, value in changed])
+        self.client.set_terminated(run_id, "FINISHED")
+        self.run_id = None
+
+    def close(self) -> None:
+        """Nothing stays open between runs."""
+
+    def _open(self) -> str:
+        if self.run_id is None:
+            raise TrackingError("mlflow: log() or finish() before start()")
+        return self.run_id
