@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import pytest
 import torch
 
-from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import OutOfStep, Pull, Push, Refused, RunStopped
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer, DilocoWorker
 from asyncsync.protocols.ports import Context, StepResult
+from asyncsync.protocols.testing import FakeStore
 from tests.helpers import run_http, run_local
 
 T = TypeVar("T")
@@ -81,6 +80,7 @@ class FakeContext:
     rank: int = 0
     workers: int = 1
     batch_size: int = 16
+    lr: float = 1.0
     sent: list[Sent] = field(default_factory=list)
     answers: list[Answer] = field(default_factory=list)
     adopted: list[tuple[torch.Tensor, int]] = field(default_factory=list)
@@ -91,7 +91,7 @@ class FakeContext:
         self.local = torch.zeros(self.numel)
 
     def as_context(self) -> Context:
-        return cast(Context, self)
+        return self  # type-checked against the port
 
     def _stop_if_spent(self) -> None:
         if self.done >= self.max_steps:
@@ -105,8 +105,10 @@ class FakeContext:
         return StepResult(0.5, batch_size or self.batch_size, 0.001), -torch.ones(self.numel)
 
     async def steps(self, count: int = 1, batch_size: int | None = None,
-                    proximal: tuple[torch.Tensor, float] | None = None) -> StepResult:
-        assert proximal is None, "no protocol under test here takes proximal steps"
+                    proximal: tuple[torch.Tensor, float] | None = None,
+                    correction: torch.Tensor | None = None) -> StepResult:
+        assert proximal is None and correction is None, \
+            "no protocol under test here takes proximal or corrected steps"
         self._stop_if_spent()
         for _ in range(count):
             await asyncio.sleep(0.001)
@@ -162,9 +164,9 @@ class FakeContext:
         self.answers.append(Answer(asked, self.done, dict(meta or {})))
         return self.reply(number, dict(meta or {})), number + 1, {}
 
-    async def exchange(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
-                       meta: dict[str, Any] | None = None,
-                       ) -> tuple[torch.Tensor, int, dict[str, Any]]:
+    async def push_and_pull(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
+                            meta: dict[str, Any] | None = None,
+                            ) -> tuple[torch.Tensor, int, dict[str, Any]]:
         """A push, then a pull (as the engine's fused request)."""
         pushed = await self.push(kind, vector, steps, samples, meta)
         vector, version, pulled = await self.pull(meta)
@@ -176,10 +178,9 @@ class FakeContext:
 
 
 def make_store(vector: torch.Tensor, workers: int, num_params: int | None = None
-               ) -> ParameterStore:
+               ) -> FakeStore:
     """A store whose `workers` ranks are all in the run."""
-    store = ParameterStore(vector, workers, FlatSGD(0.1), num_params=num_params)
-    store.live.update(range(workers))
+    store = FakeStore(vector, workers, lr=0.1, num_params=num_params)
     return store
 
 
@@ -242,7 +243,7 @@ async def test_outer_nesterov_step_matches_a_hand_computation() -> None:
     assert [sorted(c.contributions) for c in store.commits] == [
         [(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1), (2, 1)]]
     assert [sorted(r.steps) for r in rule.rounds] == [[0, 1, 2], [0, 1, 2]]
-    assert store.staleness.maximum == 0
+    assert all(base == c.version - 1 for c in store.commits for _, base in c.contributions)
 
 
 async def test_outer_step_matches_torch_nesterov_sgd() -> None:
@@ -341,8 +342,7 @@ async def test_a_lost_workers_delta_is_withdrawn_and_the_round_closes_without_it
     rule = DilocoServer(DilocoParams(outer_lr=1.0, outer_momentum=0.0), store)
     await rule.on_push(Push(2, 0, "delta", torch.full((2,), 100.0), 5, 80))
     await rule.on_push(Push(0, 0, "delta", torch.full((2,), 1.0), 5, 80))
-    store.live.discard(2)
-    await rule.on_leave(2)  # worker 2 is lost: its delta is withdrawn
+    await store.leave(rule, 2)  # worker 2 is lost: its delta is withdrawn
     assert store.version == 0 and sorted(rule.pending[0]) == [0]
     await rule.on_push(Push(1, 0, "delta", torch.full((2,), 3.0), 5, 80))
     # the round closed with the deltas of the two live workers only

@@ -10,18 +10,16 @@ from collections.abc import Collection
 import pytest
 import torch
 
-from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import OutOfStep, Push, Refused, Unacceptable
 from asyncsync.protocols.fedavg import FedAvgParams, FedAvgServer
+from asyncsync.protocols.testing import FakeStore
 from tests.helpers import run_http, run_local
 
 
 async def test_round_weights_deltas_by_samples() -> None:
     gen = torch.Generator().manual_seed(2)
     w0 = torch.randn(40, generator=gen)
-    store = ParameterStore(w0, 3, FlatSGD(0.1))
-    store.members.update(range(3))
+    store = FakeStore(w0, 3, lr=0.1)
     rule = FedAvgServer(FedAvgParams(), store)
     deltas = [torch.randn(40, generator=gen) for _ in range(3)]
     with pytest.raises(Refused) as err:
@@ -44,8 +42,7 @@ async def sampled_rounds(params: FedAvgParams, workers: int, rounds: int,
 
     With `live`, the other workers leave after the first round, and the rounds returned
     are those drawn afterwards (the first after the change is not returned)."""
-    store = ParameterStore(torch.zeros(6), workers, FlatSGD(0.1))
-    store.members.update(range(workers))
+    store = FakeStore(torch.zeros(6), workers, lr=0.1)
     rule = FedAvgServer(params, store)
     order = random.Random(12345)
     seen: list[frozenset[int]] = []
@@ -53,8 +50,7 @@ async def sampled_rounds(params: FedAvgParams, workers: int, rounds: int,
     while len(seen) < total:
         if live is not None and store.version == 1 and len(store.live) == workers:
             for worker in set(range(workers)) - set(live):
-                store.members.discard(worker)
-                await rule.on_leave(worker)
+                await store.leave(rule, worker)
         version = store.version
         ranks = sorted(store.live)
         order.shuffle(ranks)

@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 import torch
 
-from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Push, ServerRule, Unacceptable
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
 from asyncsync.protocols.fedavg import FedAvgParams, FedAvgServer
@@ -18,17 +16,17 @@ from asyncsync.protocols.fedbuff import FedBuffParams, FedBuffServer
 from asyncsync.protocols.fednova import FedNovaParams, FedNovaServer
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer
 from asyncsync.protocols.server_optim import ServerAdaptive, ServerSgd
+from asyncsync.protocols.testing import FakeStore
 from tests.helpers import run_local
 
 SIZE = 7
 
 
-def store_of(workers: int, num_params: int | None = None, seed: int = 0) -> ParameterStore:
+def store_of(workers: int, num_params: int | None = None, seed: int = 0) -> FakeStore:
     """A float64 store whose `workers` ranks are all in the run."""
     gen = torch.Generator().manual_seed(seed)
-    store = ParameterStore(torch.randn(SIZE, dtype=torch.float64, generator=gen), workers,
-                           FlatSGD(0.1), num_params=num_params)
-    store.live.update(range(workers))
+    store = FakeStore(torch.randn(SIZE, dtype=torch.float64, generator=gen), workers,
+                      lr=0.1, num_params=num_params)
     return store
 
 

@@ -138,9 +138,9 @@ class WorkerContext:
         reply, _ = await self._request("push", header, vector, meta)
         return dict(reply.get("meta", {}))
 
-    async def exchange(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
-                       meta: dict[str, Any] | None = None,
-                       ) -> tuple[torch.Tensor, int, dict[str, Any]]:
+    async def push_and_pull(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
+                            meta: dict[str, Any] | None = None,
+                            ) -> tuple[torch.Tensor, int, dict[str, Any]]:
         header, vector = await self._push_header(kind, vector, steps, samples, None)
         header["then_pull"] = True
         reply, pulled = await self._request("push", header, vector, meta, label="exchange")

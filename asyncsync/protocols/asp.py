@@ -54,7 +54,7 @@ def divide_params(gradient: torch.Tensor, num_params: int, tau: int) -> torch.Te
     return gradient
 
 
-class AspServer(ServerRule):
+class AspServer(ServerRule[AspParams]):
     """Apply every gradient as it arrives (optionally at rate eta / tau); pulls are
     answered at once.
 
@@ -76,7 +76,7 @@ class AspServer(ServerRule):
         return meta
 
 
-class AspWorker(WorkerLoop):
+class AspWorker(WorkerLoop[AspParams]):
     """Pull, compute, push, without any barrier."""
 
     async def run(self, ctx: Context) -> None:

@@ -47,9 +47,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 import torch
+from typing_extensions import TypeVar
 
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.messages import (
@@ -58,6 +59,7 @@ from asyncsync.protocols.messages import (
     NoParams,
     NotInRun,
     OutOfStep,
+    Params,
     Pull,
     Push,
     Refused,
@@ -73,9 +75,10 @@ from asyncsync.schema import check_fields, option
 
 __all__ = [
     "HISTORY", "BadRequest", "Context", "FlatSGD", "Forbidden", "NoParams", "NotInRun",
-    "OutOfStep", "Protocol", "Pull", "Push", "Refused", "Reply", "RunStopped", "ServerRule",
-    "StepResult", "Store", "Unacceptable", "WorkerLoop", "all_finite", "brief", "check_fields",
-    "get_protocol", "option", "register", "require", "require_count", "unchanged_if_refused",
+    "OutOfStep", "P", "Params", "Protocol", "Pull", "Push", "Refused", "Reply", "RunStopped",
+    "ServerRule", "StepResult", "Store", "Unacceptable", "WorkerLoop", "all_finite", "brief",
+    "check_fields", "get_protocol", "option", "register", "require", "require_count",
+    "unchanged_if_refused",
 ]
 
 HISTORY = 256
@@ -99,8 +102,13 @@ def all_finite(vector: torch.Tensor, chunk: int = 1 << 20) -> bool:
     return True
 
 
-class ServerRule(ABC):
-    """The server half of a protocol.
+P = TypeVar("P", default=Any)
+"""A protocol's parameter class: ``class MyServer(ServerRule[MyParams])`` types
+``self.params``, so a misspelt parameter fails the type check."""
+
+
+class ServerRule(ABC, Generic[P]):
+    """The server half of a protocol, generic in its parameter class.
 
     Attributes:
         push_kinds: the push kinds this rule accepts (others are a `BadRequest`).
@@ -109,7 +117,7 @@ class ServerRule(ABC):
 
     push_kinds: ClassVar[frozenset[str]]
 
-    def __init__(self, params: Any, store: Store) -> None:
+    def __init__(self, params: P, store: Store) -> None:
         self.params = params
         self.store = store
 
@@ -137,7 +145,7 @@ class ServerRule(ABC):
         """Protocol-specific control messages; none by default."""
         raise BadRequest("this protocol takes no queries")
 
-    async def on_leave(self, worker: int) -> None:  # noqa: B027 (optional hook)
+    async def on_leave(self, worker: int) -> None:
         """A worker left the run or was lost (``store.live`` no longer holds it).
 
         Rules with barriers stop counting it here and complete a round that now has every
@@ -145,7 +153,7 @@ class ServerRule(ABC):
         half-way.
         """
 
-    async def on_join(self, worker: int) -> None:  # noqa: B027 (optional hook)
+    async def on_join(self, worker: int) -> None:
         """A worker (re)joined a running run (``store.live`` holds it again); it starts
         from the current global model and version."""
 
@@ -154,7 +162,7 @@ class ServerRule(ABC):
         own tensors, which it replaces and never writes in place."""
         return {}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore what `state_dict` returned, after the store holds the resumed model;
         raises `ValueError` naming the entry when `state` does not fit this rule."""
 
@@ -173,10 +181,11 @@ def unchanged_if_refused(rule: ServerRule) -> Iterator[None]:
         raise
 
 
-class WorkerLoop(ABC):
-    """The worker half of a protocol: one coroutine that runs until `RunStopped`."""
+class WorkerLoop(ABC, Generic[P]):
+    """The worker half of a protocol, generic in its parameter class: one coroutine that
+    runs until `RunStopped`."""
 
-    def __init__(self, params: Any) -> None:
+    def __init__(self, params: P) -> None:
         self.params = params
 
     @abstractmethod
@@ -196,8 +205,8 @@ class Protocol:
     name: str
     summary: str
     params: type[Any]
-    server: type[ServerRule]
-    worker: type[WorkerLoop]
+    server: type[ServerRule[Any]]
+    worker: type[WorkerLoop[Any]]
     resizes_batches: bool = False
 
 

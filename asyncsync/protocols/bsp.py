@@ -56,13 +56,13 @@ class BspServer(RoundServer):
         await self.store.apply_gradient(mean, contributions(pushes))
 
 
-class BspWorker(WorkerLoop):
+class BspWorker(WorkerLoop[BspParams]):
     """Gradient, push and pull (one fused exchange), adopt: one global step per iteration."""
 
     async def run(self, ctx: Context) -> None:
         while True:
             result, grad = await ctx.gradient()
-            vector, version, _ = await ctx.exchange("gradient", grad, 1, result.samples)
+            vector, version, _ = await ctx.push_and_pull("gradient", grad, 1, result.samples)
             await ctx.adopt(vector, version)
 
 

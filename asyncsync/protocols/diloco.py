@@ -112,7 +112,7 @@ class DilocoServer(RoundServer):
                 raise ValueError(f"outer optimizer of fragment {fragment}: {exc}") from None
 
 
-class DilocoWorker(WorkerLoop):
+class DilocoWorker(WorkerLoop[DilocoParams]):
     """H inner steps, push ``w_i - w``, adopt the new global model."""
 
     async def run(self, ctx: Context) -> None:
@@ -121,7 +121,7 @@ class DilocoWorker(WorkerLoop):
         while True:
             result = await ctx.steps(steps)
             delta = await ctx.delta_since(anchor)
-            anchor, version, _ = await ctx.exchange("delta", delta, steps=steps,
+            anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
                                                     samples=result.samples)
             await ctx.adopt(anchor, version)
 

@@ -53,7 +53,7 @@ from asyncsync.protocols.base import (
     option,
     register,
 )
-from asyncsync.protocols.overlap import exchange
+from asyncsync.protocols.overlap import push_then_pull
 from asyncsync.protocols.ports import Context, Store
 from asyncsync.protocols.rounds import RoundServer, contributions
 
@@ -87,7 +87,7 @@ def pulled_toward(center: torch.Tensor, differences: list[torch.Tensor],
     return out
 
 
-class EasgdServer(RoundServer):
+class EasgdServer(RoundServer[EasgdParams]):
     """A round per version: the center moves by alpha times the sum of the live workers'
     differences (lost and rejoined workers as in every `RoundServer`)."""
 
@@ -106,7 +106,7 @@ class EasgdServer(RoundServer):
         self.store.commit(center, contributions(pushes))
 
 
-class EasgdAsyncServer(ServerRule):
+class EasgdAsyncServer(ServerRule[EasgdParams]):
     """Move the center by alpha times each difference on arrival.
 
     Nobody waits for anybody, so membership changes need no handling.
@@ -126,7 +126,7 @@ class EasgdAsyncServer(ServerRule):
         return {}
 
 
-class EasgdWorker(WorkerLoop):
+class EasgdWorker(WorkerLoop[EasgdParams]):
     """tau local steps; push ``x_i - x~_t`` and move toward x~_t; pull x~_{t+1}."""
 
     async def run(self, ctx: Context) -> None:
@@ -136,10 +136,10 @@ class EasgdWorker(WorkerLoop):
             samples = (await ctx.steps(tau)).samples
             difference = await ctx.delta_since(center)
             await ctx.mix_toward(center, alpha)
-            center, version = await exchange(ctx, "delta", difference, tau, samples, version)
+            center, version = await push_then_pull(ctx, "delta", difference, tau, samples, version)
 
 
-class EasgdAsyncWorker(WorkerLoop):
+class EasgdAsyncWorker(WorkerLoop[EasgdParams]):
     """tau local steps; read x~; push ``x_i - x~`` and move toward x~."""
 
     async def run(self, ctx: Context) -> None:

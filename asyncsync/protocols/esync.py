@@ -68,7 +68,7 @@ class EsyncRound:
     wait_s: dict[int, float] = field(default_factory=dict)
 
 
-class EsyncServer(RoundServer):
+class EsyncServer(RoundServer[EsyncParams]):
     """The state oracle and the synchronous barrier of deltas, over the live workers.
 
     A lost worker's step time and step clock are forgotten, so the oracle picks the
@@ -144,7 +144,7 @@ class EsyncServer(RoundServer):
         self._step_began = [now] * self.store.workers
 
 
-class EsyncWorker(WorkerLoop):
+class EsyncWorker(WorkerLoop[EsyncParams]):
     """Ask the oracle before each step; step, or push the round's delta and adopt the average."""
 
     async def run(self, ctx: Context) -> None:
@@ -157,7 +157,7 @@ class EsyncWorker(WorkerLoop):
                 report["c"] = step_s
             if (await ctx.query(report)).get("sync"):
                 delta = await ctx.delta_since(anchor)
-                anchor, version, _ = await ctx.exchange("delta", delta, steps=steps,
+                anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
                                                         samples=samples)
                 await ctx.adopt(anchor, version)
                 steps = samples = 0

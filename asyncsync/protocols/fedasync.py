@@ -49,7 +49,7 @@ class FedAsyncParams(StalenessOptions):
         check_fields(self)
 
 
-class FedAsyncServer(ServerRule):
+class FedAsyncServer(ServerRule[FedAsyncParams]):
     """Mix each pushed model into ``w`` on arrival, weighted by alpha * s(staleness).
 
     Nobody waits for anybody, so membership changes need no handling: a lost worker just
@@ -68,7 +68,7 @@ class FedAsyncServer(ServerRule):
         return {"mixing_weight": weight}
 
 
-class FedAsyncWorker(WorkerLoop):
+class FedAsyncWorker(WorkerLoop[FedAsyncParams]):
     """Pull, H local (proximal) steps, push the model with its base version."""
 
     async def run(self, ctx: Context) -> None:

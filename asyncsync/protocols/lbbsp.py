@@ -216,7 +216,7 @@ class LbbspServer(BspServer):
         return {} if size is None else {"batch_size": size}
 
 
-class LbbspWorker(WorkerLoop):
+class LbbspWorker(WorkerLoop[LbbspParams]):
     """Gradient on the assigned batch size, push it with its compute time, pull the next."""
 
     async def run(self, ctx: Context) -> None:
@@ -224,7 +224,7 @@ class LbbspWorker(WorkerLoop):
         batch = self.params.first_batch(ctx.batch_size) if assigned is None else int(assigned)
         while True:
             result, grad = await ctx.gradient(batch_size=batch)
-            vector, version, meta = await ctx.exchange(
+            vector, version, meta = await ctx.push_and_pull(
                 "gradient", grad, steps=1, samples=result.samples,
                 meta={"compute_s": result.compute_s})
             await ctx.adopt(vector, version)

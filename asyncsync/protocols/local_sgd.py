@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from typing_extensions import TypeVar
 
 from asyncsync.protocols.base import (
     Protocol,
@@ -132,7 +133,11 @@ class LocalSgdServer(ServerOptimizerState, RoundServer):
         return self.store.current()
 
 
-class LocalSgdWorker(WorkerLoop):
+LP = TypeVar("LP", bound=LocalSgdParams, default=LocalSgdParams)
+"""The parameters of a local SGD worker (a subclass's own, e.g. FedAvg's)."""
+
+
+class LocalSgdWorker(WorkerLoop[LP]):
     """Pull a round's model, run H local (proximal) steps, push the delta and pull the next
     round's model (one exchange)."""
 
@@ -148,7 +153,7 @@ class LocalSgdWorker(WorkerLoop):
             result = await ctx.steps(steps, proximal=(anchor, mu) if mu > 0 else None)
             delta = await ctx.delta_since(anchor)
             if self.fused:
-                anchor, version, _ = await ctx.exchange("delta", delta, steps=steps,
+                anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
                                                         samples=result.samples)
             else:
                 await ctx.push("delta", delta, steps=steps, samples=result.samples)

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from asyncsync.schema import check_fields
+
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 40, 40
 
@@ -105,5 +107,15 @@ class Reply:
 
 
 @dataclass(frozen=True)
-class NoParams:
+class Params:
+    """Base of a protocol's parameters: a frozen dataclass of `option` fields, each checked
+    when it is made (a subclass with checks across fields overrides `__post_init__` and
+    calls ``super().__post_init__()`` first)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class NoParams(Params):
     """For protocols without parameters."""

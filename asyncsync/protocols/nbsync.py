@@ -49,7 +49,7 @@ class NbsyncParams:
         check_fields(self)
 
 
-class NbsyncServer(RoundServer):
+class NbsyncServer(RoundServer[NbsyncParams]):
     """Rounds of one delta per live worker (or every delta on arrival, in async mode).
 
     Sync mode: a lost worker's delta of the open round is withdrawn and the round closes
@@ -83,10 +83,10 @@ class NbsyncServer(RoundServer):
         return self.store.current()
 
 
-class NbsyncWorker(OverlapWorker):
+class NbsyncWorker(OverlapWorker[NbsyncParams]):
     """Push the progress of the last round, then pull the next global model."""
 
-    async def exchange(self, ctx: Context, delta: torch.Tensor, steps: int,
+    async def send_progress(self, ctx: Context, delta: torch.Tensor, steps: int,
                        samples: int) -> Pulled:
         await ctx.push("delta", delta, steps=steps, samples=samples)
         vector, version, _ = await ctx.pull()

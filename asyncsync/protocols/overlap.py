@@ -1,9 +1,10 @@
 """Background exchanges for workers that keep computing while they talk to the server.
 
-`Transfers` runs exchanges (a push, then a pull: `exchange`) as tasks, at most one per
-key, and surfaces their failures at step boundaries. `OverlapWorker` is local SGD with one
-exchange always in flight (NBSync, WBSP-opt); Overlap Local SGD and Streaming DiLoCo drive
-`Transfers` themselves.
+`Transfers` runs exchanges (e.g. `push_then_pull`: a push, then a pull, two requests) as
+tasks, at most one per key, and surfaces their failures at step boundaries. `OverlapWorker`
+is local SGD with one exchange always in flight, which a subclass's `send_progress` makes
+(NBSync, WBSP-opt); Overlap Local SGD and Streaming DiLoCo drive `Transfers` themselves.
+(The `Context.push_and_pull` verb is different: one request carrying both.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from asyncsync.protocols.base import WorkerLoop
+from asyncsync.protocols.base import P, WorkerLoop
 from asyncsync.protocols.ports import Context
 
 Pulled = tuple[torch.Tensor, int]  # a global vector and its version
@@ -71,16 +72,17 @@ class Transfers(Generic[T]):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def exchange(ctx: Context, kind: str, vector: torch.Tensor, steps: int,
+async def push_then_pull(ctx: Context, kind: str, vector: torch.Tensor, steps: int,
                    samples: int, base_version: int,
                    meta: dict[str, Any] | None = None) -> Pulled:
-    """Push `vector`, then pull the answer (with the same `meta` and base version)."""
+    """Push `vector`, then pull the answer (with the same `meta` and base version): two
+    requests, so the rule may answer the pull after other workers' pushes."""
     await ctx.push(kind, vector, steps, samples, meta=meta, base_version=base_version)
     pulled, version, _ = await ctx.pull(meta=meta, base_version=base_version)
     return pulled, version
 
 
-class OverlapWorker(WorkerLoop):
+class OverlapWorker(WorkerLoop[P]):
     """Local SGD that never waits for the network: one exchange runs in the background.
 
     After each local step, if no exchange is in flight (or the last one has finished), the
@@ -105,10 +107,10 @@ class OverlapWorker(WorkerLoop):
                 if pulled is not None:
                     await ctx.adopt(*pulled)
                     anchor = pulled[0]
-                transfers.start(0, self.exchange(ctx, delta, steps, samples))
+                transfers.start(0, self.send_progress(ctx, delta, steps, samples))
                 steps = samples = 0
 
     @abstractmethod
-    async def exchange(self, ctx: Context, delta: torch.Tensor, steps: int,
+    async def send_progress(self, ctx: Context, delta: torch.Tensor, steps: int,
                        samples: int) -> Pulled | None:
         """Push `delta` (`steps` local steps); return a global model to adopt, if any."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncsync.protocols.base import Protocol, WorkerLoop, check_fields, option, register
-from asyncsync.protocols.overlap import Pulled, Transfers, exchange
+from asyncsync.protocols.overlap import Pulled, Transfers, push_then_pull
 from asyncsync.protocols.ports import Context
 from asyncsync.protocols.rounds import RoundServer
 
@@ -41,7 +41,7 @@ class OverlapLocalSgdParams:
         check_fields(self)
 
 
-class OverlapLocalSgdServer(RoundServer):
+class OverlapLocalSgdServer(RoundServer[OverlapLocalSgdParams]):
     """A barrier per round: the new anchor is the mean of the live workers' pushed models.
 
     Lost and rejoining workers are handled by `RoundServer`: a lost worker's model is
@@ -55,7 +55,7 @@ class OverlapLocalSgdServer(RoundServer):
         return mean
 
 
-class OverlapLocalSgdWorker(WorkerLoop):
+class OverlapLocalSgdWorker(WorkerLoop[OverlapLocalSgdParams]):
     """tau local steps in one block; pull toward the anchor; average in the background.
 
     A failed averaging (e.g. the run stopped) surfaces when its result is taken, at the end
@@ -73,7 +73,7 @@ class OverlapLocalSgdWorker(WorkerLoop):
                     anchor, version = await transfers.finish(0)
                 await ctx.mix_toward(anchor, alpha)
                 model = await ctx.snapshot()
-                transfers.start(0, exchange(ctx, "model", model, steps=tau, samples=samples,
+                transfers.start(0, push_then_pull(ctx, "model", model, steps=tau, samples=samples,
                                             base_version=version))
 
 

@@ -155,12 +155,13 @@ class Context(Protocol):
         """Fetch the global model (or the fragment `meta` names): ``(vector, version, meta)``."""
         ...
 
-    async def exchange(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
-                       meta: dict[str, Any] | None = None,
-                       ) -> tuple[torch.Tensor, int, dict[str, Any]]:
+    async def push_and_pull(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
+                            meta: dict[str, Any] | None = None,
+                            ) -> tuple[torch.Tensor, int, dict[str, Any]]:
         """`push`, then `pull` with the same `meta` and base version, in one request (one
-        round trip fewer): returns when the pull would, with the pull's ``(vector,
-        version, meta)``; the push's reply meta is under ``meta["push"]``."""
+        round trip fewer than `push` and `pull`): returns when the pull would, with the
+        pull's ``(vector, version, meta)``; the push's reply meta is under
+        ``meta["push"]``."""
         ...
 
     async def query(self, meta: dict[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,7 @@ from asyncsync.protocols.base import (
     HISTORY,
     BadRequest,
     OutOfStep,
+    P,
     Pull,
     Push,
     Reply,
@@ -133,7 +134,7 @@ class RoundRecord:
     refused: bool = False
 
 
-class RoundServer(ServerRule):
+class RoundServer(ServerRule[P]):
     """One barrier per fragment of the model (see the module docstring).
 
     Attributes:

@@ -48,7 +48,7 @@ class SspParams:
         check_fields(self)
 
 
-class SspServer(ServerRule):
+class SspServer(ServerRule[SspParams]):
     """Apply gradients on arrival; hold a pull while its worker is more than s clocks ahead
     of the slowest live worker (a lost worker stops counting; a rejoined one restarts at
     the slowest live clock)."""

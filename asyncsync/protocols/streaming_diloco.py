@@ -34,7 +34,7 @@ from typing import Any
 
 from asyncsync.protocols.base import Protocol, WorkerLoop, option, register
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
-from asyncsync.protocols.overlap import Pulled, Transfers, exchange
+from asyncsync.protocols.overlap import Pulled, Transfers, push_then_pull
 from asyncsync.protocols.ports import Context
 
 
@@ -107,7 +107,7 @@ class StreamingDilocoServer(DilocoServer):
         return {"step": step}
 
 
-class StreamingDilocoWorker(WorkerLoop):
+class StreamingDilocoWorker(WorkerLoop[StreamingDilocoParams]):
     """Local steps in blocks up to the next exchange or merge; staggered fragment exchanges
     in the background, each merged tau steps after it started.
 
@@ -133,7 +133,7 @@ class StreamingDilocoWorker(WorkerLoop):
                     if params.pushes_after(step, fragment):
                         delta = await ctx.delta_since(anchor, start, stop)
                         last_step, last_samples = pushed[fragment]
-                        transfers.start(fragment, exchange(
+                        transfers.start(fragment, push_then_pull(
                             ctx, "delta", delta, steps=step - last_step,
                             samples=samples - last_samples, base_version=version,
                             meta={"fragment": fragment}))

@@ -71,7 +71,7 @@ class PushRecord:
     published: bool
 
 
-class WbspServer(ServerRule):
+class WbspServer(ServerRule[WbspParams]):
     """Deltas accumulate on arrival; the slowest live worker's pushes publish versions.
 
     A lost worker no longer counts as the slowest, so the next push of the slowest of the
@@ -153,7 +153,7 @@ class WbspServer(ServerRule):
         self._working, self._pending = working, []
 
 
-class WbspWorker(WorkerLoop):
+class WbspWorker(WorkerLoop[WbspParams]):
     """One local step, push its delta, pull when the server says a new version is ready."""
 
     async def run(self, ctx: Context) -> None:

@@ -32,7 +32,7 @@ from asyncsync.protocols.wbsp import WbspParams, WbspServer
 class WbspOptWorker(OverlapWorker):
     """Push the progress since the last push; pull only when the server offers a version."""
 
-    async def exchange(self, ctx: Context, delta: torch.Tensor, steps: int,
+    async def send_progress(self, ctx: Context, delta: torch.Tensor, steps: int,
                        samples: int) -> Pulled | None:
         reply = await ctx.push("delta", delta, steps=steps, samples=samples)
         if not reply.get("pull"):
