@@ -15,9 +15,17 @@ compressed. Codecs, and their bytes per element of an N-element vector:
 - ``topk``: the k = ceil(fraction x N) entries largest in |v|: k int32 indices (strictly
   increasing) then their k float32 values: 8 x fraction bytes. Layout: indices, values.
 
+Buffer slots (BatchNorm statistics, the tail of a whole-model vector after its
+parameters) are values the server adopts, not steps it sums: they travel uncompressed. The
+descriptor then says ``"raw": B``, and the payload starts with the last B elements as
+float32 (4 B bytes), followed by the codec's bytes for the first N - B elements; so top-k
+never spends its k entries on statistics (nor drops one, which would be adopted as 0), and
+int8 never shares a scale between statistics and small gradients.
+
 Error feedback (on by default, for every codec): the worker keeps, per push kind, the
-residual r = (v + r) - decode(encode(v + r)), i.e. what the last push of that kind did not
-carry, and adds it to the next push of the same kind. Only whole-model vectors take part:
+residual r = (v + r) - decode(encode(v + r)) of the parameter part, i.e. what the last push
+of that kind did not carry, and adds it to the next push of the same kind (buffer slots,
+sent exactly, have none). Only whole-model vectors take part:
 a fragment (e.g. streaming DiLoCo's) is compressed without feedback, since fragments of
 one kind cover different parts of the model. The residual assumes the push was applied; a
 rejoin (a new session) clears it, since the worker restarts from the global model.
@@ -60,6 +68,14 @@ def payload_bytes(codec: object, numel: int) -> int:
                          f"{', '.join(CODECS[1:])}")
     if count != numel or isinstance(count, bool):
         raise BadRequest(f"codec numel {str(count)[:40]} does not match the expected {numel}")
+    raw = codec.get("raw", 0)
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw < numel:
+        raise BadRequest(f"codec raw must be an integer in 0..{numel - 1}, got {str(raw)[:40]}")
+    return 4 * raw + _coded_bytes(name, codec, numel - raw)
+
+
+def _coded_bytes(name: object, codec: dict[Any, Any], numel: int) -> int:
+    """The length of the codec's part of a payload, for `numel` coded elements."""
     if name in _HALVES:
         return 2 * numel
     if name == "int8":
@@ -96,6 +112,18 @@ def encode(name: str, vector: torch.Tensor, fraction: float = 0.01
     raise ValueError(f"unknown codec {name!r}: expected one of {', '.join(CODECS[1:])}")
 
 
+def encode_split(name: str, vector: torch.Tensor, raw: int, fraction: float = 0.01
+                 ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """`encode` the first N - `raw` elements of `vector`; the last `raw` (buffer slots)
+    travel as float32 ahead of them (see the module's layout)."""
+    if not raw:
+        return encode(name, vector, fraction)
+    flat = vector.detach().reshape(-1).to(torch.float32)
+    coded, descriptor = encode(name, flat[:-raw], fraction)
+    descriptor.update(numel=flat.numel(), raw=raw)
+    return torch.cat([flat[-raw:].contiguous().view(torch.uint8), coded]), descriptor
+
+
 def decode(codec: object, payload: torch.Tensor, numel: int) -> torch.Tensor:
     """The float32 vector of `numel` elements a payload encodes; refuses malformed ones."""
     size = payload_bytes(codec, numel)
@@ -103,6 +131,15 @@ def decode(codec: object, payload: torch.Tensor, numel: int) -> torch.Tensor:
         raise Unacceptable(f"compressed payload of {payload.numel()} {payload.dtype} elements: "
                            f"expected {size} bytes")
     assert isinstance(codec, dict)  # payload_bytes checked it
+    raw = int(codec.get("raw", 0))
+    if not raw:
+        return _decode_coded(codec, payload, numel)
+    coded = _decode_coded(codec, payload[4 * raw :], numel - raw)
+    return torch.cat([coded, payload[: 4 * raw].view(torch.float32)])
+
+
+def _decode_coded(codec: dict[str, Any], payload: torch.Tensor, numel: int) -> torch.Tensor:
+    """Decode the codec's part of a payload (its length already checked)."""
     name = codec["name"]
     if name in _HALVES:
         return payload.view(_HALVES[name]).to(torch.float32)
@@ -145,19 +182,25 @@ class Compressor:
         self.residuals: dict[str, torch.Tensor] = {}
         self._session: str | None = None
 
-    def encode(self, kind: str, vector: torch.Tensor, session: str, whole: bool = True
-               ) -> tuple[torch.Tensor, dict[str, Any]]:
+    def encode(self, kind: str, vector: torch.Tensor, session: str, whole: bool = True,
+               buffers: int = 0) -> tuple[torch.Tensor, dict[str, Any]]:
         """The payload and descriptor for a push of `kind` in worker session `session`
         (a new session clears the residuals); `whole`: the vector is the whole model's
-        (only such pushes take part in error feedback)."""
+        (only such pushes take part in error feedback), whose last `buffers` elements are
+        buffer slots (sent uncompressed)."""
         if session != self._session:
             self.residuals.clear()
             self._session = session
+        raw = buffers if whole and 0 < buffers < vector.numel() else 0
+        coded = vector.numel() - raw
         residual = self.residuals.get(kind) if whole else None
-        target = vector if residual is None else vector + residual
-        payload, descriptor = encode(self.name, target, self.topk_fraction)
+        target = vector
+        if residual is not None and residual.numel() == coded:
+            target = vector.clone()
+            target[:coded] += residual
+        payload, descriptor = encode_split(self.name, target, raw, self.topk_fraction)
         if self.error_feedback and whole:
-            residual = target - decode(descriptor, payload, target.numel())
+            residual = target[:coded] - decode(descriptor, payload, target.numel())[:coded]
             if all_finite(residual):  # a non-finite push is refused; do not carry it on
                 self.residuals[kind] = residual
             else:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asyncsync.clock import VirtualTimeLoop
+from asyncsync.compression import Compressor, decode
 from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
@@ -211,3 +212,50 @@ def test_a_worker_whose_pushes_are_refused_logs_them_and_goes_on() -> None:
     finally:
         loop.close()
     assert final["refused"] >= 3
+
+
+def bn_model() -> torch.nn.Module:
+    """BatchNorm first: its statistics depend on the data alone, not on the training."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 2))
+
+
+def bn_statistics(codec: str) -> torch.Tensor:
+    """The server's buffer slots after 12 asp steps of one worker pushing with `codec`."""
+    x, y = tiny_data()
+
+    async def run() -> torch.Tensor:
+        core = build_core(bn_model(), "asp", 1, ServerSettings(lr=0.1),
+                          seam=InlineServerSeam())
+        worker = Worker(0, LocalTransport(core), bn_model(), batches_of(x, y, 0), "asp",
+                        lr=0.1, batch_size=16, max_steps=12,
+                        compressor=None if codec == "none" else Compressor(codec, 0.05),
+                        seam=VirtualWorkerSeam(StepDelay(0.0), StepCost(STEP_S, 16)))
+        await worker.run()
+        await core.stop()
+        await core.close()
+        assert core.store.version >= 11
+        return core.store.w[core.store.num_params :].clone()
+
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(run())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("codec", ["float16", "bfloat16", "int8", "topk"])
+def test_compressed_pushes_carry_batchnorm_statistics_exactly(codec: str) -> None:
+    exact = bn_statistics("none")
+    assert bool(exact[:8].abs().gt(0).all())  # running_mean moved from 0
+    assert torch.equal(bn_statistics(codec), exact)
+
+
+def test_buffer_slots_travel_raw_and_take_no_error_feedback() -> None:
+    vector = torch.tensor([1e-3, -2e-3, 5e-4, 2.5, -3.0])
+    compressor = Compressor("topk", 0.01)
+    payload, codec = compressor.encode("gradient", vector, "s", buffers=2)
+    assert codec["raw"] == 2 and codec["k"] == 1
+    assert torch.equal(decode(codec, payload, 5), torch.tensor([0.0, -2e-3, 0.0, 2.5, -3.0]))
+    assert torch.equal(compressor.residuals["gradient"], torch.tensor([1e-3, 0.0, 5e-4]))
