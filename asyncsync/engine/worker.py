@@ -158,7 +158,7 @@ class WorkerContext:
         if self._compressor is not None and kind in COMPRESSED_KINDS:
             vector, header["codec"] = await self._seam.math(
                 self._compressor.encode, kind, vector, self._session,
-                vector.numel() == self.numel)
+                vector.numel() == self.numel, self.numel - self._trainer.params.num_params)
         return header, vector
 
     async def pull(self, meta: dict[str, Any] | None = None, base_version: int | None = None
