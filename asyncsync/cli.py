@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich import box
 from rich.console import Console
+from rich.table import Table
 
 from asyncsync.comparison import is_baseline
 from asyncsync.data import DatasetMissing
@@ -225,11 +227,77 @@ def _node(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     return _work(args, env.server_url, env.worker_rank)
 
 
+def _changed(params: Any) -> str:
+    """A parameter dataclass's values that differ from its defaults, as ``key=value``."""
+    default = type(params)()
+    return " ".join(f"{f.name}={_toml(getattr(params, f.name))}"
+                    for f in dataclasses.fields(params)
+                    if getattr(params, f.name) != getattr(default, f.name))
+
+
+def _figures(value: Any, zero: str = "inf") -> str:
+    """A link figure, or one per worker, compactly (`zero` for 0: unlimited bandwidth)."""
+    if isinstance(value, list):
+        return ",".join(_figures(v, zero) for v in value)
+    return f"{value:g}" if value else zero
+
+
+def _check_table(recipe: Recipe) -> Table:
+    """The resolved runs, one row each: what differs between them at a glance."""
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for header in ("run", "protocol", "workers", "compute", "network", "data", "model",
+                   "budget", "clock"):
+        table.add_column(header, overflow="fold")
+    for spec in recipe.runs:
+        compute = spec.compute
+        factors = ",".join(f"{f:g}" for f in compute.slowdown) or "1"
+        steps = (f"{factors}x" + (f" {compute.profile['name']}" if compute.profile else "")
+                 + (f" step {compute.base_step_s:g} s" if compute.base_step_s else ""))
+        net = spec.network
+        up = net.uplink_mbps if net.uplink_mbps is not None else net.bandwidth_mbps
+        down = net.downlink_mbps if net.downlink_mbps is not None else net.bandwidth_mbps
+        link = "-" if not (up or down or net.latency_ms) else (
+            f"{_figures(up)}/{_figures(down)}M {_figures(net.latency_ms, '0')}ms")
+        data = spec.data
+        stop = spec.stop
+        budget = (f"{stop.time_s:g} s" + (f", to {stop.target_accuracy:g}"
+                                          if stop.stop_at_target else ""))
+        table.add_row(spec.name, f"{spec.protocol.name} {_changed(spec.protocol.params)}",
+                      str(spec.workers), steps, link,
+                      f"{data.name} {data.partition} b{data.batch_size}", spec.model.name,
+                      budget, spec.clock)
+    return table
+
+
+def _toml(value: Any) -> str:
+    """`value` as a recipe writes it (TOML)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _own_first(cls: type[Any]) -> list[tuple[str, Any, str]]:
+    """`describe(cls)` with the protocol's own parameters first, then the inherited ones."""
+    def depth(name: str) -> int:
+        return next(i for i, base in enumerate(cls.__mro__)
+                    if name in vars(base).get("__annotations__", {}))
+
+    return sorted(describe(cls), key=lambda row: depth(row[0]))
+
+
 def _protocols(console: Console) -> None:
     for name, proto in sorted(discover().items()):
-        console.print(f"[bold]{name}[/bold]: {proto.summary}")
-        for field_name, default, text in describe(proto.params):
-            console.print(f"    {field_name} = {default!r}" + (f"  ({text})" if text else ""))
+        console.print(f"[bold]{name}[/bold]: {proto.summary}", highlight=False)
+        for field_name, default, text in _own_first(proto.params):
+            value = "(no default: unset)" if default is None else f"= {_toml(default)}"
+            console.print(f"    {field_name} {value}" + (f"  # {text}" if text else ""),
+                          highlight=False, markup=False)
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
@@ -269,11 +337,13 @@ def main(argv: list[str] | None = None) -> int:
                                         live=False if args.plain else None)
             return 1 if any("error" in s for s in summaries) else 0
         if args.command == "check":
+            from asyncsync.runner import check_data
+
             recipe = load_recipe(args.recipe, args.overrides)
-            for spec in recipe.runs:
-                console.print(f"[bold]{spec.name}[/bold]: {spec.as_table()}")
+            console.print(_check_table(recipe))
+            check_data(recipe)
             console.print(f"{args.recipe}: ok ({len(recipe.runs)} runs, "
-                          f"baseline {recipe.baseline})")
+                          f"baseline {recipe.baseline}; data found)", highlight=False)
         elif args.command == "protocols":
             _protocols(console)
         elif args.command == "worker-token":

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -216,8 +217,13 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
                                            out / "compute_proportion.png",
                                            [names[i] for i in first]))
     for run_dir, name in [(run_dirs[i], names[i]) for i in first]:
-        file_name = "timeline-" + name.replace("/", "-") + ".png"
-        written.append(plot_timeline(run_dir, out / file_name, name))
+        stem = "timeline-" + name.replace("/", "-")
+        path = out / f"{stem}.png"
+        for k in itertools.count(2):  # never one run's plot over another's
+            if path not in written:
+                break
+            path = out / f"{stem}-{k}.png"
+        written.append(plot_timeline(run_dir, path, name))
     if baseline and all(s.get("sweep") for s in summaries):
         written.append(plot_sweep(summaries, baseline, out / "sweep.png"))
     return written

@@ -79,8 +79,6 @@ async def _wait_for_port(port_file: Path, server: _Node, timeout_s: float) -> in
 
 async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
                    index: int, repeat: int = 0) -> dict[str, Any]:
-    if spec.data.name != "synthetic":  # fail here, with the path, not in N processes
-        await asyncio.to_thread(run_data, spec)
     run_dir.mkdir(parents=True)
     recipe_file = run_dir / "recipe.json"
     recipe_file.write_text(json.dumps(
@@ -108,9 +106,7 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
         await _watch(spec, url, run_id, token, tls, nodes, dashboard, index)
     finally:
         await _reap(nodes)
-    summary = summarize_run(run_dir)
-    write_summary(run_dir, summary)
-    return summary
+    return summarize_run(run_dir)
 
 
 _CALIBRATED: dict[str, float] = {}
@@ -141,9 +137,7 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
         if latest:
             dashboard.update(spec, index, latest[0])
         await asyncio.wait({job}, timeout=0.5)
-    summary = {**summarize_run(run_dir), **job.result()}
-    write_summary(run_dir, summary)
-    return summary
+    return {**summarize_run(run_dir), **job.result()}
 
 
 async def _watch(spec: RunSpec, url: str, run_id: str, token: str,
@@ -183,9 +177,51 @@ async def _reap(nodes: list[_Node], grace_s: float = 20.0) -> None:
         node.output.close()
 
 
+def check_data(recipe: Recipe) -> None:
+    """Load every dataset the recipe's runs read from disk, once each.
+
+    Raises:
+        DatasetMissing: one is absent (the error names the expected path).
+    """
+    seen = set()
+    for spec in recipe.runs:
+        key = (spec.data.name, spec.data.root, spec.data.download)
+        if spec.data.name != "synthetic" and key not in seen:
+            seen.add(key)
+            run_data(spec)
+
+
+async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
+                         index: int, repeat: int) -> dict[str, Any]:
+    """Run one run and write its folder; returns its summary.
+
+    A run that fails gets a summary.json with its ``error`` (a run that failed before it
+    started leaves no folder); one cut short by Ctrl-C gets one with ``interrupted: true``,
+    and the cancellation goes on.
+    """
+    failed = {"run": spec.name, "protocol": spec.protocol.name, "repeat": repeat,
+              "seed": spec.seed}
+    try:
+        summary = await _run_one(spec, recipe, run_dir, dashboard, index, repeat)
+    except RuntimeError as exc:
+        summary = {**failed, "error": str(exc)}
+    except asyncio.CancelledError:
+        if run_dir.is_dir():
+            write_summary(run_dir, {**failed, "error": "interrupted", "interrupted": True})
+        raise
+    if run_dir.is_dir():
+        write_summary(run_dir, summary)
+    return summary
+
+
 async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | None = None,
                      ) -> list[dict[str, Any]]:
-    """Run every run of `recipe` in turn; returns their summaries and prints the table."""
+    """Run every run of `recipe` in turn; returns their summaries and prints the table.
+
+    On Ctrl-C (the task is cancelled) it prints "interrupted", the table of the runs that
+    finished and the log path, then lets the cancellation go on.
+    """
+    await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = logs / recipe.name / stamp
     root.mkdir(parents=True)
@@ -193,21 +229,32 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     dashboard = Dashboard(recipe, live)
     summaries: list[dict[str, Any]] = []
     run_dirs: list[Path] = []
-    with dashboard:
-        for index, spec in enumerate(recipe.runs):
-            for repeat, run in enumerate(recipe.repeated(spec)):
-                name = spec.name if recipe.repeats == 1 else f"{spec.name}-r{repeat}"
-                try:
-                    summary = await _run_one(run, recipe, root / name, dashboard, index, repeat)
-                except RuntimeError as exc:
-                    summary = {"run": spec.name, "protocol": spec.protocol.name,
-                               "repeat": repeat, "seed": run.seed, "error": str(exc)}
-                summaries.append(summary)
-                run_dirs.append(root / name)
-                dashboard.finished(spec, index, summary)
-    publish(run_dirs, summaries, recipe.baseline, root, dashboard.console, title=recipe.name)
-    dashboard.console.print(f"logs: {root}")
+    try:
+        with dashboard:
+            for index, spec in enumerate(recipe.runs):
+                for repeat, run in enumerate(recipe.repeated(spec)):
+                    name = spec.name if recipe.repeats == 1 else f"{spec.name}-r{repeat}"
+                    summary = await run_and_record(run, recipe, root / name, dashboard, index,
+                                                   repeat)
+                    summaries.append(summary)
+                    run_dirs.append(root / name)
+                    dashboard.finished(spec, index, summary)
+    except asyncio.CancelledError:
+        dashboard.console.print("[yellow]interrupted[/yellow]: the run in progress is marked "
+                                "interrupted in its summary.json")
+        _publish(run_dirs, summaries, recipe, root, dashboard)
+        raise
+    _publish(run_dirs, summaries, recipe, root, dashboard)
     return summaries
+
+
+def _publish(run_dirs: list[Path], summaries: list[dict[str, Any]], recipe: Recipe, root: Path,
+             dashboard: Dashboard) -> None:
+    """The table, CSV and plots of the finished runs, then where the logs are."""
+    if summaries:
+        publish(run_dirs, summaries, recipe.baseline, root, dashboard.console,
+                title=recipe.name)
+    dashboard.console.print(f"logs: {root}", highlight=False)
 
 
 def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -11,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from asyncsync import runner
 from asyncsync.cli import main
+from asyncsync.recipe import RunSpec
+from asyncsync.report import summarize_run
 from tests.test_report import fake_run
 
 ROOT = Path(__file__).parent.parent
@@ -170,3 +175,67 @@ def test_an_unwritable_log_root_is_one_line(capsys: pytest.CaptureFixture[str],
                               "--set", "stop.time_s=1"))
     assert error.startswith(f"error: {blocker / 'quickstart'}/")
     assert error.endswith(": Not a directory")
+
+
+def test_ctrl_c_prints_interrupted_the_finished_runs_and_the_log_path(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """bsp finishes; Ctrl-C arrives during asp: exit 130, "interrupted", bsp's row, the logs
+    path, and asp's folder marked interrupted."""
+
+    async def fake_run_one(spec: RunSpec, recipe: object, run_dir: Path, *_: object
+                           ) -> dict[str, object]:
+        made = fake_run(tmp_path / "made", "quickstart", spec.name, spec.protocol.name,
+                        [0.1, 0.75])
+        made.rename(run_dir)
+        if spec.name == "asp":
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C sends
+            await asyncio.sleep(60)
+        return summarize_run(run_dir)
+
+    monkeypatch.setattr(runner, "_run_one", fake_run_one)
+    code, out = run_main(capsys, "run", QUICKSTART, "--logs", str(tmp_path / "logs"),
+                         "--plain")
+    assert code == 130
+    (stamp,) = (tmp_path / "logs" / "quickstart").iterdir()
+    assert "interrupted" in out and f"logs: {stamp}" in out
+    rows = [line.split() for line in out.splitlines()]
+    assert ["bsp", "bsp", "2.0", "-", "0.750", "1.00x", "0.65", "16", "1.50"] in rows
+    assert not any(row[:1] == ["asp"] for row in rows)
+    assert json.loads((stamp / "bsp" / "summary.json").read_text())["best_accuracy"] == 0.75
+    assert json.loads((stamp / "asp" / "summary.json").read_text())["interrupted"] is True
+
+
+def test_check_prints_one_row_per_run(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run_main(capsys, "check", str(ROOT / "recipes" / "wan.toml"))
+    assert code == 0, out
+    rows = [line.split() for line in out.splitlines()]
+    assert ["bsp", "bsp", "4", "1,1,1.5,2x", "20/20M", "40ms", "synthetic", "iid", "b32", "cnn",
+            "50", "s", "real"] in rows
+    assert any(row[:3] == ["streaming_diloco", "streaming_diloco", "inner_steps=16"]
+               for row in rows)
+    assert "wan.toml: ok (5 runs, baseline bsp; data found)" in out
+
+
+def test_check_and_run_find_missing_data_before_any_folder(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = ["--set", "data.name=mnist", "--set", f"data.root={tmp_path / 'data'}"]
+    code, out = run_main(capsys, "check", QUICKSTART, *missing)
+    assert code == 2 and out.splitlines()[-1].startswith(
+        f"error: mnist: files not found in {tmp_path / 'data' / 'MNIST' / 'raw'}"), out
+    code, out = run_main(capsys, "run", QUICKSTART, "--plain", "--logs", str(tmp_path / "logs"),
+                         *missing)
+    assert one_error((code, out)).startswith("error: mnist: files not found")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_protocols_prints_toml_values_own_parameters_first(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run_main(capsys, "protocols")
+    assert code == 0
+    block = out.split("\nlocal_sgd:")[1].split("\nnbsync:")[0].splitlines()[1:]
+    names = [line.split()[0] for line in block]
+    assert names[:2] == ["local_steps", "mu"]  # its own, then the shared server optimizer's
+    assert "    bias_correction = true  # " in out
+    assert "    server_lr (no default: unset)  # " in out
+    assert "True" not in out and "None" not in out and "'sgd'" not in out
