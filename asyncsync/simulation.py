@@ -33,12 +33,14 @@ from asyncsync.assembly import (
 from asyncsync.clock import VirtualTimeLoop, wall
 from asyncsync.engine.channel import Transport
 from asyncsync.engine.compute import Charged, InlineServerSeam, VirtualWorkerSeam, WorkerSeam
-from asyncsync.engine.core import build_core
-from asyncsync.hetero.compute import ComputeProfile, StepCost
-from asyncsync.hetero.network import Link, ServerLink
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker
+from asyncsync.hetero.compute import ComputeProfile, StepCost, StepDelay
+from asyncsync.hetero.network import Link, LinkSpec, ServerLink
 from asyncsync.metrics import JsonlLog
 from asyncsync.models import TimingModel
-from asyncsync.protocols.base import get_protocol
+from asyncsync.protocols.base import Protocol, get_protocol
 from asyncsync.recipe import TIMING_MODEL, RunSpec
 from asyncsync.trainer import BatchSource, Trainer
 from asyncsync.transport.local import LocalTransport
@@ -217,3 +219,51 @@ async def _report(read: Callable[[], dict[str, Any]], sink: StatusSink) -> None:
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """summary.json of a run."""
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def run_virtual(protocol: str | Protocol, model: Callable[[], torch.nn.Module],
+                batches: Callable[[int], BatchSource], delays: list[float], *,
+                settings: ServerSettings, params: Any = None, step_s: float = 0.001,
+                batch_size: int = 16, link: LinkSpec | None = None,
+                max_steps: int | None = None,
+                test_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+                prepare: Callable[[ServerCore], object] | None = None,
+                ) -> tuple[ServerCore, list[dict[str, Any]]]:
+    """Run a protocol in virtual time, in this thread: one in-process worker per entry of
+    `delays` (test kit for protocol authors, beside `asyncsync.protocols.testing`).
+
+    Each local step of `batch_size` samples is charged `step_s` plus its worker's delay on
+    the virtual clock (the real math runs inline), and `link` shapes every worker's
+    messages, so the outcome does not depend on the host's speed or load. The run ends
+    after ``settings.time_s`` virtual seconds, or as soon as the first worker reaches
+    `max_steps` (the server then stops, so no worker waits at a barrier a finished peer
+    will never reach). Returns the server core (store, commits, staleness, blocked time)
+    and each worker's final totals. `prepare` sees the core before the run starts.
+    """
+    async def run() -> tuple[ServerCore, list[dict[str, Any]]]:
+        core = build_core(model(), protocol, len(delays), settings, protocol_params=params,
+                          test_data=test_data, seam=InlineServerSeam())
+        if prepare is not None:
+            prepare(core)
+        cost = StepCost(step_s, batch_size)
+        workers = [
+            Worker(rank, LocalTransport(core, Link(link, seed=rank) if link else None),
+                   model(), batches(rank), protocol, protocol_params=params, lr=settings.lr,
+                   batch_size=batch_size, max_steps=max_steps,
+                   seam=VirtualWorkerSeam(StepDelay(delay), cost))
+            for rank, delay in enumerate(delays)]
+
+        async def one(worker: Worker) -> dict[str, Any]:
+            final = await worker.run()
+            await core.stop()
+            return final
+
+        finals = await asyncio.gather(*(one(w) for w in workers))
+        await core.close()
+        return core, list(finals)
+
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(run())
+    finally:
+        loop.close()

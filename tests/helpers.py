@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from asyncsync.clock import VirtualTimeLoop
-from asyncsync.engine.compute import InlineServerSeam, ThreadedWorkerSeam, VirtualWorkerSeam
+from asyncsync.engine.compute import ThreadedWorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import Commit
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import StepCost, StepDelay
-from asyncsync.hetero.network import Link, LinkSpec
+from asyncsync.hetero.compute import StepDelay
+from asyncsync.hetero.network import LinkSpec
+from asyncsync.simulation import run_virtual
 from asyncsync.trainer import BatchSource
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
@@ -62,47 +62,23 @@ async def run_local(
     lr: float = 0.1,
     batch_size: int = 16,
 ) -> tuple[ServerCore, list[dict[str, Any]]]:
-    """Run one in-process worker per step delay, in virtual time.
+    """`asyncsync.simulation.run_virtual` of the tiny model, steps of `STEP_S`, the whole
+    commit history kept, in a thread (so async tests can call it)."""
+    x, y = tiny_data()
 
-    Each local step is charged `STEP_S` plus its worker's delay on a virtual clock (the
-    real math runs inline), and `link` shapes every worker's messages in virtual seconds,
-    so the outcome does not depend on the machine's speed or load. The run ends after
-    `time_s` virtual seconds, or as soon as the first worker reaches `max_steps` (the
-    server then stops, so no worker blocks on a barrier that a finished peer will never
-    reach). Returns the server core (store, commits, staleness, blocked time) and each
-    worker's final totals.
-    """
     def simulate() -> tuple[ServerCore, list[dict[str, Any]]]:
-        loop = VirtualTimeLoop()
-        try:
-            return loop.run_until_complete(_local_run(
-                protocol, delays, params, max_steps, time_s, link, lr, batch_size))
-        finally:
-            loop.close()
+        return run_virtual(
+            protocol, tiny_model, lambda rank: batches_of(x, y, rank), delays,
+            settings=ServerSettings(lr=lr, time_s=time_s, eval_interval_s=0.25),
+            params=params, step_s=STEP_S, batch_size=batch_size, link=link,
+            max_steps=max_steps, test_data=(x, y),
+            prepare=keep_every_commit)
 
     return await asyncio.to_thread(simulate)
 
 
 STEP_S = 0.001
 """The virtual duration of one local step of the tiny model, before its worker's delay."""
-
-
-async def _local_run(protocol: str, delays: list[float], params: Any, max_steps: int | None,
-                     time_s: float | None, link: LinkSpec | None, lr: float,
-                     batch_size: int) -> tuple[ServerCore, list[dict[str, Any]]]:
-    x, y = tiny_data()
-    settings = ServerSettings(lr=lr, time_s=time_s, eval_interval_s=0.25)
-    core = keep_every_commit(build_core(tiny_model(), protocol, len(delays), settings,
-                                        protocol_params=params, test_data=(x, y),
-                                        seam=InlineServerSeam()))
-    workers = [
-        Worker(rank, LocalTransport(core, Link(link, seed=rank) if link else None),
-               tiny_model(), batches_of(x, y, rank), protocol, protocol_params=params,
-               lr=lr, batch_size=batch_size, max_steps=max_steps,
-               seam=VirtualWorkerSeam(StepDelay(delay), StepCost(STEP_S, batch_size)))
-        for rank, delay in enumerate(delays)
-    ]
-    return core, await run_workers(core, workers)
 
 
 async def run_workers(core: ServerCore, workers: list[Worker]) -> list[dict[str, Any]]:
