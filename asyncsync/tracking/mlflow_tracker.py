@@ -67,7 +67,7 @@ class MlflowTracker:
                 "seed": str(run.seed), "clock": run.clock}
         created = self.client.create_run(experiment_id, tags=tags,
                                          run_name=f"{run.stamp}/{run.name}/r{run.repeat}",
-                                         start_time=int(run.start_wall * 1000))
+                                         start_time=round(run.start_wall * 1000))
         self.run_id = created.info.run_id
         self._skip = 0
         params = [self._entities.Param(key, json.dumps(value) if not isinstance(value, str)
@@ -81,7 +81,7 @@ class MlflowTracker:
         if self._skip:
             self._skip -= 1
             return
-        stamp = int(wall * 1000)
+        stamp = round(wall * 1000)
         self.client.log_batch(run_id, metrics=[
             self._entities.Metric(key, value, stamp, point.step)
             for key, value in point.metrics.items()])
