@@ -1,9 +1,10 @@
 """PNG plots of finished runs, from their logs (needs the `plot` extra: matplotlib).
 
-- ``accuracy.png``: test accuracy of the global model vs wall time, one line per run,
-  the target accuracy as a dashed line and each run's time to target as a dot.
+- ``accuracy.png``: test accuracy of the global model vs wall (or virtual) time, one line
+  per run, the target accuracy as a dashed line and each run's time to target as a dot.
 - ``compute_proportion.png``: compute proportion per worker, grouped by run.
-- ``timeline-<run>.png``: per worker, when it computed, communicated and waited.
+- ``timeline-<run>.png``: per worker, when it computed, communicated and waited, over a
+  window of the run past its start-up.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def _pyplot() -> Any:
     return plt
 
 
+def repeat_curves(group: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """Every repeat's accuracy at all the repeats' evaluation times (one row per repeat).
+
+    A repeat that ended earlier (at its target, with stop_at_target) holds its last
+    accuracy, so the mean of repeats that all reached the target reaches the target line.
+    """
+    times = np.unique(np.concatenate([np.array(s["evaluations"])[:, 0] for s in group]))
+    return times, np.array([np.interp(times, *np.array(s["evaluations"]).T) for s in group])
+
+
 def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str]) -> Path:
     """Accuracy vs time per run; with repeats, their mean (on the first repeat's evaluation
     times) and a band from the lowest to the highest repeat."""
@@ -50,9 +61,9 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
     for s, name in zip(summaries, names, strict=True):
         if s.get("evaluations"):
             runs.setdefault(name, []).append(s)
+    marked = False
     for name, group in runs.items():
-        times = np.array([t for t, _ in group[0]["evaluations"]])
-        curves = np.array([np.interp(times, *np.array(s["evaluations"]).T) for s in group])
+        times, curves = repeat_curves(group)
         (line,) = ax.plot(times, curves.mean(axis=0), linewidth=1.6,
                           label=name if len(group) == 1 else f"{name} ({len(group)} repeats)")
         if len(group) > 1:
@@ -61,18 +72,28 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
         reached = [s["time_to_target_s"] for s in group if s.get("time_to_target_s") is not None]
         if reached and target is not None:
             ax.plot(reached, [target] * len(reached), "o", color=line.get_color())
+            marked = True
+    if marked:  # one legend entry for every run's dots, in no run's colour
+        ax.plot([], [], "o", color="grey", label="time to target (a dot per repeat)")
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1,
                    label=f"target {target:g}")
-    ax.set_xlabel("wall time (s)")
+    clock = _clock(summaries)
+    ax.set_xlabel(f"{clock} time (s)")
     ax.set_ylabel("test accuracy")
-    ax.set_title("Accuracy of the global model vs wall time")
+    ax.set_title(f"Accuracy of the global model vs {clock} time")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _clock(summaries: list[dict[str, Any]]) -> str:
+    """``virtual`` when every run ran on the virtual clock, else ``wall``."""
+    virtual = bool(summaries) and all(s.get("clock") == "virtual" for s in summaries)
+    return "virtual" if virtual else "wall"
 
 
 def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
@@ -141,7 +162,9 @@ def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
     return spans
 
 
-def plot_timeline(run_dir: Path, path: Path, name: str) -> Path:
+def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> Path:
+    """One run's workers over a window of about `TIMELINE_CYCLES` steps of the slowest,
+    from 20% into the run (past start-up); `clock` names the x-axis's time."""
     plt = _pyplot()
     logs = sorted(run_dir.glob("worker-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
     records = [read_jsonl(log) for log in logs]
@@ -154,8 +177,10 @@ def plot_timeline(run_dir: Path, path: Path, name: str) -> Path:
                                label=kind if row == 0 else None)
     ax.set_yticks(range(len(logs)), [f"worker {log.stem.split('-')[1]}" for log in logs])
     ax.set_xlim(*window)
-    ax.set_xlabel("wall time (s)")
-    ax.set_title(f"{name}: computing, communicating and waiting")
+    ax.set_xlabel(f"{clock} time (s), a window from 20% into the run: about "
+                  f"{TIMELINE_CYCLES} steps of the slowest worker")
+    ax.set_title(f"{name}: computing, communicating and waiting, "
+                 f"{window[0]:.1f}-{window[1]:.1f} s")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize="small", ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -169,6 +194,7 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
     plt = _pyplot()
     runs = groups(summaries)
     key = next(iter(runs[0][0]["sweep"]))
+    integer = all(isinstance(s["sweep"][key], int) for s in summaries)
     bases = {sweep_suffix(g[0]["sweep"]): g for g in runs if is_baseline(g[0], baseline)}
     lines: dict[str, list[tuple[float, tuple[list[float], list[float], list[float]]]]] = {}
     for group in runs:
@@ -195,6 +221,8 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
             ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=name)
             ax.set_title(title)
             ax.set_xlabel(key)
+            if integer:
+                ax.set_xticks(sorted({v for v, _ in points}))
             ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
     fig.tight_layout()
@@ -223,7 +251,7 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
             if path not in written:
                 break
             path = out / f"{stem}-{k}.png"
-        written.append(plot_timeline(run_dir, path, name))
+        written.append(plot_timeline(run_dir, path, name, _clock(summaries)))
     if baseline and all(s.get("sweep") for s in summaries):
         written.append(plot_sweep(summaries, baseline, out / "sweep.png"))
     return written

@@ -167,3 +167,30 @@ def test_the_quickstart_table_is_one_row_per_run_in_80_columns() -> None:
     console.print(publish_table.comparison_table(summaries, "bsp", "quickstart", 80))
     rows = [line.split() for line in console.export_text().splitlines()]
     assert ["asp", "asp", "6.0", "6.0", "0.923", "3.33x", "0.46", "12346", "12.35"] in rows
+
+
+def test_the_mean_of_repeats_that_stopped_at_the_target_reaches_it() -> None:
+    """stop_at_target ends each repeat at its crossing: the first at 4 s, the second at 6 s."""
+    group = [{"evaluations": [[0, 0.1], [2, 0.4], [4, 0.72]]},
+             {"evaluations": [[0, 0.1], [3, 0.5], [6, 0.71]]}]
+    times, curves = plots.repeat_curves(group)
+    assert list(times) == [0, 2, 3, 4, 6]
+    assert list(curves[0]) == [0.1, 0.4, 0.56, 0.72, 0.72]  # held after its end
+    assert curves.mean(axis=0)[-1] >= 0.7
+
+
+def test_virtual_runs_plot_virtual_time_and_no_plot_overwrites_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recipe "a" run "b-c" and recipe "a-b" run "c" both make timeline-a-b-c.png."""
+    one = fake_run(tmp_path, "a", "b-c", "bsp", [0.1, 0.6])
+    two = fake_run(tmp_path, "a-b", "c", "asp", [0.6])
+    summaries = [{**summarize_run(d), "clock": "virtual"} for d in (one, two)]
+    labels: list[str] = []
+    monkeypatch.setattr(plots, "plot_timeline", lambda run_dir, path, name, clock: (
+        labels.append(clock), path.write_text(name), path)[-1])
+    (tmp_path / "out").mkdir()
+    files = plots.write_plots([one, two], summaries, tmp_path / "out")
+    timelines = sorted(f.name for f in files if f.name.startswith("timeline"))
+    assert timelines == ["timeline-a-b-c-2.png", "timeline-a-b-c.png"]
+    assert labels == ["virtual", "virtual"]
+    assert plots._clock(summaries) == "virtual" and plots._clock([{"clock": "real"}]) == "wall"
