@@ -23,6 +23,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -33,6 +34,7 @@ from asyncsync.protocols.base import Refused
 from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import publish, summarize_run
 from asyncsync.simulation import calibrate_step_s, simulate, write_summary
+from asyncsync.tracking import Tracker, follow
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import worker_token
 
@@ -215,8 +217,10 @@ async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard
 
 
 async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | None = None,
-                     ) -> list[dict[str, Any]]:
+                     trackers: Sequence[Tracker] = ()) -> list[dict[str, Any]]:
     """Run every run of `recipe` in turn; returns their summaries and prints the table.
+
+    Each run's logs stream to the `trackers` while it runs (read here, in the supervisor).
 
     On Ctrl-C (the task is cancelled) it prints "interrupted", the table of the runs that
     finished and the log path, then lets the cancellation go on.
@@ -234,8 +238,8 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
             for index, spec in enumerate(recipe.runs):
                 for repeat, run in enumerate(recipe.repeated(spec)):
                     name = spec.name if recipe.repeats == 1 else f"{spec.name}-r{repeat}"
-                    summary = await run_and_record(run, recipe, root / name, dashboard, index,
-                                                   repeat)
+                    job = run_and_record(run, recipe, root / name, dashboard, index, repeat)
+                    summary = await (follow(root / name, job, trackers) if trackers else job)
                     summaries.append(summary)
                     run_dirs.append(root / name)
                     dashboard.finished(spec, index, summary)
@@ -244,6 +248,9 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
                                 "interrupted in its summary.json")
         _publish(run_dirs, summaries, recipe, root, dashboard)
         raise
+    finally:
+        for tracker in trackers:
+            tracker.close()
     _publish(run_dirs, summaries, recipe, root, dashboard)
     return summaries
 
@@ -259,6 +266,8 @@ def _publish(run_dirs: list[Path], summaries: list[dict[str, Any]], recipe: Reci
 
 def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
                     logs: Path = Path("logs"), live: bool | None = None,
-                    repeats: int | None = None) -> list[dict[str, Any]]:
+                    repeats: int | None = None, trackers: Sequence[Tracker] = (),
+                    ) -> list[dict[str, Any]]:
     """Load and run a recipe file (the CLI's ``run``)."""
-    return asyncio.run(run_recipe(load_recipe(path, overrides, only, repeats), logs, live))
+    return asyncio.run(run_recipe(load_recipe(path, overrides, only, repeats), logs, live,
+                                  trackers))
