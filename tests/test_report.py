@@ -194,3 +194,31 @@ def test_virtual_runs_plot_virtual_time_and_no_plot_overwrites_another(
     assert timelines == ["timeline-a-b-c-2.png", "timeline-a-b-c.png"]
     assert labels == ["virtual", "virtual"]
     assert plots._clock(summaries) == "virtual" and plots._clock([{"clock": "real"}]) == "wall"
+
+
+def test_runs_whose_evaluations_slipped_are_marked(tmp_path: Path) -> None:
+    """Evaluations every 2 s were due; asp's came at 0, 2, 4, 8 s (one 2 s late)."""
+    runs = {"bsp": [0.0, 2.0, 4.0, 6.0], "asp": [0.0, 2.0, 4.0, 8.0]}
+    dirs = []
+    for name, times in runs.items():
+        run_dir = fake_run(tmp_path, "r", name, name, [0.1, 0.2, 0.3, 0.6])
+        recipe = json.loads((run_dir / "recipe.json").read_text())
+        recipe["runs"][0]["eval"] = {"interval_s": 2.0}
+        (run_dir / "recipe.json").write_text(json.dumps(recipe))
+        events = [{"event": "eval", "t": t, "version": 1, "accuracy": a, "loss": 1.0}
+                  for t, a in zip(times, [0.1, 0.2, 0.3, 0.6], strict=True)]
+        (run_dir / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+        dirs.append(run_dir)
+    bsp, asp = (summarize_run(d) for d in dirs)
+    assert (bsp["eval_interval_mean_s"], bsp["eval_interval_max_s"]) == (2.0, 2.0)
+    assert bsp["eval_slipped"] is False
+    assert (asp["eval_interval_mean_s"], asp["eval_interval_max_s"]) == (2.667, 4.0)
+    assert asp["eval_slipped"] is True
+    console = Console(record=True, width=150)
+    publish(dirs, [bsp, asp], "bsp", tmp_path / "out", console)
+    text = console.export_text()
+    assert "asp*" in text and "bsp*" not in text
+    assert "* evaluations slipped" in text
+    rows = list(csv.DictReader((tmp_path / "out" / "table.csv").open()))
+    assert [(r["eval_interval_max_s"], r["eval_slipped"]) for r in rows] == [
+        ("2.0", "False"), ("4.0", "True")]
