@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from asyncsync.clock import VirtualTimeLoop
 from asyncsync.compression import Compressor, decode
+from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
@@ -259,3 +262,52 @@ def test_buffer_slots_travel_raw_and_take_no_error_feedback() -> None:
     assert codec["raw"] == 2 and codec["k"] == 1
     assert torch.equal(decode(codec, payload, 5), torch.tensor([0.0, -2e-3, 0.0, 2.5, -3.0]))
     assert torch.equal(compressor.residuals["gradient"], torch.tensor([1e-3, 0.0, 5e-4]))
+
+
+def checkpointed_core(protocol: str, params: Any, path: Path) -> ServerCore:
+    core = build_core(tiny_model(), protocol, 2, ServerSettings(lr=0.1, checkpoint_path=path),
+                      protocol_params=params, seam=InlineServerSeam())
+    core.store.members.update(range(2))
+    return core
+
+
+def tamper(path: Path, **arrays: np.ndarray) -> None:
+    """Rewrite the checkpoint at `path` with some arrays replaced."""
+    with np.load(path, allow_pickle=False) as data:
+        saved = {key: data[key] for key in data.files}
+    saved.update(arrays)
+    with path.open("wb") as handle:
+        np.savez(handle, **saved)
+
+
+@pytest.mark.parametrize("protocol", sorted({*STATEFUL, "wbsp"}))
+async def test_a_rule_state_that_does_not_fit_is_a_checkpoint_error(protocol: str,
+                                                                    tmp_path: Path) -> None:
+    params = STATEFUL.get(protocol, WbspParams())
+    path = tmp_path / "checkpoint.npz"
+    core = checkpointed_core(protocol, params, path)
+    if protocol == "wbsp":
+        await core.rule.on_push(Push(0, 0, "delta", filled(core, 0.01), 1, 1))
+    else:
+        await push_round(core, 0.01)
+    assert await core.run.checkpoint()
+    with np.load(path, allow_pickle=False) as data:
+        keys = [key for key in data.files if key.startswith("rule.")]
+    assert keys
+    for key in keys:
+        fresh = tmp_path / f"{key}.npz"
+        fresh.write_bytes(path.read_bytes())
+        tamper(fresh, **{key: np.zeros(3, dtype=np.float32)})
+        with pytest.raises(CheckpointError, match=r"shape|holds|does not fit"):
+            checkpointed_core(protocol, params, fresh).resume(fresh)
+
+
+async def test_a_checkpoint_whose_model_holds_nan_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.npz"
+    core = checkpointed_core("bsp", None, path)
+    assert await core.run.checkpoint()
+    w = core.store.w.numpy().copy()
+    w[3] = np.nan
+    tamper(path, w=w)
+    with pytest.raises(CheckpointError, match="w holds NaN or Inf"):
+        checkpointed_core("bsp", None, path).resume(path)

@@ -1,8 +1,9 @@
 """Checkpoints: the model, version, optimizer and rule state as an ``.npz`` (no pickle).
 
 Each checkpoint records its run and the model's fingerprint (every state entry's name,
-shape and dtype), and a resume refuses another run's or another model's checkpoint, and
-one that lacks a field, with a message that says which.
+shape and dtype), and a resume refuses another run's or another model's checkpoint, one
+that lacks a field, and one holding a NaN or Inf (a server never commits one), with a
+message that says which.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncsync.protocols.base import CheckpointError, all_finite
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable or belongs to another run or model."""
-
+__all__ = ["REQUIRED", "CheckpointError", "load_checkpoint", "model_fingerprint",
+           "save_checkpoint"]
 
 REQUIRED = ("w", "version", "elapsed")
 
@@ -76,4 +77,7 @@ def load_checkpoint(path: Path, run_id: str, fingerprint: str) -> dict[str, torc
                       for a, b in zip(ours, theirs, strict=False) if a != b),
                      f"{len(ours)} entries here, {len(theirs)} in the checkpoint")
         raise CheckpointError(f"checkpoint {path} is of another model ({first[:300]})")
+    for key, value in arrays.items():
+        if value.is_floating_point() and not all_finite(value):
+            raise CheckpointError(f"checkpoint {path}: {key} holds NaN or Inf (damaged)")
     return arrays

@@ -24,7 +24,7 @@ from torch import nn
 
 from asyncsync.buffers import VectorPool
 from asyncsync.compression import decode
-from asyncsync.engine.checkpoint import model_fingerprint
+from asyncsync.engine.checkpoint import CheckpointError, model_fingerprint
 from asyncsync.engine.compute import ServerSeam
 from asyncsync.engine.evaluation import EvalPoint, Evaluator, make_evaluator
 from asyncsync.engine.lifecycle import RunLifecycle
@@ -115,8 +115,15 @@ class ServerCore:
 
     def resume(self, path: Path) -> None:
         """Continue from the checkpoint at `path`: model, version, optimizer, rule state and
-        clock. Call before serving; workers then rejoin."""
-        elapsed = self.run.restore(path)
+        clock. Call before serving; workers then rejoin. Anything that does not fit (a
+        rule's state included) is a `CheckpointError`."""
+        try:
+            elapsed = self.run.restore(path)
+        except CheckpointError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
+            raise CheckpointError(f"checkpoint {path} does not fit this run's "
+                                  f"{self.protocol.name} server: {exc}") from None
         self.events.write({"event": "resume", "t": round(elapsed, 3),
                            "version": self.store.version}, flush=True)
         self._start(elapsed)

@@ -74,16 +74,21 @@ from asyncsync.protocols.ports import Context, StepResult, Store
 from asyncsync.schema import check_fields, option
 
 __all__ = [
-    "HISTORY", "BadRequest", "Context", "FlatSGD", "Forbidden", "NoParams", "NotInRun",
-    "OutOfStep", "P", "Params", "Protocol", "Pull", "Push", "Refused", "Reply", "RunStopped",
-    "ServerRule", "StepResult", "Store", "Unacceptable", "WorkerLoop", "all_finite", "brief",
-    "check_fields", "get_protocol", "option", "register", "require", "require_count",
-    "unchanged_if_refused",
+    "HISTORY", "BadRequest", "CheckpointError", "Context", "FlatSGD", "Forbidden", "NoParams",
+    "NotInRun", "OutOfStep", "P", "Params", "Protocol", "Pull", "Push", "Refused", "Reply",
+    "RunStopped", "ServerRule", "StepResult", "Store", "Unacceptable", "WorkerLoop",
+    "all_finite", "brief", "check_fields", "get_protocol", "option", "register", "require",
+    "require_count", "unchanged_if_refused",
 ]
 
 HISTORY = 256
 """How many recent records (commits, rounds, pushes) a store or rule keeps for inspection;
 older ones are only counted, so memory does not grow with the length of a run."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable, belongs to another run or model, or holds
+    state that does not fit (what `ServerRule.load_state_dict` raises)."""
 
 
 def all_finite(vector: torch.Tensor, chunk: int = 1 << 20) -> bool:
@@ -164,7 +169,7 @@ class ServerRule(ABC, Generic[P]):
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore what `state_dict` returned, after the store holds the resumed model;
-        raises `ValueError` naming the entry when `state` does not fit this rule."""
+        raises `CheckpointError` naming the entry when `state` does not fit this rule."""
 
 
 @contextmanager

@@ -41,6 +41,7 @@ import torch
 
 from asyncsync.protocols.base import (
     BadRequest,
+    CheckpointError,
     OutOfStep,
     Protocol,
     Pull,
@@ -140,8 +141,8 @@ class ScaffoldServer(LocalSgdServer):
         control = state.get("control")
         if control is not None:
             if control.shape != self.control.shape:
-                raise ValueError(f"control has shape {tuple(control.shape)}, expected "
-                                 f"{tuple(self.control.shape)}")
+                raise CheckpointError(f"control has shape {tuple(control.shape)}, expected "
+                                      f"{tuple(self.control.shape)}")
             self.control = control.clone()
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncsync.protocols.base import CheckpointError
 from asyncsync.protocols.messages import Unacceptable
 from asyncsync.protocols.ports import Store
 from asyncsync.schema import option
@@ -95,13 +96,16 @@ class ServerOptimizer(ABC):
         return dict(self.state)
 
     def load_state_dict(self, state: dict[str, torch.Tensor], size: int) -> None:
-        """Restore what `state_dict` returned, for `size` parameters."""
+        """Restore what `state_dict` returned, for `size` parameters (`CheckpointError`
+        when it does not fit)."""
         expected = self.state_shapes(size) if state else {}
         if set(state) != set(expected):
-            raise ValueError(f"state holds {sorted(state)}, expected {sorted(expected)}")
+            raise CheckpointError(f"server optimizer state holds {sorted(state)}, expected "
+                                  f"{sorted(expected)}")
         for key, shape in expected.items():
             if tuple(state[key].shape) != shape:
-                raise ValueError(f"{key} has shape {tuple(state[key].shape)}, expected {shape}")
+                raise CheckpointError(f"server optimizer state {key} has shape "
+                                      f"{tuple(state[key].shape)}, expected {shape}")
         self.state = {key: value.clone() for key, value in state.items()}
 
 
