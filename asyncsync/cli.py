@@ -39,7 +39,9 @@ from asyncsync.transport.http_client import TlsFailure
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asyncsync", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="asyncsync", description="Run, check and report synchronization-protocol "
+        "recipes; serve or join one run on several machines.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run every run of a recipe with a live dashboard")
