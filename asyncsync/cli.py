@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from asyncsync.comparison import is_baseline
@@ -35,6 +36,7 @@ from asyncsync.report import (
 )
 from asyncsync.runlogs import label
 from asyncsync.schema import ConfigError, describe
+from asyncsync.tracking import export_runs, parse_track
 from asyncsync.transport.http_client import TlsFailure
 
 
@@ -57,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                           "recipe's repeats, else 1)")
     run.add_argument("--clock", choices=("real", "virtual"), default=None,
                      help="run every run on this clock (default: the recipe's, else real)")
+    run.add_argument("--track", action="append", default=[], metavar="SPEC",
+                     help="stream the runs to TensorBoard, MLflow or W&B while they run: "
+                          "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
 
     check = sub.add_parser("check", help="validate a recipe and print its resolved runs")
     check.add_argument("recipe", type=Path)
@@ -78,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--all", action="store_true",
                         help="report every study under the DIRs separately (default: the "
                              "latest study of each recipe)")
+    report.add_argument("--track", action="append", default=[], metavar="SPEC",
+                        help="also send the reported runs to TensorBoard, MLflow or W&B: "
+                             "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
 
     for name, text in (("server", "start the parameter server of one run"),
                        ("worker", "start one worker of one run"),
@@ -305,6 +313,7 @@ def _protocols(console: Console) -> None:
 def _report(args: argparse.Namespace, console: Console) -> int:
     """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all)."""
     reports, notes = find_reports(args.dirs, every=args.all)
+    trackers = [parse_track(spec) for spec in args.track]
     for note in notes:
         console.print(note, highlight=False)
     for run_dirs in reports:
@@ -323,6 +332,13 @@ def _report(args: argparse.Namespace, console: Console) -> int:
             out = args.out / run_dirs[0].parent.name
         publish(run_dirs, summaries, baseline, out, console,
                 title=summaries[0]["recipe"] if len(studies) <= 1 else "")
+    if trackers:
+        for run_dirs in reports:
+            runs = export_runs(run_dirs, trackers)
+            console.print(f"tracked {len(runs)} runs: {', '.join(args.track)}",
+                          highlight=False)
+        for tracker in trackers:
+            tracker.close()
     return 0
 
 
@@ -336,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             clock = [f'clock="{args.clock}"'] if args.clock else []
             summaries = run_recipe_file(args.recipe, [*args.overrides, *clock], args.only,
                                         args.logs, repeats=args.repeats,
-                                        live=False if args.plain else None)
+                                        live=False if args.plain else None,
+                                        trackers=[parse_track(s) for s in args.track])
             return 1 if any("error" in s for s in summaries) else 0
         if args.command == "check":
             from asyncsync.runner import check_data
@@ -361,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(1)
             asyncio.run(_node(args))
     except (ConfigError, DatasetMissing, CheckpointError, TlsFailure, LogError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False,
+                      soft_wrap=True)
         return 2
     except OSError as exc:  # a file or directory the command could not use
         where = f"{exc.filename}: " if exc.filename else ""

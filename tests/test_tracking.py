@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from asyncsync import cli
 from asyncsync.runlogs import read_jsonl
 from asyncsync.runner import run_recipe_file
 from asyncsync.tracking import (
@@ -285,3 +286,40 @@ def test_wandb_offline_reads_back_every_evaluation_and_summary(
         for key, value in figures(summary_of(run_dir)).items():
             assert summary["summary"][key] == pytest.approx(value)
         assert summary["summary"]["version"] == summary_of(run_dir)["versions"]
+
+
+def scalars(where: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of a tag in TensorBoard event files, through EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(where), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(s.step, s.value) for s in events.Scalars(tag)]
+
+
+def test_the_cli_streams_a_run_and_exports_a_study(study: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (the track extra)")
+    recipe = tmp_path / "trk.toml"
+    recipe.write_text(RECIPE)
+    assert cli.main(["run", str(recipe), "--only", "asp", "--plain", "--logs",
+                     str(tmp_path / "logs"), "--track", f"tensorboard={tmp_path / 'live'}"]) == 0
+    (run_dir,) = run_dirs_of(tmp_path / "logs")
+    (where,) = (tmp_path / "live").rglob("r0")
+    assert where.relative_to(tmp_path / "live").as_posix() == \
+        f"trk/{run_dir.parent.name}/asp/r0"
+    streamed = scalars(where, "accuracy")
+    assert [step for step, _ in streamed] == [v for v, _, _ in evaluations(run_dir)]
+    assert [value for _, value in streamed] == pytest.approx(
+        [a for _, a, _ in evaluations(run_dir)])
+    assert cli.main(["report", str(study), "--track", f"tensorboard={tmp_path / 'later'}"]) == 0
+    assert "tracked 4 runs: tensorboard=" in capsys.readouterr().out
+    assert len(list((tmp_path / "later").rglob("events.out.tfevents.*"))) == 4
+
+
+def test_the_cli_names_a_missing_package_in_one_line(
+        study: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    assert cli.main(["report", str(study), "--track", "mlflow"]) == 2
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        "error: tracking to mlflow needs the mlflow package: pip install asyncsync[track]")
