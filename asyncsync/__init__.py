@@ -3,17 +3,52 @@
 A parameter server and N workers, each an asyncio event loop, exchange msgpack-framed
 tensors over HTTP (aiohttp) and train PyTorch models; computation runs in a thread so
 transfers overlap it. See README.md for the quick start and the embedding example.
+
+The names below are imported when first used, so ``import asyncsync.protocols.base`` (a
+protocol module) does not load the transports, the runner or the dashboard.
+`PROTOCOLS` is the registry with every protocol module of the package imported.
 """
 
-from asyncsync.engine.core import ServerCore, build_core
-from asyncsync.engine.settings import ServerSettings
-from asyncsync.engine.worker import Worker, WorkerContext
-from asyncsync.protocols import PROTOCOLS, Protocol, ServerRule, WorkerLoop, get_protocol
-from asyncsync.protocols.base import RunStopped
-from asyncsync.recipe import Recipe, RunSpec, load_recipe
-from asyncsync.runner import run_recipe
-from asyncsync.transport.http_server import ParameterServer
-from asyncsync.transport.local import LocalTransport
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncsync.engine.core import ServerCore, build_core
+    from asyncsync.engine.settings import ServerSettings
+    from asyncsync.engine.worker import Worker, WorkerContext
+    from asyncsync.protocols.base import (
+        PROTOCOLS,
+        Protocol,
+        RunStopped,
+        ServerRule,
+        WorkerLoop,
+        get_protocol,
+    )
+    from asyncsync.recipe import Recipe, RunSpec, load_recipe
+    from asyncsync.runner import run_recipe
+    from asyncsync.transport.http_server import ParameterServer
+    from asyncsync.transport.local import LocalTransport
+
+_EXPORTS = {
+    "LocalTransport": "asyncsync.transport.local",
+    "ParameterServer": "asyncsync.transport.http_server",
+    "Protocol": "asyncsync.protocols.base",
+    "Recipe": "asyncsync.recipe",
+    "RunSpec": "asyncsync.recipe",
+    "RunStopped": "asyncsync.protocols.base",
+    "ServerCore": "asyncsync.engine.core",
+    "ServerRule": "asyncsync.protocols.base",
+    "ServerSettings": "asyncsync.engine.settings",
+    "Worker": "asyncsync.engine.worker",
+    "WorkerContext": "asyncsync.engine.worker",
+    "WorkerLoop": "asyncsync.protocols.base",
+    "build_core": "asyncsync.engine.core",
+    "get_protocol": "asyncsync.protocols.base",
+    "load_recipe": "asyncsync.recipe",
+    "run_recipe": "asyncsync.runner",
+}
 
 __all__ = [
     "PROTOCOLS",
@@ -34,3 +69,12 @@ __all__ = [
     "load_recipe",
     "run_recipe",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name on first use; `PROTOCOLS` with every protocol registered."""
+    if name == "PROTOCOLS":
+        return importlib.import_module("asyncsync.protocols.base").discover()
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'asyncsync' has no attribute {name!r}")

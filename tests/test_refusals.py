@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +313,23 @@ async def test_a_checkpoint_whose_model_holds_nan_is_refused(tmp_path: Path) -> 
     tamper(path, w=w)
     with pytest.raises(CheckpointError, match="w holds NaN or Inf"):
         checkpointed_core("bsp", None, path).resume(path)
+
+
+def fresh_interpreter(code: str) -> str:
+    """Run `code` in a new Python process; its stdout."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=120)
+    return done.stdout.strip()
+
+
+def test_the_public_registry_is_complete_in_a_fresh_interpreter() -> None:
+    out = fresh_interpreter("import asyncsync; print(asyncsync.PROTOCOLS['bsp'].name, "
+                            "len(asyncsync.PROTOCOLS))")
+    assert out == "bsp 21"
+
+
+def test_a_protocol_module_does_not_load_the_transports_or_the_runner() -> None:
+    heavy = ("aiohttp", "rich", "asyncsync.runner", "asyncsync.transport.http_server")
+    out = fresh_interpreter("import sys, asyncsync.protocols.base; "
+                            f"print([m for m in {heavy!r} if m in sys.modules])")
+    assert out == "[]"
