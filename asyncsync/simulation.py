@@ -238,7 +238,8 @@ def run_virtual(protocol: str | Protocol, model: Callable[[], torch.nn.Module],
     after ``settings.time_s`` virtual seconds, or as soon as the first worker reaches
     `max_steps` (the server then stops, so no worker waits at a barrier a finished peer
     will never reach). Returns the server core (store, commits, staleness, blocked time)
-    and each worker's final totals. `prepare` sees the core before the run starts.
+    and each worker's final totals. `prepare` sees the core before the run starts. A task
+    still pending once the run is over (a leak) raises `RuntimeError`.
     """
     async def run() -> tuple[ServerCore, list[dict[str, Any]]]:
         core = build_core(model(), protocol, len(delays), settings, protocol_params=params,
@@ -260,6 +261,10 @@ def run_virtual(protocol: str | Protocol, model: Callable[[], torch.nn.Module],
 
         finals = await asyncio.gather(*(one(w) for w in workers))
         await core.close()
+        leaked = sorted(t.get_name() for t in asyncio.all_tasks()
+                        if t is not asyncio.current_task())
+        if leaked:
+            raise RuntimeError(f"{len(leaked)} task(s) outlived the run: {', '.join(leaked)}")
         return core, list(finals)
 
     loop = VirtualTimeLoop()

@@ -79,6 +79,11 @@ async def run_local(
 
 STEP_S = 0.001
 """The virtual duration of one local step of the tiny model, before its worker's delay."""
+SLOW_LINK = LinkSpec(uplink_mbps=0.05, downlink_mbps=0.012, latency_ms=5)
+"""A link slower than computation: pulling the model (~0.8 kB with its header) takes
+~0.55 s, over three 0.15 s steps; pushing a delta (~1 kB with its header) ~0.17 s."""
+SLOW_LINK_DELAYS = [0.15, 0.15, 0.4]
+"""Step delays of the overlap checks behind `SLOW_LINK`."""
 
 
 async def run_workers(core: ServerCore, workers: list[Worker]) -> list[dict[str, Any]]:

@@ -129,6 +129,16 @@ class GatedEvaluations(InlineServerSeam):
         return fn(*args)
 
 
+async def until(ready: Callable[[], bool], deadline_s: float = 60.0) -> None:
+    """Poll `ready` until it holds; fail after `deadline_s` (generous: a busy CI host)."""
+
+    async def poll() -> None:
+        while not ready():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), deadline_s)
+
+
 async def test_a_run_ended_by_its_budget_finishes_when_its_workers_leave() -> None:
     """Workers that leave during the budget's final evaluation still finish the run (the
     budget used to stop the run without checking whether everyone had left)."""
@@ -139,8 +149,7 @@ async def test_a_run_ended_by_its_budget_finishes_when_its_workers_leave() -> No
     seam.stopping = lambda: core.store.stopping
     try:
         await join_all(core, 1)
-        while not core.store.stopping:
-            await asyncio.sleep(0.01)
+        await until(lambda: core.store.stopping)
         await core.handle("leave", header(0), None)
         assert not core.run.stopped and not core.finished.is_set()
         seam.gate.set()  # the final evaluation ends
@@ -161,14 +170,12 @@ async def test_a_failing_checkpoint_is_logged_counted_and_retried(tmp_path: Any)
     try:
         path.mkdir()
         await join_all(core, 1)
-        while core.run.checkpoint_failures < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: core.run.checkpoint_failures >= 2)
         assert not core.store.stopping and core.status()["checkpoint_failures"] >= 2
         assert not (tmp_path / "checkpoint.npz.tmp").exists()
         await core.handle("push", push(0, 0, "gradient"), torch.zeros(core.store.numel))
         path.rmdir()
-        while not path.is_file():
-            await asyncio.sleep(0.01)
+        await until(path.is_file)
         with np.load(path, allow_pickle=False) as saved:
             assert int(saved["version"]) == 1
         path.unlink()

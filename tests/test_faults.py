@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ name = "mlp"
 [defaults.eval]
 interval_s = 0.5
 [defaults.fault]
-worker_timeout_s = 1.5
+worker_timeout_s = {worker_timeout_s}
 heartbeat_s = 0.3
 checkpoint_s = {checkpoint_s}
 [[runs]]
@@ -41,10 +40,8 @@ protocol = "{protocol}"
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+WORKER_TIMEOUT_S = 4.0
+"""Over 13 heartbeats: a busy host does not get a live worker dropped."""
 
 
 class Cluster:
@@ -53,11 +50,15 @@ class Cluster:
     def __init__(self, tmp: Path, protocol: str, time_s: float, checkpoint_s: float = 0):
         self.recipe = tmp / "faulty.toml"
         self.recipe.write_text(RECIPE.format(protocol=protocol, time_s=time_s,
-                                             checkpoint_s=checkpoint_s))
+                                             checkpoint_s=checkpoint_s,
+                                             worker_timeout_s=WORKER_TIMEOUT_S))
         self.logs = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0  # the first server picks a free port; a restarted one takes it again
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self, name: str, *args: str) -> None:
         out = (self.logs / f"{name}.out").open("ab")
@@ -67,7 +68,18 @@ class Cluster:
             env={**os.environ, "OMP_NUM_THREADS": "1"})
 
     def server(self, *extra: str) -> None:
-        self.start("server", "server", "--port", str(self.port), *extra)
+        """Start the server and wait until it listens (on the port it picked, the first
+        time: no other process can take it between a probe and the bind)."""
+        port_file = self.logs / "port"
+        port_file.unlink(missing_ok=True)
+        self.start("server", "server", "--port", str(self.port), "--port-file",
+                   str(port_file), *extra)
+        deadline = time.monotonic() + 120
+        while not port_file.exists():
+            assert self.procs["server"].poll() is None, (self.logs / "server.out").read_text()
+            assert time.monotonic() < deadline, "the server did not start listening"
+            time.sleep(0.1)
+        self.port = int(port_file.read_text())
 
     def worker(self, rank: int) -> None:
         self.start(f"worker-{rank}", "worker", "--server", self.url, "--rank", str(rank))
@@ -186,7 +198,7 @@ def test_sigterm_stops_a_worker_and_the_server_cleanly(tmp_path: Path) -> None:
         assert cluster.procs["worker-0"].wait(timeout=60) == 0
         out = (tmp_path / "worker-0.out").read_text()
         assert "stopped by a signal" in out
-        time.sleep(2.5)  # longer than the 1.5 s worker timeout: a lost worker would show
+        time.sleep(WORKER_TIMEOUT_S + 1)  # past the worker timeout: a lost one would show
         cluster.procs["server"].send_signal(signal.SIGTERM)
         cluster.finish(timeout_s=60)
     finally:

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 from typing import Any
 
 import pytest
 import torch
 
+from asyncsync.clock import now
+from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import WorkerContext
-from asyncsync.hetero.network import LinkSpec
-from asyncsync.protocols.nbsync import NbsyncParams
+from asyncsync.protocols.base import Context, Protocol
+from asyncsync.protocols.nbsync import NbsyncParams, NbsyncServer, NbsyncWorker
 from asyncsync.protocols.ports import StepResult
-from tests.helpers import run_http, run_local
-
-# pulling the model (~0.8 kB with its header) takes ~0.55 s, over three 0.15 s steps;
-# pushing a delta (~1 kB with the request header) ~0.17 s
-SLOW_LINK = LinkSpec(uplink_mbps=0.05, downlink_mbps=0.012, latency_ms=5)
+from asyncsync.simulation import run_virtual
+from tests.helpers import (
+    SLOW_LINK,
+    SLOW_LINK_DELAYS,
+    batches_of,
+    run_http,
+    run_local,
+    tiny_data,
+    tiny_model,
+)
 
 
 async def test_slow_link_compute_never_waits_and_deltas_hold_one_sync(
@@ -42,19 +48,19 @@ async def test_slow_link_compute_never_waits_and_deltas_hold_one_sync(
                              steps: int, samples: int, **kw: Any) -> dict[str, Any]:
         # steps finished when this push left (the loop is computing the next one)
         pushes[self.rank].append((len(increments[self.rank]), steps, vector.clone()))
-        pushed_at[self.rank].append(time.monotonic())
+        pushed_at[self.rank].append(now())
         return await push(self, kind, vector, steps, samples, **kw)
 
     async def recording_pull(self: WorkerContext, *args: Any, **kw: Any
                              ) -> tuple[torch.Tensor, int, dict[str, Any]]:
         reply = await pull(self, *args, **kw)
-        pulled_at[self.rank].append(time.monotonic())
+        pulled_at[self.rank].append(now())
         return reply
 
     monkeypatch.setattr(WorkerContext, "steps", recording_steps)
     monkeypatch.setattr(WorkerContext, "push", recording_push)
     monkeypatch.setattr(WorkerContext, "pull", recording_pull)
-    delays = [0.15, 0.15, 0.4]
+    delays = SLOW_LINK_DELAYS
     core, finals = await run_local("nbsync", delays, time_s=4.5, link=SLOW_LINK)
 
     proportions = [f["compute_s"] / f["wall_s"] for f in finals]
@@ -82,12 +88,30 @@ async def test_slow_link_compute_never_waits_and_deltas_hold_one_sync(
 
 
 async def test_stopping_with_a_sync_in_flight_leaks_no_task() -> None:
+    # the harness fails a run that leaves a task pending on its loop (a leak; see
+    # test_the_harness_reports_a_leaked_task)
     core, finals = await run_local("nbsync", [0.01, 0.05], max_steps=5, link=SLOW_LINK)
     # worker 0 hit its step budget while its first push was still on the wire (it left, so
     # worker 1's delta may have made a round alone)
     assert finals[0]["steps"] == 5
     assert all(worker != 0 for c in core.store.commits for worker, _ in c.contributions)
-    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+class LeakingWorker(NbsyncWorker):
+    """NBSync that starts a background task and never cancels it."""
+
+    async def run(self, ctx: Context) -> None:
+        self.forgotten = asyncio.create_task(asyncio.sleep(1e9), name="forgotten")
+        await super().run(ctx)
+
+
+async def test_the_harness_reports_a_leaked_task() -> None:
+    leaking = Protocol("leaky", "nbsync with a leak", NbsyncParams, NbsyncServer,
+                       LeakingWorker)
+    with pytest.raises(RuntimeError, match="outlived the run: forgotten"):
+        await asyncio.to_thread(run_virtual, leaking, tiny_model,
+                                lambda rank: batches_of(*tiny_data(), rank), [0.01],
+                                settings=ServerSettings(), max_steps=3)
 
 
 async def test_async_server_mode_applies_each_delta_on_arrival() -> None:
