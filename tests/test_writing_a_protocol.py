@@ -13,34 +13,43 @@ import torch
 
 from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
-from asyncsync.engine.store import ParameterStore
 from asyncsync.engine.worker import Worker
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import PROTOCOLS, Protocol, Push
+from asyncsync.protocols.testing import FakeStore
 from asyncsync.transport.local import LocalTransport
 from tests.helpers import batches_of, tiny_data, tiny_model
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
+def readme_block(name: str) -> str:
+    """The Python code between ``<!-- name -->`` and ``<!-- /name -->`` in the README."""
+    text = README.read_text(encoding="utf-8")
+    code = text.split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0]
+    return code.strip().removeprefix("```python").removesuffix("```")
+
+
 @pytest.fixture
 def example() -> Iterator[types.ModuleType]:
     """The example block, executed as module `mix_every_k` (its protocol registered)."""
-    text = README.read_text(encoding="utf-8")
-    code = text.split("<!-- protocol-example -->")[1].split("<!-- /protocol-example -->")[0]
-    code = code.strip().removeprefix("```python").removesuffix("```")
     module = types.ModuleType("mix_every_k")
     sys.modules["mix_every_k"] = module
     try:
-        exec(compile(code, str(README), "exec"), module.__dict__)
+        exec(compile(readme_block("protocol-example"), str(README), "exec"), module.__dict__)
         yield module
     finally:
         PROTOCOLS.pop("mix_every_k", None)
         del sys.modules["mix_every_k"]
 
 
+async def test_the_readme_test_of_the_example_passes(example: types.ModuleType) -> None:
+    exec(compile(readme_block("protocol-test-example"), str(README), "exec"),
+         example.__dict__)
+    await example.test_mix()
+
+
 async def test_the_server_mixes_each_model_with_weight_a(example: types.ModuleType) -> None:
-    store = ParameterStore(torch.zeros(4), 1, FlatSGD(0.1))
+    store = FakeStore(torch.zeros(4), 1)
     rule = example.MixServer(example.MixParams(weight=0.25), store)
     await rule.on_push(Push(0, 0, "model", torch.full((4,), 8.0), 4, 64))
     assert torch.equal(store.w, torch.full((4,), 2.0))  # 0.75 * 0 + 0.25 * 8
