@@ -39,11 +39,13 @@ from asyncsync.trainer import BatchSource, Computed, LossFn, Trainer
 
 T = TypeVar("T")
 RESYNC = (OutOfStep, NotInRun)
-LOG = logging.getLogger("asyncsync.worker")
-JOIN_WAIT_S = 120.0
 """Refusals after which a worker rejoins and restarts its loop: the server no longer counts
 it (dropped after a timeout, or restarted), or its request no longer fits the protocol's
 state (e.g. it raced a membership change)."""
+LOG = logging.getLogger("asyncsync.worker")
+JOIN_WAIT_S = 120.0
+"""How long a join refused because an earlier session of the rank is still live is retried
+(until the server drops that session)."""
 
 
 class WorkerContext:
