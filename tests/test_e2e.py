@@ -27,7 +27,7 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     done = cli("run", str(ROOT / "recipes" / "quickstart.toml"), "--logs", str(logs),
                "--set", "workers=3", "--set", "stop.time_s=6", "--set", "eval.interval_s=1",
-               "--set", "compute.slowdown=[1, 1, 2]")
+               "--set", "compute.slowdown=[1, 1, 2]", "--set", "stop.stop_at_target=false")
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "quickstart: comparison (baseline bsp)" in out
