@@ -186,8 +186,13 @@ def test_virtual_runs_plot_virtual_time_and_no_plot_overwrites_another(
     two = fake_run(tmp_path, "a-b", "c", "asp", [0.6])
     summaries = [{**summarize_run(d), "clock": "virtual"} for d in (one, two)]
     labels: list[str] = []
-    monkeypatch.setattr(plots, "plot_timeline", lambda run_dir, path, name, clock: (
-        labels.append(clock), path.write_text(name), path)[-1])
+
+    def fake_timeline(run_dir: Path, path: Path, name: str, clock: str) -> Path:
+        labels.append(clock)
+        path.write_text(name)
+        return path
+
+    monkeypatch.setattr(plots, "plot_timeline", fake_timeline)
     (tmp_path / "out").mkdir()
     files = plots.write_plots([one, two], summaries, tmp_path / "out")
     timelines = sorted(f.name for f in files if f.name.startswith("timeline"))
