@@ -24,7 +24,8 @@ from asyncsync.recipe import RunSpec
 from asyncsync.schema import ConfigError
 from asyncsync.trainer import BatchSource
 from asyncsync.transport.http_client import client_tls
-from asyncsync.transport.http_server import ParameterServer, server_tls, worker_token
+from asyncsync.transport.http_server import ParameterServer, server_tls
+from asyncsync.transport.tokens import worker_token
 
 WORKER_TOKEN_ENV = "ASYNCSYNC_WORKER_TOKEN"
 """A worker node's token, when it is not given the run token (see `run_worker_token`)."""

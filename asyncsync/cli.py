@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "protocols":
             _protocols(console)
         elif args.command == "worker-token":
-            from asyncsync.transport.http_server import worker_token
+            from asyncsync.transport.tokens import worker_token
 
             run_token = os.environ.get(TOKEN_ENV)
             if not run_token:

@@ -36,7 +36,7 @@ from asyncsync.report import publish, summarize_run
 from asyncsync.simulation import calibrate_step_s, simulate, write_summary
 from asyncsync.tracking import Tracker, follow
 from asyncsync.transport.http_client import HttpTransport
-from asyncsync.transport.http_server import worker_token
+from asyncsync.transport.tokens import worker_token
 
 STARTUP_S = 120.0
 """How long processes may take to start and join before a run is abandoned."""

@@ -15,7 +15,8 @@ from asyncsync.protocols.base import Forbidden
 from asyncsync.recipe import TOKEN_ENV, RunSpec
 from asyncsync.runner import node_env
 from asyncsync.transport.http_client import HttpTransport
-from asyncsync.transport.http_server import ParameterServer, is_loopback, worker_token
+from asyncsync.transport.http_server import ParameterServer, is_loopback
+from asyncsync.transport.tokens import worker_token
 from asyncsync.wire import CONTENT_TYPE, encode_header
 from tests.helpers import tiny_model
 

@@ -17,8 +17,9 @@ import pytest
 
 from asyncsync.clock import now
 from asyncsync.recipe import TOKEN_ENV
+from asyncsync.transport.connection_gate import ConnectionLimits
 from asyncsync.transport.http_client import HttpTransport
-from asyncsync.transport.http_server import ConnectionLimits, ParameterServer
+from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire import CONTENT_TYPE, encode_header
 from tests.helpers import tiny_model
 

@@ -22,7 +22,8 @@ from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import BadRequest, OutOfStep, Push
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
 from asyncsync.protocols.dssync import DsSyncParams, DsSyncServer
-from asyncsync.transport.http_server import ParameterServer, worker_token
+from asyncsync.transport.http_server import ParameterServer
+from asyncsync.transport.tokens import worker_token
 from asyncsync.wire import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
 
