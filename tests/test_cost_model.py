@@ -70,5 +70,5 @@ def test_devices_are_ordered_as_their_data_sheets() -> None:
     assert device("h100").flops_per_s > device("a100").flops_per_s > device("v100").flops_per_s
     assert device("t4").flops_per_s > device("k80").flops_per_s > device("cpu-core").flops_per_s
     assert all(d.source for d in DEVICES.values())
-    with pytest.raises(ValueError, match="unknown device 'tpu'.*cpu-core"):
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'.*cpu-core"):
         device("tpu")
