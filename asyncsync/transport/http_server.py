@@ -45,7 +45,8 @@ from asyncsync.wire import (
 
 LOG = logging.getLogger("asyncsync.server")
 HTTP_LOG = logging.getLogger("asyncsync.server.http")
-"""aiohttp's own request-handling errors (malformed HTTP from peers)."""
+"""aiohttp's own request-handling errors (malformed HTTP from peers), and clients that
+left mid-request."""
 CORE: web.AppKey[ServerCore] = web.AppKey("core")
 LIMITS: web.AppKey[Limits] = web.AppKey("limits")
 HTTP_LOG.addFilter(RepeatFilter())
@@ -58,6 +59,20 @@ def body_limit(limits: Limits, op: str) -> int:
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
+    """Answer one request; a client that leaves before its answer is one log line (its
+    connection is gone, so what is returned is never sent)."""
+    try:
+        return await answer(request)
+    except ConnectionError as err:
+        HTTP_LOG.info("a client at %s left during its %s request: %s", request.remote,
+                      request.match_info["op"], err)
+        gone = web.Response(status=400, text="the client left")
+        gone.force_close()
+        return gone
+
+
+async def answer(request: web.Request) -> web.StreamResponse:
+    """Read the request's frame, let the core handle it and stream its reply."""
     core = request.app[CORE]
     op = request.match_info["op"]
     try:
