@@ -324,8 +324,12 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         names = {s["run"] for s in summaries} | {label(s) for s in summaries}
         baseline = args.baseline or recipe_baseline(run_dirs[0]) or summaries[0]["run"]
         if not any(is_baseline(s, baseline) for s in summaries):
-            raise ConfigError(f"--baseline {baseline}: no such run; runs are "
-                              f"{', '.join(sorted(names))}")
+            if args.baseline:
+                raise ConfigError(f"--baseline {baseline}: no such run; runs are "
+                                  f"{', '.join(sorted(names))}")
+            console.print(f"the recipe's baseline {baseline} is not among these runs: "
+                          f"speedups against {summaries[0]['run']}", highlight=False)
+            baseline = summaries[0]["run"]
         studies = {d.parent for d in run_dirs}
         out = args.out or (studies.pop() if len(studies) == 1 else args.dirs[0])
         if args.all and args.out:

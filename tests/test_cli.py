@@ -239,3 +239,14 @@ def test_protocols_prints_toml_values_own_parameters_first(
     assert "    bias_correction = true  # " in out
     assert "    server_lr (no default: unset)  # " in out
     assert "True" not in out and "None" not in out and "'sgd'" not in out
+
+
+def test_report_without_the_recipes_baseline_compares_with_the_first_run(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A study run with --only asp has no bsp: the report says so and goes on."""
+    run_dir = fake_run(tmp_path, "r", "asp", "asp", [0.1, 0.6])
+    recipe = run_dir.parent / "recipe.json"
+    recipe.write_text(json.dumps({"name": "r", "baseline": "bsp", "runs": []}))
+    code, out = run_main(capsys, "report", str(tmp_path / "r"))
+    assert code == 0, out
+    assert "the recipe's baseline bsp is not among these runs: speedups against asp" in out
