@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -14,13 +16,19 @@ from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import ThreadedWorkerSeam, WorkerSeam
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker, model_numel
-from asyncsync.hetero.compute import ComputeProfile, StepCost
+from asyncsync.hetero.compute import ComputeProfile, FixedStepCost, StepCost
+from asyncsync.hetero.cost_model import (
+    DeviceStepCost,
+    ModelFlops,
+    count_step_flops,
+    optimizer_flops_per_param,
+)
 from asyncsync.hetero.network import Link
 from asyncsync.hetero.partition import partition
 from asyncsync.metrics import JsonlLog
 from asyncsync.models import build_model
 from asyncsync.protocols.base import get_protocol
-from asyncsync.recipe import RunSpec
+from asyncsync.recipe import TIMING_MODEL, RunSpec
 from asyncsync.schema import ConfigError
 from asyncsync.trainer import BatchSource
 from asyncsync.transport.http_client import client_tls
@@ -119,9 +127,53 @@ def worker_link(spec: RunSpec, rank: int) -> Link | None:
     return Link(link_spec, seed=link_seed(spec.seed, rank)) if link_spec.shaped else None
 
 
-def step_cost(spec: RunSpec, base_step_s: float) -> StepCost | None:
-    """What a step of the recipe's batch costs before slowness (None: not paced)."""
-    return StepCost(base_step_s, spec.data.batch_size) if base_step_s > 0 else None
+@dataclass(frozen=True)
+class StepTimes:
+    """How a run's local steps are charged before slowness: where the time comes from
+    (``device``, ``explicit`` or ``calibrated``) and each worker's cost and facts (device,
+    FLOPs and seconds per step of the recipe's batch) for summary.json and `check`."""
+
+    source: str
+    costs: list[StepCost]
+    workers: list[dict[str, Any]]
+
+    def facts(self) -> dict[str, Any]:
+        """What summary.json records of them."""
+        return {"step_time_source": self.source, "step_time": self.workers}
+
+
+def step_times(spec: RunSpec, flops: ModelFlops | None = None,
+               calibrated_s: float | None = None) -> StepTimes:
+    """Each worker's step cost: the recipe's explicit ``base_step_s``, a calibrated one, or
+    the step's FLOPs (`run_flops`) over the worker's device rate."""
+    batch = spec.data.batch_size
+    fixed = spec.compute.explicit_step_s or calibrated_s
+    if fixed:
+        source = "explicit" if spec.compute.explicit_step_s else "calibrated (host-dependent)"
+        fixed_cost = FixedStepCost(fixed, batch)
+        return StepTimes(source, [fixed_cost] * spec.workers,
+                         [{"rank": rank, "step_s": fixed} for rank in range(spec.workers)])
+    if flops is None:
+        raise ValueError("a device-charged run needs its model's FLOPs")
+    costs: list[StepCost] = []
+    facts = []
+    for rank in range(spec.workers):
+        name, rate = spec.compute.throughput(rank)
+        cost = DeviceStepCost(flops, rate, batch)
+        costs.append(cost)
+        facts.append({"rank": rank, "device": name, "flops_per_s": rate,
+                      "flops_per_step": flops.flops(batch), "step_s": cost.base_s(batch)})
+    return StepTimes("device", costs, facts)
+
+
+def run_flops(spec: RunSpec, model: torch.nn.Module, input_shape: tuple[int, ...]
+              ) -> ModelFlops:
+    """The FLOPs of one local step of the run's model (the timing model: as declared)."""
+    per_param = optimizer_flops_per_param(spec.optim.momentum, spec.optim.weight_decay, False)
+    if spec.model.name == TIMING_MODEL:
+        params = spec.model.size_mb * 1e6 / 4
+        return ModelFlops(spec.compute.flops_per_sample, per_param * params)
+    return count_step_flops(model, input_shape, spec.data.batch_size, per_param)
 
 
 TransportFor = Callable[[Link | None], Transport]
@@ -147,7 +199,8 @@ def assemble_worker(spec: RunSpec, rank: int, run_id: str, model: torch.nn.Modul
 def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
                  log_dir: Path | None, local_addr: str | None = None) -> Worker:
     """Worker `rank` of one run on the real clock, as the CLI's ``worker`` command starts
-    it (paced when the recipe sets ``compute.base_step_s``)."""
+    it: paced when the recipe sets ``compute.base_step_s`` or names hardware (a step then
+    lasts as on that device, unless this host is slower: an overrun)."""
     if not 0 <= rank < spec.workers:
         raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
     tls = run_client_tls(spec)
@@ -156,7 +209,11 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
     data = run_data(spec)
     model = run_model(spec, data)
     token = run_worker_token(spec)
-    cost = step_cost(spec, spec.compute.base_step_s)
+    cost = None
+    if spec.compute.explicit_step_s or spec.compute.names_hardware:  # paced
+        flops = None if spec.compute.explicit_step_s else run_flops(spec, model,
+                                                                     data.input_shape)
+        cost = step_times(spec, flops).costs[rank]
 
     def dial(link: Link | None) -> Transport:
         return connect(url, Dial(model_numel(model), link, local_addr, token, tls))

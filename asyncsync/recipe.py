@@ -30,6 +30,7 @@ from typing import Any
 from asyncsync.compression import CODECS, Compressor
 from asyncsync.data import DATASETS
 from asyncsync.hetero.compute import PROFILES, ComputeProfile, build_profile, profile_params
+from asyncsync.hetero.cost_model import DEFAULT_DEVICE, DEVICES, device
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams, get_protocol
@@ -82,26 +83,6 @@ class OptimSpec:
     weight_decay: float = option(0.0, lambda v: v >= 0, "must be >= 0")
 
 
-@dataclass(frozen=True)
-class ComputeSpec:
-    """Static factors, an optional time-varying profile, and paced mode."""
-
-    slowdown: list[float] = option([], lambda v: all(f >= 1 for f in v),
-                                   "factors must be >= 1",
-                                   "one factor per worker; missing ones are 1")
-    profile: dict[str, Any] = option({}, help=f"{{ name = {' | '.join(PROFILES)}, ... }}")
-    base_step_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
-                                "paced mode: each step lasts base_step_s x factor (0 = off)")
-
-    def __post_init__(self) -> None:
-        if self.profile:
-            profile_params(self.profile)
-
-    def build(self, rank: int, workers: int, seed: int) -> ComputeProfile:
-        factor = self.slowdown[rank] if rank < len(self.slowdown) else 1.0
-        return build_profile(self.profile, factor, rank, workers, seed)
-
-
 PerWorker = float | list[float]
 
 
@@ -114,6 +95,84 @@ def _pick(value: PerWorker, rank: int) -> float:
     if isinstance(value, list):
         return value[rank] if rank < len(value) else 0.0
     return value
+
+
+CALIBRATE = "calibrate"
+"""``compute.base_step_s = "calibrate"``: measure the step time on this host (host-dependent)."""
+
+
+def _step_time(value: float | str) -> bool:
+    return value == CALIBRATE if isinstance(value, str) else value >= 0
+
+
+def _devices(value: str | list[str]) -> bool:
+    names = value if isinstance(value, list) else [value] if value else []
+    return all(name in DEVICES for name in names)
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """What a step costs (a device's FLOP rate, or an explicit or calibrated time) and the
+    slowness on top of it: static factors and an optional time-varying profile."""
+
+    slowdown: list[float] = option([], lambda v: all(f >= 1 for f in v),
+                                   "factors must be >= 1",
+                                   "one factor per worker; missing ones are 1")
+    profile: dict[str, Any] = option({}, help=f"{{ name = {' | '.join(PROFILES)}, ... }}")
+    device: str | list[str] = option("", _devices, f"must name devices of {', '.join(DEVICES)}",
+                                     "the hardware a step is charged as: one name, or one per "
+                                     f"worker (virtual default: {DEFAULT_DEVICE}); "
+                                     "`asyncsync devices` lists them")
+    flops_per_s: PerWorker = option(0.0, _non_negative, "must be >= 0",
+                                    "sustained FLOP/s instead of a device: one value, or one "
+                                    "per worker (0 = the device's)")
+    efficiency: float = option(0.0, lambda v: 0 <= v <= 1, "must be in [0, 1]",
+                               "the share of a named device's peak a step reaches "
+                               "(0 = the device's own)")
+    flops_per_sample: float = option(0.0, lambda v: v >= 0, "must be >= 0",
+                                     "timing model: FLOPs of one sample's forward and backward")
+    base_step_s: float | str = option(0.0, _step_time, f"must be >= 0 or \"{CALIBRATE}\"",
+                                      "seconds per step of the recipe's batch, instead of the "
+                                      f"device (0 = off; \"{CALIBRATE}\": measured on this "
+                                      "host, host-dependent)")
+
+    def __post_init__(self) -> None:
+        if self.profile:
+            profile_params(self.profile)
+
+    def build(self, rank: int, workers: int, seed: int) -> ComputeProfile:
+        factor = self.slowdown[rank] if rank < len(self.slowdown) else 1.0
+        return build_profile(self.profile, factor, rank, workers, seed)
+
+    @property
+    def explicit_step_s(self) -> float:
+        """The recipe's own ``base_step_s`` (0: none; calibration is not explicit)."""
+        return 0.0 if isinstance(self.base_step_s, str) else self.base_step_s
+
+    @property
+    def calibrate(self) -> bool:
+        """Whether the step time is to be measured on this host."""
+        return self.base_step_s == CALIBRATE
+
+    @property
+    def names_hardware(self) -> bool:
+        """Whether the recipe names a device or a FLOP rate."""
+        return bool(self.device) or _non_zero(self.flops_per_s)
+
+    def throughput(self, rank: int) -> tuple[str, float]:
+        """Worker `rank`'s device label and sustained FLOP/s (`flops_per_s` first, else the
+        named device, else `DEFAULT_DEVICE`)."""
+        rate = _pick(self.flops_per_s, rank)
+        if rate > 0:
+            return "flops_per_s", rate
+        names = self.device if isinstance(self.device, list) else [self.device or
+                                                                    DEFAULT_DEVICE]
+        named = device(names[rank] if rank < len(names) else DEFAULT_DEVICE)
+        return named.name, named.peak_flops_per_s * (self.efficiency or named.efficiency)
+
+
+def _non_zero(value: float | list[float]) -> bool:
+    return any(value) if isinstance(value, list) else value > 0
 
 
 @dataclass(frozen=True)
@@ -252,11 +311,23 @@ class RunSpec:
             raise ValueError("network.message_overhead_ms: a real run pays its messages' "
                              "software cost itself; it is charged on the virtual clock only "
                              "(set clock = \"virtual\")")
+        self._check_compute()
         if self.model.name == TIMING_MODEL:
             self._check_timing()
         elif self.model.size_mb:
             raise ValueError("model.size_mb: only the timing model declares its size "
                              f"(model.name = \"{TIMING_MODEL}\")")
+
+    def _check_compute(self) -> None:
+        """Per-worker device lists fit the workers; calibration is a virtual-clock tool."""
+        for key in ("device", "flops_per_s"):
+            value = getattr(self.compute, key)
+            if isinstance(value, list) and len(value) != self.workers:
+                raise ValueError(f"compute.{key}: {len(value)} entries for {self.workers} "
+                                 "workers (give one value, or one per worker)")
+        if self.compute.calibrate and self.clock != "virtual":
+            raise ValueError(f"compute.base_step_s: \"{CALIBRATE}\" sets a virtual run's step "
+                             "time; a real run times itself (set clock = \"virtual\")")
 
     def _check_timing(self) -> None:
         """Timing-only runs are virtual, declare their size and step time, and have no
@@ -266,9 +337,10 @@ class RunSpec:
                              "(set clock = \"virtual\")")
         if not self.model.size_mb:
             raise ValueError("model.size_mb: the timing model needs its declared size (> 0)")
-        if not self.compute.base_step_s:
+        if not (self.compute.explicit_step_s or self.compute.flops_per_sample):
             raise ValueError("compute.base_step_s: the timing model needs the step time it "
-                             "stands for (> 0); there is no real model to calibrate")
+                             "stands for (> 0), or compute.flops_per_sample for a device to "
+                             "charge; there is no real model to count or calibrate")
         if self.stop.target_accuracy is not None:
             raise ValueError("stop.target_accuracy: a timing run has no accuracy to reach "
                              "(it is not evaluated)")

@@ -127,14 +127,19 @@ def calibrated_step_s(spec: RunSpec) -> float:
 async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Dashboard,
                        index: int) -> dict[str, Any]:
     """Simulate the run in a thread of its own (its loop is virtual); show its progress."""
-    base_step_s = spec.compute.base_step_s or await asyncio.to_thread(calibrated_step_s, spec)
+    calibrated = None
+    if spec.compute.calibrate:
+        calibrated = await asyncio.to_thread(calibrated_step_s, spec)
+        dashboard.console.print(
+            f"{spec.name}: calibrated base_step_s = {calibrated:.4g} s on this host "
+            f"(host-dependent); pin it with --set compute.base_step_s={calibrated:.4g}")
     latest: list[dict[str, Any]] = []
 
     def sink(status: dict[str, Any]) -> None:  # called from the simulation's thread
         latest[:] = [status]
 
-    job = asyncio.ensure_future(asyncio.to_thread(simulate, spec, run_dir, run_id,
-                                                  base_step_s, sink))
+    job = asyncio.ensure_future(asyncio.to_thread(simulate, spec, run_dir, run_id, sink,
+                                                  calibrated))
     while not job.done():
         if latest:
             dashboard.update(spec, index, latest[0])

@@ -3,11 +3,13 @@
 
 The protocol code, the engine, the compute profiles and the link model are the same as in
 real mode; only the clock and the two compute seams differ. Each local step runs its real
-torch math inline and is charged ``base_step_s x slowdown`` (scaled by its batch size) in
-virtual seconds; each message pays latency and bytes / bandwidth in virtual seconds.
-Workers are built by `asyncsync.assembly.assemble_worker`, as in real mode. The
-base step time is the recipe's ``compute.base_step_s``, or else the median of a few real
-steps of the run's model and batch size on this host (written to summary.json).
+torch math inline and is charged its step time x slowdown in virtual seconds; each message
+pays latency and bytes / bandwidth in virtual seconds. Workers are built by
+`asyncsync.assembly.assemble_worker`, as in real mode. A step's time comes from the recipe
+alone, never from this host: the FLOPs of one step of the run's model over the worker's
+device rate (`asyncsync.hetero.cost_model`), or the recipe's explicit ``compute.base_step_s``.
+Only ``base_step_s = "calibrate"`` measures this host (`calibrate_step_s`), and
+summary.json then says so.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from typing import Any, TypeVar
 import torch
 
 from asyncsync.assembly import (
+    StepTimes,
     assemble_worker,
     batch_sources,
     run_data,
+    run_flops,
     run_model,
     server_settings,
-    step_cost,
+    step_times,
 )
 from asyncsync.clock import VirtualTimeLoop, wall
 from asyncsync.engine.channel import Transport
@@ -36,7 +40,7 @@ from asyncsync.engine.compute import Charged, InlineServerSeam, VirtualWorkerSea
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import ComputeProfile, StepCost, StepDelay
+from asyncsync.hetero.compute import ComputeProfile, FixedStepCost, StepCost, StepDelay
 from asyncsync.hetero.network import Link, LinkSpec, ServerLink
 from asyncsync.metrics import JsonlLog
 from asyncsync.models import TimingModel
@@ -110,27 +114,43 @@ def calibrate_step_s(spec: RunSpec) -> float:
     return statistics.median(seconds)
 
 
-def simulate(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
-             status: StatusSink | None = None) -> dict[str, Any]:
+def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | None = None,
+             calibrated_s: float | None = None) -> dict[str, Any]:
     """Run `spec` in virtual time, writing the same logs as a real run; returns the facts
-    a summary adds (base step time, real seconds taken, of which in the model's math and
-    in evaluations, virtual seconds per real one)."""
+    a summary adds (each worker's step time and its source, real seconds taken, of which in
+    the model's math and in evaluations, virtual seconds per real one). `calibrated_s` is a
+    step time measured on this host, for a recipe whose ``base_step_s`` is "calibrate"."""
     torch.set_num_threads(1)
+    times = run_step_times(spec, calibrated_s)
     loop = VirtualTimeLoop()
     cost = RealCost()
     began = wall()
     try:
         virtual_s = loop.run_until_complete(
-            _run(spec, run_dir, run_id, base_step_s, status, cost))
+            _run(spec, run_dir, run_id, times, status, cost))
     finally:
         loop.close()
     real_s = wall() - began
-    return {"clock": "virtual", "base_step_s": base_step_s, "real_s": round(real_s, 3),
+    fixed = spec.compute.explicit_step_s or calibrated_s
+    return {"clock": "virtual", "base_step_s": fixed or None, **times.facts(),
+            "real_s": round(real_s, 3),
             "math_real_s": round(cost.math_s, 3), "eval_real_s": round(cost.eval_s, 3),
             "virtual_per_real": round(virtual_s / real_s, 3) if real_s > 0 else None}
 
 
-async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
+def run_step_times(spec: RunSpec, calibrated_s: float | None = None) -> StepTimes:
+    """How the run's steps are charged (the model's FLOPs are counted once, here)."""
+    if spec.compute.explicit_step_s or calibrated_s:
+        return step_times(spec, None, calibrated_s)
+    if spec.compute.calibrate:
+        raise ValueError('compute.base_step_s = "calibrate" needs the calibrated step time')
+    if spec.model.name == TIMING_MODEL:
+        return step_times(spec, run_flops(spec, TimingModel((1,), TIMING_CLASSES), (1,)))
+    data = run_data(spec)
+    return step_times(spec, run_flops(spec, run_model(spec, data), data.input_shape))
+
+
+async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
                status: StatusSink | None, cost: RealCost) -> float:
     protocol = get_protocol(spec.protocol.name)
     parts = _timing_parts(spec) if spec.model.name == TIMING_MODEL else _training_parts(spec)
@@ -139,19 +159,16 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, base_step_s: float,
                       test_data=parts.test_data, events=JsonlLog(run_dir / "events.jsonl"),
                       seam=_TimedServerSeam(cost))
     server_link = ServerLink(spec.network.server_mbps) if spec.network.server_mbps else None
-    step = step_cost(spec, base_step_s)
-    if step is None:
-        raise ValueError(f"base_step_s must be > 0, got {base_step_s}")
 
     def local(link: Link | None) -> Transport:
         return LocalTransport(core, link, server_link, parts.payload_scale,
                               spec.network.message_overhead_ms / 1000)
 
-    def timed(profile: ComputeProfile) -> WorkerSeam:
-        return _TimedWorkerSeam(profile, step, cost)
+    def timed(rank: int) -> Callable[[ComputeProfile], WorkerSeam]:
+        return lambda profile: _TimedWorkerSeam(profile, times.costs[rank], cost)
 
     workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
-                               timed, run_dir, "cpu")
+                               timed(rank), run_dir, "cpu")
                for rank in range(spec.workers)]
     began = wall()
 
@@ -246,7 +263,7 @@ def run_virtual(protocol: str | Protocol, model: Callable[[], torch.nn.Module],
                           test_data=test_data, seam=InlineServerSeam())
         if prepare is not None:
             prepare(core)
-        cost = StepCost(step_s, batch_size)
+        cost = FixedStepCost(step_s, batch_size)
         workers = [
             Worker(rank, LocalTransport(core, Link(link, seed=rank) if link else None),
                    model(), batches(rank), protocol, protocol_params=params, lr=settings.lr,

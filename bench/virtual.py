@@ -55,7 +55,7 @@ def spec_of(root: Path, workers: int, virtual_s: float, eval_s: float = 10.0) ->
 def run(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True)
     cpu = time.process_time()
-    facts = simulate(spec, run_dir, "bench", spec.compute.base_step_s)
+    facts = simulate(spec, run_dir, "bench")
     return {**facts, "cpu_s": time.process_time() - cpu}
 
 

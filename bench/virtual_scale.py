@@ -75,7 +75,7 @@ def child(text: str, run: str, out: Any) -> None:
             spec = load_recipe(path).run(run)
             run_dir = Path(tmp) / run
             run_dir.mkdir()
-            facts = simulate(spec, run_dir, "bench", spec.compute.base_step_s)
+            facts = simulate(spec, run_dir, "bench")
             events = [json.loads(line) for line in (run_dir / "events.jsonl").open()]
             stop = next(e for e in events if e["event"] == "stop")
             facts["versions"] = stop["versions"]

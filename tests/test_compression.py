@@ -17,7 +17,7 @@ from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import StepCost, StepDelay
+from asyncsync.hetero.compute import FixedStepCost, StepDelay
 from asyncsync.protocols.base import BadRequest, Unacceptable
 from asyncsync.recipe import load_recipe
 from asyncsync.schema import ConfigError
@@ -163,7 +163,7 @@ def run(protocol: str, codec: str, *, error_feedback: bool = True, fraction: flo
                        for _ in range(workers)]
         ranks = [Worker(rank, LocalTransport(core), model(), batches_of(x, y, rank), protocol,
                         lr=lr, batch_size=16, max_steps=steps, compressor=compressors[rank],
-                        seam=VirtualWorkerSeam(StepDelay(0.0), StepCost(STEP_S, 16)))
+                        seam=VirtualWorkerSeam(StepDelay(0.0), FixedStepCost(STEP_S, 16)))
                  for rank in range(workers)]
         finals = await run_workers(core, ranks)
         net = model()

@@ -14,12 +14,12 @@ from asyncsync.engine import compute
 from asyncsync.engine.compute import ThreadedWorkerSeam, VirtualWorkerSeam
 from asyncsync.hetero.compute import (
     ComputeProfile,
+    FixedStepCost,
     MovingStraggler,
     PeriodicStraggler,
     RandomSlowdown,
     Scaled,
     StaticSlowdown,
-    StepCost,
     StepDelay,
     TraceSlowdown,
     build_profile,
@@ -125,7 +125,7 @@ def test_scaled_multiplies_the_inner_factor_and_stretches_its_padding() -> None:
 
 
 def test_a_paced_step_lasts_its_batch_cost_times_the_factor() -> None:
-    cost = StepCost(base_step_s=0.05, reference_batch=8)
+    cost = FixedStepCost(base_step_s=0.05, reference_batch=8)
     assert step_seconds(StaticSlowdown(2.0), 3.0, cost, 8) == pytest.approx(0.1)
     assert step_seconds(StaticSlowdown(2.0), 3.0, cost, 0) == pytest.approx(0.1)  # reference
     assert step_seconds(StaticSlowdown(2.0), 3.0, cost, 16) == pytest.approx(0.2)
@@ -138,7 +138,7 @@ def test_a_paced_step_lasts_its_batch_cost_times_the_factor() -> None:
     assert step_seconds(StepDelay(0.02), 0.0, cost, 8) == pytest.approx(0.07)
     for base_step_s, reference_batch in ((0.0, 8), (0.1, 0)):
         with pytest.raises(ValueError, match="must be"):
-            StepCost(base_step_s, reference_batch)
+            FixedStepCost(base_step_s, reference_batch)
 
 
 class FakeClock:
@@ -166,7 +166,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 async def test_paced_steps_last_base_times_factor_and_count_overruns(clock: FakeClock) -> None:
-    seam = ThreadedWorkerSeam(StaticSlowdown(2.0), cost=StepCost(0.01, 8))
+    seam = ThreadedWorkerSeam(StaticSlowdown(2.0), cost=FixedStepCost(0.01, 8))
     try:
         seam.start()
         for real in (0.0, 0.001, 0.015):
@@ -197,7 +197,7 @@ async def test_real_paced_step_time_scales_with_the_batch_like_virtual(
         worker.seam.close()
         await worker.transport.close()
     assert [c.seconds for c in charged] == pytest.approx([0.005, 0.01, 0.02])
-    virtual = VirtualWorkerSeam(StaticSlowdown(1.0), StepCost(0.01, 8))
+    virtual = VirtualWorkerSeam(StaticSlowdown(1.0), FixedStepCost(0.01, 8))
     assert [(await virtual.step(clock.work(0.0), batch=b)).seconds
             for b in (4, 8, 16)] == pytest.approx([0.005, 0.01, 0.02])
 

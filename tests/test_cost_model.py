@@ -8,7 +8,8 @@ from torch import nn
 
 from asyncsync.hetero.cost_model import (
     DEVICES,
-    StepCost,
+    DeviceStepCost,
+    ModelFlops,
     count_step_flops,
     device,
     optimizer_flops_per_param,
@@ -54,10 +55,11 @@ def test_counting_leaves_the_model_untouched() -> None:
 
 
 def test_doubling_the_throughput_halves_every_charge() -> None:
-    cost = StepCost(flops_per_sample=3e6, optimizer_flops=1e5)
+    flops = ModelFlops(flops_per_sample=3e6, optimizer_flops=1e5)
+    slow, fast = DeviceStepCost(flops, 1e12, 32), DeviceStepCost(flops, 2e12, 32)
     for batch in (1, 32, 100):
-        assert cost.seconds(batch, 2e12) == pytest.approx(cost.seconds(batch, 1e12) / 2)
-    assert cost.seconds(32, 1e9) == pytest.approx((3e6 * 32 + 1e5) / 1e9)
+        assert fast.base_s(batch) == pytest.approx(slow.base_s(batch) / 2)
+    assert slow.base_s(0) == slow.base_s(32) == pytest.approx((3e6 * 32 + 1e5) / 1e12)
 
 
 def test_optimizer_flops_grow_with_its_options() -> None:

@@ -24,7 +24,7 @@ from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import StepCost, StepDelay
+from asyncsync.hetero.compute import FixedStepCost, StepDelay
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import BadRequest, OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.fedavg import FedAvgParams
@@ -75,7 +75,7 @@ def run_quadratic(protocol: str, params: Any, lr: float, steps: int) -> torch.Te
         workers = [Worker(rank, LocalTransport(core), Point(dims), towards(OPTIMA[rank]),
                           protocol, protocol_params=params, lr=lr, batch_size=1,
                           loss_fn=quadratic(CURVATURES[rank]), max_steps=steps, device="cpu",
-                          seam=VirtualWorkerSeam(StepDelay(0.0), StepCost(0.001, 1)))
+                          seam=VirtualWorkerSeam(StepDelay(0.0), FixedStepCost(0.001, 1)))
                    for rank in range(len(OPTIMA))]
         await run_workers(core, workers)
         return core.store.w.clone()

@@ -18,7 +18,7 @@ from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import StepCost, StepDelay
+from asyncsync.hetero.compute import FixedStepCost, StepDelay
 from asyncsync.protocols.base import Pull, Push, ServerRule, Unacceptable, discover
 from asyncsync.protocols.dcasgd import DcasgdParams
 from asyncsync.protocols.diloco import DilocoParams
@@ -204,7 +204,7 @@ def test_a_worker_whose_pushes_are_refused_logs_them_and_goes_on() -> None:
                           seam=InlineServerSeam())
         worker = Worker(0, LocalTransport(core), tiny_model(), batches_of(x, y, 0), "asp",
                         lr=0.1, batch_size=16, max_steps=4,
-                        seam=VirtualWorkerSeam(StepDelay(0.0), StepCost(STEP_S, 16)))
+                        seam=VirtualWorkerSeam(StepDelay(0.0), FixedStepCost(STEP_S, 16)))
         final = await worker.run()
         await core.stop()
         await core.close()
@@ -236,7 +236,7 @@ def bn_statistics(codec: str) -> torch.Tensor:
         worker = Worker(0, LocalTransport(core), bn_model(), batches_of(x, y, 0), "asp",
                         lr=0.1, batch_size=16, max_steps=12,
                         compressor=None if codec == "none" else Compressor(codec, 0.05),
-                        seam=VirtualWorkerSeam(StepDelay(0.0), StepCost(STEP_S, 16)))
+                        seam=VirtualWorkerSeam(StepDelay(0.0), FixedStepCost(STEP_S, 16)))
         await worker.run()
         await core.stop()
         await core.close()

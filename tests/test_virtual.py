@@ -65,7 +65,7 @@ def run(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True)
     (run_dir / "recipe.json").write_text(json.dumps(
         {"name": "virtual", "baseline": spec.name, "runs": [spec.as_table()]}))
-    facts = simulate(spec, run_dir, f"virtual/{spec.name}", spec.compute.base_step_s)
+    facts = simulate(spec, run_dir, f"virtual/{spec.name}")
     return {**summarize_run(run_dir), **facts}
 
 

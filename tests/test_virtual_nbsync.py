@@ -56,7 +56,7 @@ def nbsync_run(tmp_path: Path, latency_ms: float, overhead_ms: float = 0.0,
     run_dir.mkdir()
     (run_dir / "recipe.json").write_text(json.dumps(
         {"name": "nbsync-rounds", "baseline": "nbsync", "runs": [spec.as_table()]}))
-    simulate(spec, run_dir, "nbsync-rounds/nbsync", spec.compute.base_step_s)
+    simulate(spec, run_dir, "nbsync-rounds/nbsync")
     per_push, durations = [], []
     for rank in range(2):
         log = [json.loads(line) for line in

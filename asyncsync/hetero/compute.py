@@ -22,8 +22,9 @@ static factor times a profile) complete them.
 
 Paced steps (virtual time always, real mode with ``compute.base_step_s``): a step lasts
 `step_seconds`, its `StepCost` (``base_step_s`` for the reference batch, in proportion to
-the batch it computes) padded by the profile. That one function serves both clocks; a
-real computation longer than it overruns (the seam counts overruns).
+the batch it computes, or the step's FLOPs over a device's rate) padded by the profile.
+That one function serves both clocks; a real computation longer than it overruns (the seam
+counts overruns).
 """
 
 from __future__ import annotations
@@ -34,15 +35,25 @@ from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from asyncsync.schema import check_fields, from_mapping, option
 
 
+class StepCost(Protocol):
+    """What one local step costs before slowness, by its batch size: a `FixedStepCost`
+    (``compute.base_step_s``, given or calibrated) or a device's FLOP rate
+    (`asyncsync.hetero.cost_model.DeviceStepCost`)."""
+
+    def base_s(self, batch: int) -> float:
+        """Seconds a step of `batch` samples costs (0: the reference batch)."""
+        ...
+
+
 @dataclass(frozen=True)
-class StepCost:
-    """What one local step costs before slowness: `base_step_s` seconds for
-    `reference_batch` samples, in proportion for other batch sizes."""
+class FixedStepCost:
+    """`base_step_s` seconds for `reference_batch` samples, in proportion for other batch
+    sizes."""
 
     base_step_s: float
     reference_batch: int

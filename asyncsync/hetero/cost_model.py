@@ -85,8 +85,12 @@ def device(name: str) -> Device:
                          "(or give flops_per_s)") from None
 
 
+DEFAULT_DEVICE = "cpu-core"
+"""The device a virtual run's workers are charged as when its recipe names none."""
+
+
 @dataclass(frozen=True)
-class StepCost:
+class ModelFlops:
     """The FLOPs of one local step: per sample (forward and backward) and per step
     (the optimizer's update, independent of the batch)."""
 
@@ -97,9 +101,25 @@ class StepCost:
         """The FLOPs of one step of `batch` samples."""
         return self.flops_per_sample * batch + self.optimizer_flops
 
-    def seconds(self, batch: int, flops_per_s: float) -> float:
-        """The duration of one step of `batch` samples at a sustained `flops_per_s`."""
-        return self.flops(batch) / flops_per_s
+
+@dataclass(frozen=True)
+class DeviceStepCost:
+    """A step's cost on a device that sustains `flops_per_s` (a `StepCost` of
+    `asyncsync.hetero.compute`); batch 0 means `reference_batch`."""
+
+    flops: ModelFlops
+    flops_per_s: float
+    reference_batch: int
+
+    def __post_init__(self) -> None:
+        if not self.flops_per_s > 0:
+            raise ValueError(f"flops_per_s must be > 0, got {self.flops_per_s}")
+        if self.flops.flops(self.reference_batch) <= 0:
+            raise ValueError("a step must cost more than 0 FLOPs")
+
+    def base_s(self, batch: int) -> float:
+        """Seconds a step of `batch` samples costs on this device."""
+        return self.flops.flops(batch or self.reference_batch) / self.flops_per_s
 
 
 def optimizer_flops_per_param(momentum: float, weight_decay: float, nesterov: bool) -> int:
@@ -109,7 +129,7 @@ def optimizer_flops_per_param(momentum: float, weight_decay: float, nesterov: bo
 
 
 def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], batch: int,
-                     optimizer_flops_per_parameter: int = 2) -> StepCost:
+                     optimizer_flops_per_parameter: int = 2) -> ModelFlops:
     """Count one training step of `model` at `batch` samples of `input_shape` (C, H, W).
 
     The count runs on a copy of the model on the ``meta`` device with a cross-entropy loss
@@ -123,7 +143,7 @@ def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], batch: int,
     labels = torch.zeros(batch, dtype=torch.long, device="meta")
     with FlopCounterMode(display=False) as counter:
         loss = nn.functional.cross_entropy(shadow(inputs), labels)
-        loss.backward()
+        torch.autograd.backward(loss)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return StepCost(flops_per_sample=counter.get_total_flops() / batch,
+    return ModelFlops(flops_per_sample=counter.get_total_flops() / batch,
                     optimizer_flops=float(optimizer_flops_per_parameter * params))
