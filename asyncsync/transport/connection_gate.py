@@ -14,25 +14,49 @@ from typing import cast
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from asyncsync.transport.log_filters import RepeatFilter
+from asyncsync.transport.log_filters import AcceptFailureFilter, RepeatFilter
 
 LOG = logging.getLogger("asyncsync.server")
 CONNECTIONS_LOG = logging.getLogger("asyncsync.server.connections")
 """The gate's refusals, evictions and timeouts."""
 CONNECTIONS_LOG.addFilter(RepeatFilter())
+logging.getLogger("asyncio").addFilter(AcceptFailureFilter())
 
 
-FD_RESERVE = 64
+OWN_DESCRIPTORS = 64
 """File descriptors kept free of connections for the server's own files and sockets."""
+MAX_BACKLOG = 100
+"""The listen backlog when descriptors are plentiful (asyncio's default)."""
+BATCHES_IN_FLIGHT = 4
+"""Accept batches whose descriptors the gate may not have counted yet: a batch reaches
+the gate two loop iterations after asyncio accepted it, and a connection it evicts closes
+one iteration later (one more batch for margin)."""
 
 
-def descriptor_bound(limit: int) -> int:
-    """`limit`, lowered so that open connections leave `FD_RESERVE` descriptors of this
-    process's limit free (accepting a connection without a descriptor fails in a loop)."""
+def descriptor_limit() -> int | None:
+    """This process's soft limit on open files (None: unlimited)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def listen_backlog(descriptors: int | None) -> int:
+    """The listen backlog, which is also how many connections asyncio accepts in one
+    wake-up before the gate sees any: 1/32 of the descriptor limit, from 8 to 100."""
+    return MAX_BACKLOG if descriptors is None else max(8, min(MAX_BACKLOG, descriptors // 32))
+
+
+def descriptor_reserve(backlog: int) -> int:
+    """Descriptors kept free of counted connections: the server's own, and room for the
+    accept batches in flight, so that a burst of connections cannot exhaust them."""
+    return OWN_DESCRIPTORS + BATCHES_IN_FLIGHT * backlog
+
+
+def descriptor_bound(limit: int, descriptors: int | None) -> int:
+    """`limit`, lowered so that open connections leave `descriptor_reserve` of the
+    `descriptors` this process may open free (None: unlimited)."""
+    if descriptors is None:
         return limit
-    return max(1, min(limit, soft - FD_RESERVE))
+    return max(1, min(limit, descriptors - descriptor_reserve(listen_backlog(descriptors))))
 
 
 @dataclass(frozen=True)
@@ -49,7 +73,7 @@ class ConnectionLimits:
             aiohttp clients keep idle connections, 15 s, so a client does not send on a
             connection the server is closing).
         max_connections: connections open at once; lowered to the process's file
-            descriptor limit less `FD_RESERVE`.
+            descriptor limit less `descriptor_reserve`.
         max_per_peer: connections open at once from one peer address.
 
     Over TLS a connection counts once its handshake is done; until then only the
@@ -92,7 +116,10 @@ class ConnectionGate:
 
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
-        self.max_connections = descriptor_bound(limits.max_connections)
+        descriptors = descriptor_limit()
+        self.backlog = listen_backlog(descriptors)
+        """The listening socket's backlog (see `listen_backlog`)."""
+        self.max_connections = descriptor_bound(limits.max_connections, descriptors)
         self.refused = 0
         self.evicted = 0
         self.timed_out = 0
@@ -104,7 +131,7 @@ class ConnectionGate:
         self._peer_waiting: dict[str, dict[_Connection, None]] = {}
         if self.max_connections < limits.max_connections:
             LOG.info("at most %d connections (the process may open %d files)",
-                     self.max_connections, self.max_connections + FD_RESERVE)
+                     self.max_connections, descriptors)
 
     def protocol_factory(self, handler: Callable[[], asyncio.Protocol],
                          ) -> Callable[[], asyncio.Protocol]:

@@ -205,7 +205,8 @@ class ParameterServer:
         assert self._runner.server is not None
         self._listener = await asyncio.get_running_loop().create_server(
             self.gate.protocol_factory(self._runner.server), self.host, self.port,
-            ssl=self.tls, ssl_handshake_timeout=limits.header_timeout_s if self.tls else None)
+            backlog=self.gate.backlog, ssl=self.tls,
+            ssl_handshake_timeout=limits.header_timeout_s if self.tls else None)
         self.port = self._listener.sockets[0].getsockname()[1]
         return self.url
 

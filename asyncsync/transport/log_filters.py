@@ -49,3 +49,21 @@ class PeerErrorFilter(logging.Filter):
             record.exc_info = None
         return True
 
+
+
+ACCEPT_FAILURE = "socket.accept() out of system resource"
+"""How asyncio's log line for a failed accept (e.g. no descriptor left) begins."""
+
+
+class AcceptFailureFilter(RepeatFilter):
+    """Turns asyncio's failed-accept line (a socket's address and a traceback) into one
+    line with the error, rate-limited as one kind (`RepeatFilter`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(ACCEPT_FAILURE):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        record.msg = f"{ACCEPT_FAILURE}: %s (accepting pauses for 1 s)"
+        record.args = (error,)
+        record.exc_info = None
+        return super().filter(record)
