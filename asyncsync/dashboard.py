@@ -68,6 +68,7 @@ class Dashboard:
         self.live = self.console.is_terminal if live is None else live
         self._live: Live | None = None
         self._last_plain = 0.0
+        self._status: dict[str, Any] | None = None
 
     def __enter__(self) -> Dashboard:
         if self.live:
@@ -89,6 +90,7 @@ class Dashboard:
     def update(self, spec: RunSpec, index: int, status: dict[str, Any]) -> None:
         """Render one status snapshot from the server."""
         if self._live is not None:
+            self._status = status
             self._live.update(self.render(spec, index, status))
         elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S and status.get("started"):
             self._last_plain = time.monotonic()
@@ -146,7 +148,13 @@ class Dashboard:
                 f"{workers}")
 
     def finished(self, spec: RunSpec, index: int, summary: dict[str, Any]) -> None:
-        """Print a one-line result when a run ends (kept above the live panel)."""
+        """Print a one-line result when a run ends (kept above the live panel), and show
+        the panel once more with the run's last accuracy (from an evaluation after the last
+        refresh)."""
+        if self._live is not None and self._status is not None and "error" not in summary:
+            self._live.update(self.render(spec, index, {
+                **self._status, "accuracy": summary["final_accuracy"],
+                "best_accuracy": summary["best_accuracy"]}))
         if "error" in summary:
             line = f"[red]{spec.name} failed: {summary['error']}[/red]"
         else:

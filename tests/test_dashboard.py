@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -13,7 +15,7 @@ from asyncsync.recipe import load_recipe
 RECIPES = Path(__file__).parent.parent / "recipes"
 
 
-def status(overruns: int) -> dict[str, object]:
+def status(overruns: int) -> dict[str, Any]:
     return {
         "version": 123, "accuracy": 0.5, "best_accuracy": 0.6, "elapsed_s": 12.0,
         "time_s": 50.0, "stopping": False,
@@ -77,3 +79,18 @@ def test_hundreds_of_workers_are_summarised_by_state() -> None:
     assert len(console.export_text().splitlines()) < 12
     line = Dashboard.plain_line(recipe.runs[0], many)
     assert line.endswith("computing:100 waiting:200")
+
+
+def test_the_panel_shows_the_runs_last_evaluation_when_it_ends() -> None:
+    """The summary's best 0.602 came from an evaluation after the last status (best 0.6)."""
+    recipe = load_recipe(RECIPES / "quickstart.toml")
+    dashboard = Dashboard(recipe, live=True, console=Console(file=io.StringIO(), width=80))
+    probe = Console(width=80, record=True, color_system=None)
+    with dashboard:
+        dashboard.update(recipe.runs[0], 0, status(overruns=0))
+        dashboard.finished(recipe.runs[0], 0, {"best_accuracy": 0.602, "final_accuracy": 0.59,
+                                               "time_to_target_s": None,
+                                               "compute_proportion": 0.5})
+        assert dashboard._live is not None
+        probe.print(dashboard._live.renderable)
+    assert "accuracy 0.590 (best 0.602" in probe.export_text()
