@@ -1,5 +1,6 @@
-# `make run` runs the quickstart recipe; `make test` runs the test suite.
-# Both create the virtual environment .venv on first use.
+# `make run` runs the quickstart recipe (its table within a couple of minutes on 2 cores);
+# `make test` runs the test suite; `make lint` runs ruff and mypy.
+# Each creates the virtual environment .venv on first use.
 PY := .venv/bin/python
 
 .PHONY: run test lint
@@ -11,7 +12,7 @@ test: .venv/installed
 	$(PY) -m pytest -q
 
 lint: .venv/installed
-	$(PY) -m ruff check asyncsync tests
+	$(PY) -m ruff check asyncsync tests bench
 	$(PY) -m mypy
 
 .venv/installed: pyproject.toml
