@@ -96,6 +96,8 @@ BUSY_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n
               b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_TEXT),
                                                                       _BUSY_TEXT))
 """What a connection over the limits is answered with, before it is closed unread."""
+HEAD_END = b"\r\n\r\n"
+"""The end of a request head: from there on the connection is inside a request."""
 
 
 class ConnectionGate:
@@ -104,8 +106,9 @@ class ConnectionGate:
     aiohttp has one timer for a connection that is idle or sends its request head too
     slowly (its keep-alive timeout, which must stay longer than clients keep idle
     connections) and no cap on connections, so each accepted connection passes this gate,
-    a thin `asyncio.Protocol` in front of aiohttp's handler; a middleware (`track`) tells
-    it when a request starts and ends.
+    a thin `asyncio.Protocol` in front of aiohttp's handler. A request starts when its
+    head has arrived (`HEAD_END`, before aiohttp's handler runs), and a middleware
+    (`track`) tells the gate when it ends.
 
     A connection over a limit (all connections, or those of its peer address) takes the
     place of the connection of that scope that has waited longest for a request head (idle
@@ -229,6 +232,8 @@ class _Connection(asyncio.Protocol):
         self.counted = False
         self.inside = False
         self._deadline: asyncio.TimerHandle | None = None
+        self._head_tail = b""
+        """The last bytes of a request head in progress (its end may span two reads)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -246,8 +251,13 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.handler is None:
             return
-        if not self.inside and self._deadline is None:
-            self._arm()
+        if not self.inside:
+            if self._deadline is None:
+                self._arm()
+            edge = self._head_tail + data[:len(HEAD_END) - 1]
+            if HEAD_END in edge or HEAD_END in data:  # before aiohttp's handler starts
+                self.begin()
+            self._head_tail = (self._head_tail + data[1 - len(HEAD_END):])[1 - len(HEAD_END):]
         self.handler.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -268,7 +278,7 @@ class _Connection(asyncio.Protocol):
             self.handler.connection_lost(exc)
 
     def begin(self) -> None:
-        """A request head has arrived: the request is being handled."""
+        """A request head has arrived: the request is being handled (it is not evicted)."""
         self.inside = True
         self._disarm()
         self.gate.busy(self)
@@ -276,6 +286,7 @@ class _Connection(asyncio.Protocol):
     def end(self) -> None:
         """The request is answered; the connection waits for the next head."""
         self.inside = False
+        self._head_tail = b""
         if self.counted:
             self.gate.waiting(self)
 

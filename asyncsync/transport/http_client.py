@@ -42,6 +42,15 @@ class _ServerBusy(Exception):
     """The server answered `BUSY`."""
 
 
+class _Resendable(Exception):
+    """The server closed the connection without an answer, and the op may be resent."""
+
+
+RESENDABLE_OPS = frozenset({"status", "heartbeat"})
+"""Ops that change nothing on the server when applied twice, so a request the server closed
+unanswered is resent (another may have been applied before the server closed it)."""
+
+
 def client_tls(cafile: str | Path) -> ssl.SSLContext:
     """A context that trusts the CA certificates in the PEM file `cafile` (only those) and
     checks the server's host name (TLS 1.2 at least). Raises OSError or ssl.SSLError when
@@ -93,9 +102,11 @@ class HttpTransport:
         """Send one request; retry with backoff while the server cannot be reached.
 
         Only connection failures and a busy server's 503 are retried (the request was
-        never read, so a retry cannot apply it twice), for up to `connect_timeout_s`
-        seconds. A failed TLS handshake raises `TlsFailure` at once; a connection that
-        breaks mid-request raises `ConnectionError`; a 4xx raises the SDK's refusal.
+        never read, so a retry cannot apply it twice), and a connection the server closed
+        without an answer when the op is in `RESENDABLE_OPS`, for up to
+        `connect_timeout_s` seconds. A failed TLS handshake raises `TlsFailure` at once;
+        another connection that breaks mid-request raises `ConnectionError`; a 4xx raises
+        the SDK's refusal.
         """
         deadline = now() + self.connect_timeout_s
         backoff = 0.1
@@ -107,7 +118,7 @@ class HttpTransport:
                     f"TLS with {self.url} failed ({exc}): the server must serve https with "
                     "a certificate for this host name, signed by the CA given with "
                     "--tls-ca (recipe key tls.ca) or by one the system trusts") from exc
-            except (aiohttp.ClientConnectorError, _ServerBusy) as exc:
+            except (aiohttp.ClientConnectorError, _ServerBusy, _Resendable) as exc:
                 if now() + backoff > deadline:
                     raise ConnectionError(f"cannot reach {self.url}: {exc}") from exc
                 await asyncio.sleep(backoff)
@@ -124,8 +135,14 @@ class HttpTransport:
         if self.link is not None:
             await self.link.one_way_delay()
             pieces = self.link.paced_pieces(pieces)
-        async with self._session.post(f"{self.url}/v1/{op}", data=pieces,
-                                      headers={"Content-Length": str(size)}) as resp:
+        try:
+            response = await self._session.post(f"{self.url}/v1/{op}", data=pieces,
+                                                headers={"Content-Length": str(size)})
+        except aiohttp.ServerDisconnectedError as exc:
+            if op in RESENDABLE_OPS:
+                raise _Resendable(str(exc)) from exc
+            raise
+        async with response as resp:
             self.bytes_up += size
             if resp.status == BUSY:
                 raise _ServerBusy(f"busy: {(await resp.text())[:200]}")

@@ -1,0 +1,110 @@
+"""A request that has fully arrived is never shed by the connection gate, and a client
+resends a request the server dropped unanswered when resending it is safe."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from asyncsync.transport.connection_gate import BUSY_REPLY, ConnectionGate, ConnectionLimits
+from asyncsync.transport.http_client import HttpTransport
+from asyncsync.wire import CONTENT_TYPE, encode_header
+
+WITHIN_S = 60.0
+"""How long anything the test waits for may take (generous: it takes milliseconds)."""
+
+
+class FakeTransport(asyncio.Transport):
+    """Records what the gate writes and whether it closed the connection."""
+
+    def __init__(self, peer: str) -> None:
+        super().__init__()
+        self.peer = peer
+        self.written = b""
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return (self.peer, 1) if name == "peername" else default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Handler(asyncio.Protocol):
+    """aiohttp's handler, as far as the gate sees it: it takes the bytes."""
+
+    def __init__(self) -> None:
+        self.received = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+
+
+async def test_a_complete_request_head_is_not_evicted_before_its_handler_starts() -> None:
+    """At the cap (1), a connection whose request head has arrived (in two pieces) but
+    whose handler has not started yet keeps its place: the next connection gets 503."""
+    gate = ConnectionGate(ConnectionLimits(max_connections=1))
+    first, second = FakeTransport("10.0.0.1"), FakeTransport("10.0.0.2")
+    protocol = gate.protocol_factory(Handler)
+    connection = protocol()
+    connection.connection_made(first)
+    connection.data_received(b"POST /v1/status HTTP/1.1\r\nHost: x\r\n\r")
+    connection.data_received(b"\n")  # the head is complete; aiohttp's task has not run yet
+    protocol().connection_made(second)
+    assert not first.closed and gate.evicted == 0
+    assert second.closed and second.written == BUSY_REPLY and gate.refused == 1
+    connection.connection_lost(None)
+
+
+async def test_a_half_sent_head_is_still_evicted() -> None:
+    gate = ConnectionGate(ConnectionLimits(max_connections=1))
+    first, second = FakeTransport("10.0.0.1"), FakeTransport("10.0.0.2")
+    protocol = gate.protocol_factory(Handler)
+    connection = protocol()
+    connection.connection_made(first)
+    connection.data_received(b"POST /v1/status HTTP/1.1\r\nHost: x\r\n")
+    protocol().connection_made(second)
+    assert first.closed and gate.evicted == 1 and not second.closed
+
+
+STATUS_BODY = encode_header({"workers": 1}, None)
+STATUS_REPLY = (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\n"
+                f"Content-Length: {len(STATUS_BODY)}\r\n\r\n").encode() + STATUS_BODY
+
+
+@pytest.mark.parametrize(("op", "resent"), [("status", True), ("heartbeat", True),
+                                            ("push", False)])
+async def test_a_request_dropped_unanswered_is_resent_only_when_safe(op: str,
+                                                                     resent: bool) -> None:
+    """A server that closes the first connection after reading its request head, and
+    answers the next: status and heartbeats are resent, a push is not."""
+    connections = itertools.count()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if next(connections):
+            writer.write(STATUS_REPLY)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = HttpTransport(f"http://127.0.0.1:{port}", 0, timeout_s=WITHIN_S)
+    try:
+        if resent:
+            reply, _ = await client.request(op, {})
+            assert reply == {"workers": 1}
+        else:
+            with pytest.raises(ConnectionError):
+                await client.request(op, {})
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+    assert next(connections) == (2 if resent else 1)
