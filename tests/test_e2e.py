@@ -63,7 +63,7 @@ def test_check_reports_bad_recipe_keys(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "defaults.stop.time_s: must be > 0" in done.stdout
     good = cli("check", str(ROOT / "recipes" / "quickstart.toml"))
-    assert good.returncode == 0 and "ok (2 runs, baseline bsp)" in good.stdout
+    assert good.returncode == 0 and "ok (2 runs, baseline bsp; data found)" in good.stdout
 
 
 def test_protocols_lists_registered_protocols() -> None:

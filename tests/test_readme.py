@@ -46,4 +46,4 @@ def test_the_running_recipes_commands_run_as_written(tmp_path: Path) -> None:
     assert len(list((tmp_path / "logs" / "quickstart").iterdir())) == len(runs)
     report = outputs[-1]
     assert f"holds {len(runs)} studies: reporting the latest" in report
-    assert "quickstart: comparison (baseline bsp)" in report
+    assert "quickstart: comparison (baseline asp)" in report  # the last run was --only asp
