@@ -286,8 +286,12 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             raise LogError(f"{root}: no such directory")
         studies: dict[Path, list[Path]] = {}
         for events in root.rglob("events.jsonl"):
-            if (events.parent / "recipe.json").exists():
-                studies.setdefault(events.parent.parent, []).append(events.parent)
+            if not (events.parent / "recipe.json").exists():
+                continue
+            if _interrupted(events.parent):
+                notes.append(f"{events.parent}: left out, it was interrupted (Ctrl-C)")
+                continue
+            studies.setdefault(events.parent.parent, []).append(events.parent)
         if not studies:
             raise LogError(f"{root}: no run logs (directories with recipe.json and "
                            "events.jsonl) under it")
@@ -303,6 +307,14 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             else:
                 reports[0] += [r for r in runs if r not in reports[0]]
     return [r for r in reports if r], notes
+
+
+def _interrupted(run_dir: Path) -> bool:
+    """Whether the run's summary.json marks it interrupted (its logs stop mid-run)."""
+    try:
+        return bool(json.loads((run_dir / "summary.json").read_text()).get("interrupted"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def pool_problem(run_dirs: list[Path], summaries: list[dict[str, Any]]) -> str | None:

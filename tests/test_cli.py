@@ -250,3 +250,15 @@ def test_report_without_the_recipes_baseline_compares_with_the_first_run(
     code, out = run_main(capsys, "report", str(tmp_path / "r"))
     assert code == 0, out
     assert "the recipe's baseline bsp is not among these runs: speedups against asp" in out
+
+
+def test_report_leaves_out_an_interrupted_run(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6])
+    cut = fake_run(tmp_path / "x", "r", "asp", "asp", [0.1])
+    cut = cut.rename(tmp_path / "r" / "20260101-000000" / "asp")
+    (cut / "summary.json").write_text(json.dumps({"run": "asp", "interrupted": True}))
+    code, out = run_main(capsys, "report", str(tmp_path / "r"))
+    assert code == 0, out
+    assert f"{cut}: left out, it was interrupted (Ctrl-C)" in " ".join(out.split())
+    assert not any(line.split()[:1] == ["asp"] for line in out.splitlines())
