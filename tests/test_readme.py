@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 TINY = ["--set", "workers=2", "--set", "compute.slowdown=[1, 2]", "--set", "stop.time_s=2",
         "--set", "eval.interval_s=1", "--set", "compute.base_step_s=0.05", "--clock",
@@ -23,6 +25,7 @@ def readme_commands() -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
 
 
+@pytest.mark.timeout(900)  # seven commands, each starting a Python with torch
 def test_the_running_recipes_commands_run_as_written(tmp_path: Path) -> None:
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
     commands = readme_commands()
