@@ -158,11 +158,12 @@ def step_times(spec: RunSpec, flops: ModelFlops | None = None,
     costs: list[StepCost] = []
     facts = []
     for rank in range(spec.workers):
-        name, rate = spec.compute.throughput(rank)
-        cost = DeviceStepCost(flops, rate, batch)
+        name, rate, op_s = spec.compute.throughput(rank)
+        cost = DeviceStepCost(flops, rate, batch, op_s)
         costs.append(cost)
         facts.append({"rank": rank, "device": name, "flops_per_s": rate,
-                      "flops_per_step": flops.flops(batch), "step_s": cost.base_s(batch)})
+                      "flops_per_step": flops.flops(batch), "ops_per_step": flops.ops,
+                      "op_overhead_s": op_s, "step_s": cost.base_s(batch)})
     return StepTimes("device", costs, facts)
 
 
@@ -199,8 +200,8 @@ def assemble_worker(spec: RunSpec, rank: int, run_id: str, model: torch.nn.Modul
 def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
                  log_dir: Path | None, local_addr: str | None = None) -> Worker:
     """Worker `rank` of one run on the real clock, as the CLI's ``worker`` command starts
-    it: paced when the recipe sets ``compute.base_step_s`` or names hardware (a step then
-    lasts as on that device, unless this host is slower: an overrun)."""
+    it (paced when the recipe sets ``compute.base_step_s``; ``compute.device`` charges
+    virtual time only: a real run is timed by its host)."""
     if not 0 <= rank < spec.workers:
         raise ValueError(f"rank {rank} is outside 0..{spec.workers - 1}")
     tls = run_client_tls(spec)
@@ -210,10 +211,8 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
     model = run_model(spec, data)
     token = run_worker_token(spec)
     cost = None
-    if spec.compute.explicit_step_s or spec.compute.names_hardware:  # paced
-        flops = None if spec.compute.explicit_step_s else run_flops(spec, model,
-                                                                     data.input_shape)
-        cost = step_times(spec, flops).costs[rank]
+    if spec.compute.explicit_step_s:  # paced; a device charges virtual time only
+        cost = step_times(spec).costs[rank]
 
     def dial(link: Link | None) -> Transport:
         return connect(url, Dial(model_numel(model), link, local_addr, token, tls))

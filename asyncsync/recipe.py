@@ -154,25 +154,18 @@ class ComputeSpec:
         """Whether the step time is to be measured on this host."""
         return self.base_step_s == CALIBRATE
 
-    @property
-    def names_hardware(self) -> bool:
-        """Whether the recipe names a device or a FLOP rate."""
-        return bool(self.device) or _non_zero(self.flops_per_s)
-
-    def throughput(self, rank: int) -> tuple[str, float]:
-        """Worker `rank`'s device label and sustained FLOP/s (`flops_per_s` first, else the
-        named device, else `DEFAULT_DEVICE`)."""
+    def throughput(self, rank: int) -> tuple[str, float, float]:
+        """Worker `rank`'s device label, sustained FLOP/s and seconds per operation
+        (`flops_per_s` first, with no per-operation cost; else the named device, else
+        `DEFAULT_DEVICE`)."""
         rate = _pick(self.flops_per_s, rank)
         if rate > 0:
-            return "flops_per_s", rate
+            return "flops_per_s", rate, 0.0
         names = self.device if isinstance(self.device, list) else [self.device or
                                                                     DEFAULT_DEVICE]
         named = device(names[rank] if rank < len(names) else DEFAULT_DEVICE)
-        return named.name, named.peak_flops_per_s * (self.efficiency or named.efficiency)
-
-
-def _non_zero(value: float | list[float]) -> bool:
-    return any(value) if isinstance(value, list) else value > 0
+        return (named.name, named.peak_flops_per_s * (self.efficiency or named.efficiency),
+                named.op_overhead_s)
 
 
 @dataclass(frozen=True)

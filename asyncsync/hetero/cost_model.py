@@ -1,31 +1,44 @@
 """The hardware cost model: a local step's virtual duration from the work it does.
 
 A step of `batch` samples costs ``flops_per_sample * batch + optimizer_flops`` floating-point
-operations, and a device performs ``peak_flops_per_s * efficiency`` of them per second, so
+operations in ``ops`` framework operations (kernels). A device performs
+``peak_flops_per_s * efficiency`` FLOPs per second and pays a fixed `op_overhead_s` per
+operation (dispatch and kernel launch, which bound small models), so
 
-    seconds(batch) = (flops_per_sample * batch + optimizer_flops) / (peak * efficiency)
+    seconds(batch) = ops * op_overhead_s + (flops_per_sample * batch + optimizer_flops)
+                     / (peak * efficiency)
+
+A rate a recipe gives itself (``compute.flops_per_s``) has no per-operation term: doubling
+it halves every step.
 
 The model's FLOPs are counted once per run by PyTorch's own counter
 (`torch.utils.flop_counter.FlopCounterMode`) over one forward and backward pass of the real
 model at the run's input shape and batch size, on the ``meta`` device (shapes only, no math,
-so the count is exact and costs milliseconds). The counter sees the matrix products and
-convolutions, which are where a training step's arithmetic is; element-wise work
-(activations, pooling, the loss, BatchNorm) is not counted, as in the usual "model FLOPs"
-convention. The flat SGD update adds a few operations per parameter (`optimizer_flops`).
+so the count is exact and costs milliseconds); the same pass counts the operations. The
+counter sees the matrix products and convolutions, which are where a training step's
+arithmetic is; element-wise work (activations, pooling, the loss, BatchNorm) is not
+counted, as in the usual "model FLOPs" convention. The flat SGD update adds a few
+operations per parameter (`optimizer_flops`).
 
 Peak figures are FP32 (a training step at full precision) from the vendors' data sheets or
 derived from their published core counts and clocks; `efficiency` is the share of that peak a
-real training step of a small model sustains. It is an assumption, stated per device and
-overridable in a recipe (``compute.efficiency``), never a measurement of this host.
+real training step of a small model sustains, and `op_overhead_s` the fixed cost of one
+operation (about 10 us of eager dispatch on a CPU, or of kernel launch on a GPU). Both are
+assumptions, stated per device (efficiency overridable in a recipe with
+``compute.efficiency``), never a measurement of this host. With them, the cnn's step at
+batch 32 on ``cpu-core`` comes to about 12 ms, which is what this project's 2-core host
+measured (11-14 ms).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 
@@ -37,6 +50,7 @@ class Device:
     peak_flops_per_s: float
     efficiency: float
     source: str
+    op_overhead_s: float = 10e-6
 
     def __post_init__(self) -> None:
         if self.peak_flops_per_s <= 0:
@@ -56,11 +70,11 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
            "(Intel 64 and IA-32 Architectures Optimization Reference Manual, Haswell and later)"),
     Device("laptop-cpu", 358e9, 0.25,
            "4 x86 cores at 2.8 GHz with AVX2 FMA, 32 FP32 FLOP/cycle each (as cpu-core)"),
-    Device("phone", 161e9, 0.2,
+    Device("phone", 161e9, 0.2, op_overhead_s=20e-6, source=
            "Snapdragon 865's four Cortex-A77 cores (one at 2.84 GHz, three at 2.42 GHz; "
            "Qualcomm product brief), two 128-bit NEON FMA pipes = 16 FP32 FLOP/cycle each "
            "(Arm Cortex-A77 Software Optimization Guide)"),
-    Device("jetson-nano", 236e9, 0.4,
+    Device("jetson-nano", 236e9, 0.4, op_overhead_s=20e-6, source=
            "NVIDIA Jetson Nano data sheet: 128 Maxwell CUDA cores at 921.6 MHz "
            "(472 GFLOP/s FP16, half that in FP32)"),
     Device("k80", 4.37e12, 0.4,
@@ -91,11 +105,12 @@ DEFAULT_DEVICE = "cpu-core"
 
 @dataclass(frozen=True)
 class ModelFlops:
-    """The FLOPs of one local step: per sample (forward and backward) and per step
-    (the optimizer's update, independent of the batch)."""
+    """The work of one local step: FLOPs per sample (forward and backward) and per step
+    (the optimizer's update, independent of the batch), and its operations."""
 
     flops_per_sample: float
     optimizer_flops: float
+    ops: int = 0
 
     def flops(self, batch: int) -> float:
         """The FLOPs of one step of `batch` samples."""
@@ -110,6 +125,7 @@ class DeviceStepCost:
     flops: ModelFlops
     flops_per_s: float
     reference_batch: int
+    op_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.flops_per_s > 0:
@@ -119,13 +135,28 @@ class DeviceStepCost:
 
     def base_s(self, batch: int) -> float:
         """Seconds a step of `batch` samples costs on this device."""
-        return self.flops.flops(batch or self.reference_batch) / self.flops_per_s
+        return (self.flops.ops * self.op_overhead_s
+                + self.flops.flops(batch or self.reference_batch) / self.flops_per_s)
 
 
 def optimizer_flops_per_param(momentum: float, weight_decay: float, nesterov: bool) -> int:
     """The FLOPs per parameter of one `FlatSGD` update: a multiply-add for the step, and one
-    more for weight decay, for momentum and for Nesterov's look-ahead."""
+    more for weight decay, for momentum and for Nesterov's look-ahead (one operation each
+    over the flat vector)."""
     return 2 + 2 * (weight_decay > 0) + 2 * (momentum > 0) + 2 * nesterov
+
+
+class _OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the operations dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
 
 
 def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], batch: int,
@@ -141,9 +172,10 @@ def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], batch: int,
     shadow.train()
     inputs = torch.empty((batch, *input_shape), device="meta")
     labels = torch.zeros(batch, dtype=torch.long, device="meta")
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as counter, _OpCounter() as ops:
         loss = nn.functional.cross_entropy(shadow(inputs), labels)
         torch.autograd.backward(loss)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return ModelFlops(flops_per_sample=counter.get_total_flops() / batch,
-                    optimizer_flops=float(optimizer_flops_per_parameter * params))
+                      optimizer_flops=float(optimizer_flops_per_parameter * params),
+                      ops=ops.ops + optimizer_flops_per_parameter // 2)
