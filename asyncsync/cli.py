@@ -69,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="KEY=VALUE")
 
     sub.add_parser("protocols", help="list the protocols and their parameters")
+    sub.add_parser("devices", help="list the named devices of compute.device, with sources")
     sub.add_parser("worker-token", help=f"print the worker token of the run token in "
                                         f"{TOKEN_ENV} (give it to worker nodes as "
                                         f"ASYNCSYNC_WORKER_TOKEN)")
@@ -262,7 +263,8 @@ def _check_table(recipe: Recipe) -> Table:
         compute = spec.compute
         factors = ",".join(f"{f:g}" for f in compute.slowdown) or "1"
         steps = (f"{factors}x" + (f" {compute.profile['name']}" if compute.profile else "")
-                 + (f" step {compute.base_step_s:g} s" if compute.base_step_s else ""))
+                 + (f" step {compute.explicit_step_s:g} s" if compute.explicit_step_s
+                    else ""))
         net = spec.network
         up = net.uplink_mbps if net.uplink_mbps is not None else net.bandwidth_mbps
         down = net.downlink_mbps if net.downlink_mbps is not None else net.bandwidth_mbps
@@ -276,6 +278,48 @@ def _check_table(recipe: Recipe) -> Table:
                       str(spec.workers), steps, link,
                       f"{data.name} {data.partition} b{data.batch_size}", spec.model.name,
                       budget, spec.clock)
+    return table
+
+
+def _step_time_table(recipe: Recipe) -> Table:
+    """How each run's steps are charged before slowness: per worker (identical workers
+    grouped), the device, FLOPs and seconds of one step of the recipe's batch."""
+    from asyncsync.simulation import run_step_times
+
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                  title="step time before slowness", title_justify="left")
+    for header in ("run", "source", "workers: device, FLOPs and time per step"):
+        table.add_column(header, overflow="fold")
+    for spec in recipe.runs:
+        if spec.clock != "virtual":
+            paced = spec.compute.explicit_step_s
+            table.add_row(spec.name, "explicit (paced)" if paced else "this host (real)",
+                          f"{paced:g} s" if paced else "-")
+            continue
+        if spec.compute.calibrate:
+            table.add_row(spec.name, "calibrate (host-dependent)", "measured when run")
+            continue
+        times = run_step_times(spec)
+        groups: dict[str, int] = {}
+        for worker in times.workers:
+            text = (f"{worker['device']} {worker['flops_per_step'] / 1e6:.4g} MFLOP "
+                    if "device" in worker else "") + f"{worker['step_s'] * 1e3:.4g} ms"
+            groups[text] = groups.get(text, 0) + 1
+        table.add_row(spec.name, times.source,
+                      "; ".join(f"{count} x {text}" for text, count in groups.items()))
+    return table
+
+
+def _devices_table() -> Table:
+    """The named devices: FP32 peak, efficiency, per-operation time and the source."""
+    from asyncsync.hetero.cost_model import DEVICES
+
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for header in ("device", "peak TFLOP/s", "efficiency", "per op (us)", "source"):
+        table.add_column(header, overflow="fold")
+    for dev in DEVICES.values():
+        table.add_row(dev.name, f"{dev.peak_flops_per_s / 1e12:.3g}", f"{dev.efficiency:g}",
+                      f"{dev.op_overhead_s * 1e6:g}", dev.source)
     return table
 
 
@@ -365,10 +409,13 @@ def main(argv: list[str] | None = None) -> int:
             recipe = load_recipe(args.recipe, args.overrides)
             console.print(_check_table(recipe))
             check_data(recipe)
+            console.print(_step_time_table(recipe))
             console.print(f"{args.recipe}: ok ({len(recipe.runs)} runs, "
                           f"baseline {recipe.baseline}; data found)", highlight=False)
         elif args.command == "protocols":
             _protocols(console)
+        elif args.command == "devices":
+            console.print(_devices_table())
         elif args.command == "worker-token":
             from asyncsync.transport.tokens import worker_token
 

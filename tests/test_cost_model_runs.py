@@ -142,3 +142,28 @@ def test_calibration_is_opt_in_and_labelled_host_dependent(tmp_path: Path) -> No
     facts = simulate(spec, run_dir, "cost/asp", calibrated_s=0.004)
     assert facts["step_time_source"] == "calibrated (host-dependent)"
     assert facts["base_step_s"] == 0.004
+
+
+def test_check_prints_each_runs_devices_flops_and_step_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from asyncsync import cli
+
+    recipe = tmp_path / "check.toml"
+    recipe.write_text(TIMING.format(
+        compute='flops_per_sample = 1e9\ndevice = ["t4", "t4"]\nefficiency = 0.5'))
+    assert cli.main(["check", str(recipe)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # 32.0005 GFLOP a step at 4.05 TFLOP/s: 7.901 ms; both workers alike, so one group.
+    assert "asp device 2 x t4 3.2e+04 MFLOP 7.901 ms" in out
+
+
+def test_devices_lists_every_device_with_its_source(capsys: pytest.CaptureFixture[str]
+                                                    ) -> None:
+    from asyncsync import cli
+
+    assert cli.main(["devices"]) == 0
+    out = capsys.readouterr().out
+    for name in ("cpu-core", "laptop-cpu", "phone", "jetson-nano", "t4", "v100", "a100",
+                 "h100"):
+        assert name in out
+    assert "T4 data sheet: 8.1 TFLOP/s FP32" in " ".join(out.split())
