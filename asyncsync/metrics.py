@@ -1,7 +1,7 @@
 """Time accounting and JSONL logs.
 
 A worker's wall time splits into computing (local steps, emulated slowness included),
-pushing and pulling (bytes moving), and waiting (the server held the request at a barrier
+pushing and pulling (bytes moving), and held (the server held the request at a barrier
 or staleness bound, as reported in the reply's ``held_s``). With overlapping protocols the
 categories overlap in time; compute proportion is always computing time / wall time.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from asyncsync.clock import Stopwatch, now
+from asyncsync.logschema import Kind, record
 
 
 class JsonlLog:
@@ -50,7 +51,7 @@ class WorkerStats:
     push_s: float = 0.0
     pull_s: float = 0.0
     comm_s: float = 0.0
-    wait_s: float = 0.0
+    held_s: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
     wall_s: float = 0.0
@@ -110,9 +111,9 @@ class IntervalUnion:
 class WorkerMetrics:
     """Accumulates a worker's `WorkerStats` and logs one JSONL record per span.
 
-    Time shares are exclusive, so ``compute_s + comm_s + wait_s <= wall_s`` even when
+    Time shares are exclusive, so ``compute_s + comm_s + held_s <= wall_s`` even when
     requests overlap each other or computation: computing counts first, then moving
-    bytes (a request's time not held at the server), then waiting (held at the server);
+    bytes (a request's time not held at the server), then held (``held_s``);
     each is the measure of a union of intervals (a request's held part is taken to be its
     last ``held`` seconds). ``push_s`` / ``pull_s`` are the per-kind sums of request time
     not held, overlaps included.
@@ -152,9 +153,9 @@ class WorkerMetrics:
         s.loss = loss
         s.factor = factor
         s.overruns = overruns
-        self.log.write({"ev": "compute", "t": round(start, 4), "dur": round(seconds, 4),
-                        "steps": steps, "samples": samples, "loss": round(loss, 5),
-                        "factor": round(factor, 3)})
+        self.log.write(record(Kind.COMPUTE, t=round(start, 4), dur=round(seconds, 4),
+                              steps=steps, samples=samples, loss=round(loss, 5),
+                              factor=round(factor, 3)))
 
     def transferred(self, op: str, start: float, seconds: float, held_s: float,
                     up: int, down: int, version: int | None) -> None:
@@ -177,14 +178,14 @@ class WorkerMetrics:
         self._busy.add(start, moving_until)
         self._present.add(start, start + seconds)
         self._share()
-        self.log.write({"ev": op, "t": round(start, 4), "dur": round(seconds, 4),
-                        "wait": round(held, 4), "up": up, "down": down, "version": version})
+        self.log.write(record(op, t=round(start, 4), dur=round(seconds, 4),
+                              held_s=round(held, 4), up=up, down=down, version=version))
 
     def _share(self) -> None:
-        """Exclusive communicating and waiting time from the unions."""
+        """Exclusive communicating and held time from the unions."""
         busy = self._busy.measure()
         self.stats.comm_s = busy - self._computing.measure()
-        self.stats.wait_s = self._present.measure() - busy
+        self.stats.held_s = self._present.measure() - busy
 
     def take_bytes(self, up: int, down: int) -> None:
         """Take the byte totals from the transport, which counts every request exactly
@@ -192,6 +193,6 @@ class WorkerMetrics:
         self.stats.bytes_up, self.stats.bytes_down = up, down
 
     def final(self) -> dict[str, Any]:
-        record = {"ev": "final", **self.snapshot()}
-        self.log.write(record)
-        return record
+        totals = record(Kind.FINAL, **self.snapshot())
+        self.log.write(totals)
+        return totals

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from asyncsync.comparison import groups, interval, is_baseline, paired_speedups
+from asyncsync.logschema import HELD, KEY, TRANSFERS, Kind
 from asyncsync.runlogs import label, read_jsonl, sweep_suffix
 
-COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "wait": "#ff8c00"}
+COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "held": "#ff8c00"}
 TIMELINE_CYCLES = 20
 """The timeline shows about this many iterations of the slowest worker, from 20% into the
 run (past start-up): enough to see the rhythm, few enough to stay legible."""
@@ -122,7 +123,7 @@ def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
 
 def timeline_window(logs: list[list[dict[str, Any]]]) -> tuple[float, float]:
     """``(start, end)`` of the timeline from the workers' final totals."""
-    finals = [r for records in logs for r in records if r.get("ev") == "final"]
+    finals = [r for records in logs for r in records if r.get(KEY) == Kind.FINAL]
     wall = max((f["wall_s"] for f in finals), default=10.0)
     cycle = max((f["wall_s"] / f["steps"] for f in finals if f.get("steps")), default=0.5)
     start = 0.2 * wall
@@ -133,8 +134,8 @@ def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
                    ) -> dict[str, list[tuple[float, float]]]:
     """(start, duration) spans per kind from a worker's log that overlap the window.
 
-    A push transfers then waits for the server's answer; a pull waits (barrier) then
-    transfers the model; an exchange (a fused push and pull) uploads, waits, then
+    A push transfers then is held for the server's answer; a pull is held (barrier) then
+    transfers the model; an exchange (a fused push and pull) uploads, is held, then
     downloads (its transfer time split by bytes).
     """
     spans: dict[str, list[tuple[float, float]]] = {k: [] for k in COLORS}
@@ -142,23 +143,24 @@ def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
         start, dur = r.get("t"), r.get("dur")
         if start is None or dur is None or start > window[1] or start + dur < window[0]:
             continue
-        if r.get("ev") == "compute":
+        kind = r.get(KEY)
+        if kind == Kind.COMPUTE:
             spans["compute"].append((start, dur))
-        elif r.get("ev") in ("push", "pull", "query", "exchange"):
-            wait = min(r.get("wait", 0.0), dur)
-            transfer = dur - wait
-            if r["ev"] == "exchange":
+        elif kind in TRANSFERS:
+            held = min(r.get(HELD, 0.0), dur)
+            transfer = dur - held
+            if kind == Kind.EXCHANGE:
                 up, down = r.get("up", 0), r.get("down", 0)
                 upload = transfer * (up / (up + down) if up + down else 0.5)
                 spans["communicate"].append((start, upload))
-                spans["wait"].append((start + upload, wait))
-                spans["communicate"].append((start + upload + wait, transfer - upload))
-            elif r["ev"] == "pull":
-                spans["wait"].append((start, wait))
-                spans["communicate"].append((start + wait, transfer))
+                spans["held"].append((start + upload, held))
+                spans["communicate"].append((start + upload + held, transfer - upload))
+            elif kind == Kind.PULL:
+                spans["held"].append((start, held))
+                spans["communicate"].append((start + held, transfer))
             else:
                 spans["communicate"].append((start, transfer))
-                spans["wait"].append((start + transfer, wait))
+                spans["held"].append((start + transfer, held))
     return spans
 
 
@@ -179,7 +181,7 @@ def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> 
     ax.set_xlim(*window)
     ax.set_xlabel(f"{clock} time (s), a window from 20% into the run: about "
                   f"{TIMELINE_CYCLES} steps of the slowest worker")
-    ax.set_title(f"{name}: computing, communicating and waiting, "
+    ax.set_title(f"{name}: computing, communicating and held at the server, "
                  f"{window[0]:.1f}-{window[1]:.1f} s")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize="small", ncol=3)
     fig.tight_layout()

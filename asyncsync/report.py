@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from asyncsync.comparison import groups, interval, is_baseline, paired_speedups, speedup
+from asyncsync.logschema import KEY, Kind
 from asyncsync.runlogs import label, read_jsonl, sweep_suffix
 
 SMOOTHING = 3
@@ -49,13 +50,13 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         raise LogError(f"{run_dir}: not a run's log directory (recipe.json: "
                        f"{type(exc).__name__}: {exc})") from None
     events = read_jsonl(run_dir / "events.jsonl")
-    evals = [e for e in events if e.get("event") == "eval"]
-    stop = next((e for e in events if e.get("event") == "stop"), {})
+    evals = [e for e in events if e.get(KEY) == Kind.EVAL]
+    stop = next((e for e in events if e.get(KEY) == Kind.STOP), {})
     target = spec["stop"]["target_accuracy"]
     finals = {}
     for path in sorted(run_dir.glob("worker-*.jsonl")):
         rank = int(path.stem.split("-")[1])
-        final = [r for r in read_jsonl(path) if r.get("ev") == "final"]
+        final = [r for r in read_jsonl(path) if r.get(KEY) == Kind.FINAL]
         if final:
             finals[rank] = final[-1]
     wall = float(stop.get("t", max((e["t"] for e in evals), default=0.0)))

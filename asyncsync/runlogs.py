@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
+from asyncsync.logschema import upgrade
+
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSONL file; a torn last line (a killed writer) is skipped."""
+    """The records of a JSONL log, in the current schema (old logs' field names are
+    renamed, see `asyncsync.logschema`); a torn last line (a killed writer) is skipped."""
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(upgrade(json.loads(line)))
     return records
 
 

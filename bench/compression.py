@@ -25,9 +25,12 @@ from typing import Any
 
 from benchlib import cli_run
 
+from asyncsync.logschema import KEY, Kind
+from asyncsync.runlogs import read_jsonl
+
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "compression.toml"
 QUICK = ["stop.time_s=10", "stop.target_accuracy=0.6"]
-PUSHES = ("push", "exchange")
+PUSHES = (Kind.PUSH, Kind.EXCHANGE)
 
 
 def write_recipe(workdir: Path, bfloat16: bool) -> Path:
@@ -52,9 +55,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
     summary = json.loads((run_dir / "summary.json").read_text())
     pushes = payload = 0
     for path in run_dir.glob("worker-*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("ev") in PUSHES:
+        for record in read_jsonl(path):
+            if record.get(KEY) in PUSHES:
                 pushes += 1
                 payload += record["up"]
     codec = spec["network"]["compression"]

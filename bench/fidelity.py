@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -41,7 +40,9 @@ from benchlib import RUN, SessionClient, push_header, start_server
 
 from asyncsync.assembly import run_data, run_model
 from asyncsync.hetero.network import Link, LinkSpec
+from asyncsync.logschema import HELD, KEY, Kind
 from asyncsync.recipe import load_recipe
+from asyncsync.runlogs import read_jsonl
 from asyncsync.runner import run_recipe
 from asyncsync.transport.http_client import HttpTransport
 
@@ -86,13 +87,12 @@ def exchanges(logs: Path, run: str, latency_ms: float, mbps: float) -> str:
     pushed = 0
     for path in sorted(logs.glob(f"*/*/{run}/worker-*.jsonl")):
         steps = pushes = 0
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record["ev"] == "compute":
+        for record in read_jsonl(path):
+            if record[KEY] == Kind.COMPUTE:
                 steps += record["steps"]
-            elif record["ev"] in moving:
-                moving[record["ev"]].append(record["dur"] - record["wait"])
-                if record["ev"] in ("push", "exchange"):
+            elif record[KEY] in moving:
+                moving[record[KEY]].append(record["dur"] - record[HELD])
+                if record[KEY] in (Kind.PUSH, Kind.EXCHANGE):
                     pushes += 1
                     pushed = max(pushed, record["up"])
         per_push.append(f"{steps / pushes:.2f}" if pushes else "-")

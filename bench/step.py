@@ -13,7 +13,7 @@ the worker's log (``worker-0.jsonl``), in steady state (the first steps skipped)
 - a breakdown of the exchange from the request spans: compute end to the first request,
   push, pull (or one fused exchange), the time the server held them (``held_s``), and the
   tail from the last reply to the next compute (adopting the pulled model);
-- the union-of-time check from the worker's final totals: compute + comm + wait <= wall.
+- the union-of-time check from the worker's final totals: compute + comm + held <= wall.
 
 Against it, in the same run: torch.distributed gloo send + recv of a tensor of the same
 size between two processes (bench/transport.py's helper), before and after the run.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,9 @@ import torch
 from benchlib import cli_run
 from transport import gloo_round_trips
 
+from asyncsync.logschema import HELD, KEY, Kind
 from asyncsync.models import mlp
+from asyncsync.runlogs import read_jsonl
 
 HIDDEN = 3000
 INPUT_SHAPE = (1, 32, 32)  # the synthetic task's images
@@ -55,14 +56,14 @@ batch_size = 1
 name = "bsp"
 protocol = "bsp"
 """
-TRANSFERS = ("push", "pull", "exchange")
+TRANSFERS = (Kind.PUSH, Kind.PULL, Kind.EXCHANGE)
 
 
 def step_spans(records: list[dict[str, Any]]) -> list[dict[str, float]]:
     """Per step (from one compute span to the next): its length, the compute, and the
     request spans that started in between (duration, held at the server, end)."""
-    computes = [r for r in records if r.get("ev") == "compute"]
-    transfers = [r for r in records if r.get("ev") in TRANSFERS]
+    computes = [r for r in records if r.get(KEY) == Kind.COMPUTE]
+    transfers = [r for r in records if r.get(KEY) in TRANSFERS]
     steps = []
     for this, after in itertools.pairwise(computes):
         mine = [r for r in transfers if this["t"] <= r["t"] < after["t"]]
@@ -73,9 +74,9 @@ def step_spans(records: list[dict[str, Any]]) -> list[dict[str, float]]:
                 "lead": min(r["t"] for r in mine) - this["t"] - this["dur"],
                 "tail": after["t"] - end}
         for r in mine:
-            step[r["ev"]] = r["dur"]
-            step[r["ev"] + "_held"] = r["wait"]
-            step[r["ev"] + "_end"] = r["t"] + r["dur"]
+            step[r[KEY]] = r["dur"]
+            step[r[KEY] + "_held"] = r[HELD]
+            step[r[KEY] + "_end"] = r["t"] + r["dur"]
         steps.append(step)
     return steps
 
@@ -121,10 +122,9 @@ def main() -> None:
         recipe = workdir / "step.toml"
         recipe.write_text(RECIPE.format(seconds=args.seconds, hidden=HIDDEN))
         (run_dir,) = cli_run(workdir, recipe, args.overrides)
-        records = [json.loads(line) for line in
-                   (run_dir / "worker-0.jsonl").read_text().splitlines() if line.strip()]
+        records = read_jsonl(run_dir / "worker-0.jsonl")
     gloo_after = gloo_round_trips(numel, args.repeats)
-    final = next(r for r in reversed(records) if r.get("ev") == "final")
+    final = next(r for r in reversed(records) if r.get(KEY) == Kind.FINAL)
     steps = step_spans(records)[args.skip:]
     if not steps:
         sys.exit(f"only {final['steps']} steps: too few to skip {args.skip}")
@@ -144,10 +144,10 @@ def main() -> None:
     print(f"  compute                           {compute:7.1f}")
     for line in breakdown(steps):
         print(line)
-    total = final["compute_s"] + final["comm_s"] + final["wait_s"]
+    total = final["compute_s"] + final["comm_s"] + final[HELD]
     verdict = "ok" if total <= final["wall_s"] + 1e-6 else "VIOLATED"
     print(f"time union, worker 0: compute {final['compute_s']:.2f} + comm {final['comm_s']:.2f}"
-          f" + wait {final['wait_s']:.2f} = {total:.2f} s <= wall {final['wall_s']:.2f} s: "
+          f" + held {final[HELD]:.2f} = {total:.2f} s <= wall {final['wall_s']:.2f} s: "
           f"{verdict}")
 
 

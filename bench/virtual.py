@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from asyncsync.logschema import KEY, Kind
 from asyncsync.recipe import RunSpec, load_recipe
+from asyncsync.runlogs import read_jsonl
 from asyncsync.simulation import simulate
 
 RECIPE = """
@@ -79,11 +80,11 @@ def main() -> None:
               f"({digest(root / 'a')}), real {a['real_s']} s and {b['real_s']} s")
         spec = spec_of(root, 8, args.virtual_s, args.eval_s)
         facts = run(spec, root / "h3")
-        events = [json.loads(line) for line in (root / "h3" / "events.jsonl").open()]
-        stop = next(e for e in events if e["event"] == "stop")
-        evals = sum(e["event"] == "eval" for e in events)
-        steps = sum(json.loads(line)["steps"] for path in (root / "h3").glob("worker-*.jsonl")
-                    for line in path.read_text().splitlines() if '"ev":"final"' in line)
+        events = read_jsonl(root / "h3" / "events.jsonl")
+        stop = next(e for e in events if e[KEY] == Kind.STOP)
+        evals = sum(e[KEY] == Kind.EVAL for e in events)
+        steps = sum(r["steps"] for path in (root / "h3").glob("worker-*.jsonl")
+                    for r in read_jsonl(path) if r[KEY] == Kind.FINAL)
     per_s = 1.0 / args.virtual_s
     real_s, math_s, eval_s = facts["real_s"], facts["math_real_s"], facts["eval_real_s"]
     print(f"speed: WBSP H3, 8 workers, {args.virtual_s:g} virtual s took {real_s:.1f} real s"

@@ -19,7 +19,6 @@ Run: ``.venv/bin/python bench/virtual_scale.py [--timing-workers 1000 2000 5000]
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import resource
 import tempfile
@@ -64,7 +63,9 @@ def recipe(workers: int, timing: bool) -> str:
 
 def child(text: str, run: str, out: Any) -> None:
     """Simulate one run of `text` (or nothing, for ``run == ""``); report facts and peak RSS."""
+    from asyncsync.logschema import KEY, Kind
     from asyncsync.recipe import load_recipe
+    from asyncsync.runlogs import read_jsonl
     from asyncsync.simulation import simulate
 
     facts: dict[str, Any] = {}
@@ -76,12 +77,11 @@ def child(text: str, run: str, out: Any) -> None:
             run_dir = Path(tmp) / run
             run_dir.mkdir()
             facts = simulate(spec, run_dir, "bench")
-            events = [json.loads(line) for line in (run_dir / "events.jsonl").open()]
-            stop = next(e for e in events if e["event"] == "stop")
+            events = read_jsonl(run_dir / "events.jsonl")
+            stop = next(e for e in events if e[KEY] == Kind.STOP)
             facts["versions"] = stop["versions"]
-            facts["steps"] = sum(json.loads(line)["steps"]
-                                 for f in run_dir.glob("worker-*.jsonl")
-                                 for line in f.open() if '"ev":"final"' in line)
+            facts["steps"] = sum(r["steps"] for f in run_dir.glob("worker-*.jsonl")
+                                 for r in read_jsonl(f) if r[KEY] == Kind.FINAL)
     facts["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out.put(facts)
 

@@ -3,7 +3,6 @@ calibration only when asked."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from asyncsync.logschema import KEY, Kind
 from asyncsync.recipe import load_recipe
+from asyncsync.runlogs import read_jsonl
 from asyncsync.schema import ConfigError
 from asyncsync.simulation import simulate
 
@@ -84,9 +85,8 @@ def test_a_run_without_a_step_time_is_byte_identical_with_a_core_kept_busy(
 
 
 def compute_spans(run_dir: Path, rank: int) -> list[float]:
-    lines = (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()
-    return [record["dur"] for record in map(json.loads, lines)
-            if record.get("ev") == "compute"]
+    return [record["dur"] for record in read_jsonl(run_dir / f"worker-{rank}.jsonl")
+            if record.get(KEY) == Kind.COMPUTE]
 
 
 def test_a_per_worker_rate_gives_each_worker_its_own_step_time(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ bounded waits, and rule state that survives a resume."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -12,16 +11,19 @@ import numpy as np
 import pytest
 import torch
 
+from asyncsync.clock import VirtualTimeLoop
 from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
+from asyncsync.logschema import KEY, Kind
 from asyncsync.metrics import JsonlLog
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import BadRequest, Forbidden, NotInRun, OutOfStep, Unacceptable
 from asyncsync.protocols.rounds import average
 from asyncsync.protocols.wbsp import WbspParams
+from asyncsync.runlogs import read_jsonl
 from tests.helpers import keep_every_commit, tiny_model
 
 RUN = "run"
@@ -79,10 +81,10 @@ async def test_a_push_from_before_a_rejoin_is_refused_by_the_engine(
 
 async def test_a_wait_ends_when_its_worker_is_dropped() -> None:
     store = ParameterStore(torch.zeros(4), 2, FlatSGD(0.1))
-    store.members.update({0, 1})
+    store.live.update({0, 1})
     waiting = asyncio.create_task(store.wait_for(lambda: False, 1))
     await asyncio.sleep(0)
-    store.members.discard(1)
+    store.live.discard(1)
     store.notify()
     with pytest.raises(NotInRun):
         await asyncio.wait_for(waiting, 5)
@@ -185,8 +187,8 @@ async def test_a_failing_checkpoint_is_logged_counted_and_retried(tmp_path: Any)
         assert core.finished.is_set()
     finally:
         await core.close()
-    logged = [json.loads(line)["event"] for line in events.read_text().splitlines()]
-    assert "checkpoint_failed" in logged and "checkpoint" in logged
+    logged = [r[KEY] for r in read_jsonl(events)]
+    assert Kind.CHECKPOINT_FAILED in logged and Kind.CHECKPOINT in logged
     assert logged[-1] == "stop"
 
 
@@ -206,7 +208,7 @@ async def test_a_token_holder_cannot_act_as_another_rank() -> None:
             with pytest.raises(Forbidden, match="session secret"):
                 await core.handle(op, {**push(0, 0, "gradient"), "session": "guess"},
                                   torch.ones(numel))
-        assert SESSIONS[0] == honest and 0 in core.store.members
+        assert SESSIONS[0] == honest and 0 in core.store.live
         # worker 0's acknowledged push still counts: worker 1's push closes the round
         await core.handle("push", push(1, 0, "gradient"), torch.ones(numel))
         assert core.store.version == 1
@@ -372,10 +374,10 @@ async def test_a_fused_exchange_answers_with_the_model_of_the_round_it_closed() 
     fused = asyncio.create_task(core.handle(
         "push", {**push(0, 0, "gradient"), "then_pull": True}, torch.full((numel,), 1.0)))
     for _ in range(100):
-        if 0 in core.store.waiting:
+        if 0 in core.store.held:
             break
         await asyncio.sleep(0)
-    assert 0 in core.store.waiting and not fused.done()
+    assert 0 in core.store.held and not fused.done()
     await core.handle("push", push(1, 0, "gradient"), torch.full((numel,), 3.0))
     reply, vector = await fused
     assert reply["version"] == 1
@@ -412,3 +414,28 @@ def test_averaging_in_place_overwrites_the_first_vector_with_the_mean() -> None:
     single = torch.tensor([4.0])
     assert average([single], in_place=True) is single and single.item() == 4.0
     assert average([torch.tensor([1.0]), torch.tensor([2.0])]).item() == 1.5
+
+
+def test_a_join_reply_holds_for_the_time_the_start_barrier_held_it() -> None:
+    """The run's clock starts (from 0) at the last join: a first joiner's held time is
+    measured across that start, and must still be the time it waited, never negative."""
+
+    async def run() -> list[float]:
+        SESSIONS.clear()
+        core = build_core(tiny_model(), "asp", 2, ServerSettings(worker_timeout_s=None),
+                          seam=InlineServerSeam())
+        await asyncio.sleep(5.0)  # the server is up 5 s before the first join
+        first = asyncio.create_task(core.handle("join", header(0), None))
+        await asyncio.sleep(2.0)  # the first joiner is held 2 s, until the last joins
+        second, _ = await core.handle("join", header(1), None)
+        held = [(await first)[0]["meta"]["held_s"], second["meta"]["held_s"]]
+        await core.stop()
+        await core.close()
+        return held
+
+    loop = VirtualTimeLoop()
+    try:
+        held = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert held == [pytest.approx(2.0), 0.0]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from asyncsync.logschema import KEY, Kind
 from asyncsync.wire import CONTENT_TYPE, encode_header
 
 RECIPE = """
@@ -131,25 +132,25 @@ def test_killed_worker_is_dropped_and_rejoins(tmp_path: Path, protocol: str) -> 
         cluster.server()
         for rank in range(3):
             cluster.worker(rank)
-        at_kill = cluster.wait_for(lambda e: e["event"] == "eval" and e["t"] >= 3)
+        at_kill = cluster.wait_for(lambda e: e[KEY] == Kind.EVAL and e["t"] >= 3)
         cluster.kill("worker-1")
-        lost = cluster.wait_for(lambda e: e["event"] == "worker_lost", timeout_s=20)
+        lost = cluster.wait_for(lambda e: e[KEY] == Kind.WORKER_LOST, timeout_s=20)
         assert lost["worker"] == 1
         # the others go on without it
-        cluster.wait_for(lambda e: e["event"] == "eval" and e["t"] > lost["t"] + 1
+        cluster.wait_for(lambda e: e[KEY] == Kind.EVAL and e["t"] > lost["t"] + 1
                          and e["version"] > at_kill["version"] + 5)
         cluster.worker(1)
-        back = cluster.wait_for(lambda e: e["event"] == "rejoin", timeout_s=60)
+        back = cluster.wait_for(lambda e: e[KEY] == Kind.REJOIN, timeout_s=60)
         assert back["worker"] == 1
-        cluster.wait_for(lambda e: e["event"] == "eval" and e["t"] > back["t"] + 1
+        cluster.wait_for(lambda e: e[KEY] == Kind.EVAL and e["t"] > back["t"] + 1
                          and e["version"] > back["version"] + 5)
         cluster.stop()
         cluster.finish()
     finally:
         cluster.close()
     events = cluster.events()
-    stop = next(e for e in events if e["event"] == "stop")
-    evals = [e for e in events if e["event"] == "eval"]
+    stop = next(e for e in events if e[KEY] == Kind.STOP)
+    evals = [e for e in events if e[KEY] == Kind.EVAL]
     after = [e for e in evals if e["t"] > back["t"]]
     assert after and after[-1]["version"] > back["version"]
     assert max(e["accuracy"] for e in after) > at_kill["accuracy"]
@@ -162,24 +163,24 @@ def test_killed_server_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         cluster.server()
         for rank in range(3):
             cluster.worker(rank)
-        cluster.wait_for(lambda e: e["event"] == "checkpoint" and e["t"] >= 3)
+        cluster.wait_for(lambda e: e[KEY] == Kind.CHECKPOINT and e["t"] >= 3)
         cluster.kill("server")
         with np.load(tmp_path / "checkpoint.npz", allow_pickle=False) as checkpoint:
             saved = int(checkpoint["version"])
         cluster.server("--resume")
-        resumed = cluster.wait_for(lambda e: e["event"] == "resume")
+        resumed = cluster.wait_for(lambda e: e[KEY] == Kind.RESUME)
         assert resumed["version"] == saved  # no checkpointed version is lost
-        cluster.wait_for(lambda e: e["event"] == "rejoin", timeout_s=60)
-        cluster.wait_for(lambda e: e["event"] == "eval" and e["version"] > saved + 5)
+        cluster.wait_for(lambda e: e[KEY] == Kind.REJOIN, timeout_s=60)
+        cluster.wait_for(lambda e: e[KEY] == Kind.EVAL and e["version"] > saved + 5)
         cluster.stop()
         cluster.finish()
     finally:
         cluster.close()
     events = cluster.events()
-    stop = next(e for e in events if e["event"] == "stop")
+    stop = next(e for e in events if e[KEY] == Kind.STOP)
     assert stop["versions"] > saved + 5
     assert resumed["t"] >= 3  # the clock continued from the checkpoint's time
-    later = [e for e in events if e["event"] == "eval" and e["version"] > saved]
+    later = [e for e in events if e[KEY] == Kind.EVAL and e["version"] > saved]
     assert later and min(e["t"] for e in later) >= resumed["t"]
     assert (tmp_path / "checkpoint.npz").exists()
     assert not (tmp_path / "checkpoint.npz.tmp").exists()
@@ -193,7 +194,7 @@ def test_sigterm_stops_a_worker_and_the_server_cleanly(tmp_path: Path) -> None:
         cluster.server()
         for rank in range(3):
             cluster.worker(rank)
-        cluster.wait_for(lambda e: e["event"] == "eval" and e["version"] > 20)
+        cluster.wait_for(lambda e: e[KEY] == Kind.EVAL and e["version"] > 20)
         cluster.procs["worker-0"].send_signal(signal.SIGTERM)
         assert cluster.procs["worker-0"].wait(timeout=60) == 0
         out = (tmp_path / "worker-0.out").read_text()
@@ -204,8 +205,8 @@ def test_sigterm_stops_a_worker_and_the_server_cleanly(tmp_path: Path) -> None:
     finally:
         cluster.close()
     events = cluster.events()
-    names = [e["event"] for e in events]
-    assert "worker_lost" not in names
-    assert names[-1] == "stop" and "checkpoint" in names
+    names = [e[KEY] for e in events]
+    assert Kind.WORKER_LOST not in names
+    assert names[-1] == Kind.STOP and Kind.CHECKPOINT in names
     with np.load(tmp_path / "checkpoint.npz", allow_pickle=False) as saved:
         assert int(saved["version"]) == events[-1]["versions"]

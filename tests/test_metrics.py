@@ -20,8 +20,8 @@ def test_overlapping_requests_count_their_waiting_once() -> None:
     s = metrics.stats
     assert s.compute_s == pytest.approx(0.5)
     assert s.comm_s == pytest.approx(0.5)
-    assert s.wait_s == pytest.approx(2.0)
-    assert s.compute_s + s.comm_s + s.wait_s == pytest.approx(3.0)
+    assert s.held_s == pytest.approx(2.0)
+    assert s.compute_s + s.comm_s + s.held_s == pytest.approx(3.0)
 
 
 def test_a_long_run_keeps_few_pieces_and_its_measure() -> None:

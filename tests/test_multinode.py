@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from asyncsync.launch import from_environ
+from asyncsync.logschema import KEY, Kind
 
 RECIPE = """
 [defaults]
@@ -52,9 +53,9 @@ def finish(procs: list[subprocess.Popen[str]]) -> list[str]:
 
 def versions(log_dir: Path) -> int:
     events = [json.loads(line) for line in (log_dir / "events.jsonl").read_text().splitlines()]
-    joined = {e["worker"] for e in events if e["event"] == "join"}
+    joined = {e["worker"] for e in events if e[KEY] == Kind.JOIN}
     assert joined == {0, 1}
-    return int(next(e for e in events if e["event"] == "stop")["versions"])
+    return int(next(e for e in events if e[KEY] == Kind.STOP)["versions"])
 
 
 def test_server_and_workers_on_distinct_loopback_addresses(tmp_path: Path) -> None:

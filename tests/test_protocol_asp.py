@@ -60,7 +60,7 @@ async def test_asp_with_the_staleness_aware_rate_trains() -> None:
     core, finals = await run_local("asp", [0.002, 0.02, 0.02],
                                    params=AspParams(staleness_lr=True), time_s=2.0)
     assert core.store.staleness.maximum >= 2  # some gradients were damped
-    assert sum(core.store.blocked_s.values()) == 0.0
+    assert sum(core.store.held_s.values()) == 0.0
     assert all(f["steps"] >= 50 for f in finals)
     assert core.evals[-1].accuracy > 0.85
     assert core.evals[-1].loss < core.evals[0].loss

@@ -36,7 +36,7 @@ def bsp_rule(workers: int, params: BspParams, w0: torch.Tensor,
              optimizer: FlatSGD | None = None) -> tuple[BspServer, ParameterStore]:
     """A bsp rule over a store whose `workers` ranks are live (math inline)."""
     store = ParameterStore(w0.clone(), workers, optimizer or FlatSGD(LR), seam=InlineServerSeam())
-    store.members.update(range(workers))
+    store.live.update(range(workers))
     return BspServer(params, store), store
 
 
@@ -144,7 +144,7 @@ def test_a_deadline_restarts_when_the_only_pusher_leaves() -> None:
         rule, store = bsp_rule(3, BspParams(deadline_s=0.5), torch.zeros(4))
         await rule.on_push(gradient(0, 0, torch.ones(4)))
         await asyncio.sleep(0.2)
-        store.members.discard(0)
+        store.live.discard(0)
         await rule.on_leave(0)  # its gradient is withdrawn: the round has none left
         await asyncio.sleep(0.2)
         await rule.on_push(gradient(1, 0, torch.ones(4)))  # a new first push: deadline 0.9
@@ -173,10 +173,10 @@ async def test_rounds_do_not_wait_for_a_very_slow_backup_worker() -> None:
     assert slow["steps"] >= 4 and rule.late[2] >= slow["steps"] - 1
     assert core.workers[2].joined_at == 0
     # the fast workers never waited for it: only for each other, a step at most
-    assert core.store.blocked_s.get(0, 0.0) <= 100 * 0.0021
+    assert core.store.held_s.get(0, 0.0) <= 100 * 0.0021
     # the same run without a backup waits for the slow worker at every version
     plain, _ = await run_local("bsp", [0.0, 0.002, 0.05], max_steps=20)
-    assert plain.store.blocked_s[0] > 20 * 0.04
+    assert plain.store.held_s[0] > 20 * 0.04
 
 
 async def test_a_deadline_run_drops_the_straggler_and_trains() -> None:
@@ -188,7 +188,7 @@ async def test_a_deadline_run_drops_the_straggler_and_trains() -> None:
     assert all(ranks(c) <= {0, 1} for c in core.store.commits)
     # each round waited the deadline for the straggler, then closed with the fast two
     assert rule.late[2] >= finals[2]["steps"] - 1 >= 10
-    assert core.store.blocked_s[0] == pytest.approx(0.01 * core.store.version, rel=0.1)
+    assert core.store.held_s[0] == pytest.approx(0.01 * core.store.version, rel=0.1)
     assert core.evals[-1].accuracy > 0.85
     assert core.evals[-1].loss < core.evals[0].loss
 

@@ -102,7 +102,7 @@ async def test_dcasgd_trains_with_stale_gradients() -> None:
     assert isinstance(rule, DcasgdServer)
     assert core.store.staleness.maximum >= 2 and rule.uncompensated == 0
     assert len(rule.pulled) <= DcasgdParams().ring
-    assert sum(core.store.blocked_s.values()) == 0.0
+    assert sum(core.store.held_s.values()) == 0.0
     assert finals[0]["steps"] >= 5 * finals[1]["steps"]
     assert core.evals[-1].accuracy > 0.85
     assert core.evals[-1].loss < core.evals[0].loss

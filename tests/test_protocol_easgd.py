@@ -79,7 +79,7 @@ async def test_async_worker_reads_the_center_then_moves_toward_it() -> None:
 
 def live_store(w0: torch.Tensor, workers: int) -> ParameterStore:
     store = ParameterStore(w0.clone(), workers, FlatSGD(0.1))
-    store.members.update(range(workers))
+    store.live.update(range(workers))
     return store
 
 
@@ -150,7 +150,7 @@ async def test_easgd_trains_the_center(protocol: str) -> None:
         assert all(ranks(c) == {0, 1, 2} for c in core.store.commits)
         assert core.store.staleness.maximum == 0
     else:  # nobody waited
-        assert sum(core.store.blocked_s.values()) == 0.0
+        assert sum(core.store.held_s.values()) == 0.0
         assert finals[0]["steps"] > 2 * finals[2]["steps"]
 
 

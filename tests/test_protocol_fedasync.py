@@ -47,7 +47,7 @@ async def test_mixing_weight_is_alpha_times_s_of_own_staleness(
 async def test_updates_apply_on_arrival_without_waiting() -> None:
     core, finals = await run_local("fedasync", [0.002, 0.02],
                                    params=FedAsyncParams(local_steps=2), max_steps=60)
-    assert sum(core.store.blocked_s.values()) == 0.0
+    assert sum(core.store.held_s.values()) == 0.0
     assert all(len(c.contributions) == 1 for c in core.store.commits)
     assert core.store.staleness.count == len(core.store.commits) >= 20
     assert core.store.staleness.maximum >= 2

@@ -72,7 +72,7 @@ async def test_a_version_every_k_arrivals_and_nobody_waits_for_the_straggler(
     assert isinstance(core.rule, FedBuffServer)
     assert len(core.rule.buffered) == pushes % 2
     assert all(len(c.contributions) == 2 for c in core.store.commits)
-    assert sum(core.store.blocked_s.values()) == 0.0
+    assert sum(core.store.held_s.values()) == 0.0
     fast, _, slow = finals
     assert fast["steps"] >= 5 * slow["steps"]
     # the straggler's deltas were taken, late: the fast workers made versions meanwhile

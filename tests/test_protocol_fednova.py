@@ -96,8 +96,8 @@ async def test_a_time_budget_gives_fast_workers_more_steps_and_nobody_waits_long
     for record in rounds:
         assert 19 <= record.steps[0] <= 20 and 4 <= record.steps[1] <= 5, record
     # both finish their budget at about the same time: little waiting at the barrier
-    assert all(blocked < 0.1 for blocked in core.store.blocked_s.values()), (
-        core.store.blocked_s)
+    assert all(blocked < 0.1 for blocked in core.store.held_s.values()), (
+        core.store.held_s)
 
 
 async def test_fednova_trains() -> None:

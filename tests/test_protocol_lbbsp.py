@@ -43,7 +43,7 @@ async def test_step_is_the_global_batch_gradient_and_sizes_follow_speed() -> Non
     x, y = tiny_data()
     module = FlatModule(tiny_model(), torch.device("cpu"))
     store = ParameterStore(module.flat.detach().clone(), 3, FlatSGD(0.1))
-    store.members.update(range(3))
+    store.live.update(range(3))
     rule = LbbspServer(LbbspParams(), store)
     sizes = [5, 11, 16]  # first batches: X = 32 is inferred from them
     for version in range(2):
@@ -68,7 +68,7 @@ async def test_step_is_the_global_batch_gradient_and_sizes_follow_speed() -> Non
 
 async def test_pushes_that_break_the_assignment_are_rejected() -> None:
     store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
-    store.members.update(range(2))
+    store.live.update(range(2))
     rule = LbbspServer(LbbspParams(global_batch=20), store)
     bad: list[tuple[dict[str, Any], int, type[Refused]]] = [
         ({}, 10, BadRequest), ({"compute_s": 0.0}, 10, BadRequest),
@@ -88,7 +88,7 @@ async def test_pushes_that_break_the_assignment_are_rejected() -> None:
 
 async def test_a_smaller_batch_counts_by_the_samples_it_held() -> None:
     store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
-    store.members.update(range(2))
+    store.live.update(range(2))
     rule = LbbspServer(LbbspParams(global_batch=20), store)
     assert rule.batches == {0: 10, 1: 10}
     # worker 0's source ran short: 4 of its 10 samples; the step weights 4 : 10
@@ -99,7 +99,7 @@ async def test_a_smaller_batch_counts_by_the_samples_it_held() -> None:
 
 async def test_damping_halves_the_step_when_an_adjustment_reverses() -> None:
     store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
-    store.members.update(range(2))
+    store.live.update(range(2))
     rule = LbbspServer(LbbspParams(global_batch=64, smoothing=0.0), store)
     grads = [torch.zeros(10), torch.zeros(10)]
     assert rule.batches == {0: 32, 1: 32}

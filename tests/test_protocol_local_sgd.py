@@ -52,7 +52,7 @@ async def test_every_version_aggregates_one_h_step_delta_per_worker() -> None:
     assert core.store.staleness.maximum == 0
     assert all(f["steps"] % steps == 0 and f["steps"] >= steps * 11 for f in finals)
     # the fast worker waited at the round barrier for the slow one
-    assert core.store.blocked_s[0] > core.store.blocked_s.get(2, 0.0) + 0.1
+    assert core.store.held_s[0] > core.store.held_s.get(2, 0.0) + 0.1
 
 
 def test_bad_local_steps_names_the_parameter() -> None:

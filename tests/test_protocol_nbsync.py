@@ -119,7 +119,7 @@ async def test_async_server_mode_applies_each_delta_on_arrival() -> None:
                                    params=NbsyncParams(server_mode="async"), time_s=1.0)
     assert core.store.version >= 20
     assert all(len(c.contributions) == 1 for c in core.store.commits)
-    assert sum(core.store.blocked_s.values()) == 0.0  # nobody waits for a round
+    assert sum(core.store.held_s.values()) == 0.0  # nobody waits for a round
     assert core.store.staleness.count == core.store.version
     assert finals[0]["steps"] > 2 * finals[2]["steps"]
 

@@ -30,7 +30,7 @@ async def test_versions_advance_only_on_the_fixed_slow_workers_pushes() -> None:
     assert finals[1]["steps"] >= 1.5 * core.store.version
     # and pull each new version at once: their deltas are at most a version or two old
     assert core.store.staleness.maximum <= 2
-    assert sum(core.store.blocked_s.values()) == 0.0
+    assert sum(core.store.held_s.values()) == 0.0
 
 
 async def test_slowest_worker_is_detected_from_step_rates() -> None:

@@ -23,7 +23,7 @@ async def test_bsp_every_version_has_exactly_n_gradients_from_that_version() -> 
         assert all(base == commit.version - 1 for _, base in commit.contributions), commit
     assert core.store.staleness.maximum == 0
     # the barrier held the fast workers: they waited while the slow one computed
-    assert core.store.blocked_s[0] > core.store.blocked_s.get(2, 0.0)
+    assert core.store.held_s[0] > core.store.held_s.get(2, 0.0)
     assert {f["steps"] for f in finals} <= {20, 21}
 
 

@@ -41,7 +41,7 @@ def core_of(protocol: str, params: Any, workers: int = 2) -> ServerCore:
     """A core whose `workers` ranks are all in the run (rules are driven directly)."""
     core = build_core(tiny_model(), protocol, workers, ServerSettings(lr=0.1),
                       protocol_params=params, seam=InlineServerSeam())
-    core.store.members.update(range(workers))
+    core.store.live.update(range(workers))
     return core
 
 
@@ -269,7 +269,7 @@ def test_buffer_slots_travel_raw_and_take_no_error_feedback() -> None:
 def checkpointed_core(protocol: str, params: Any, path: Path) -> ServerCore:
     core = build_core(tiny_model(), protocol, 2, ServerSettings(lr=0.1, checkpoint_path=path),
                       protocol_params=params, seam=InlineServerSeam())
-    core.store.members.update(range(2))
+    core.store.live.update(range(2))
     return core
 
 

@@ -11,11 +11,18 @@ import pytest
 from rich.console import Console
 
 from asyncsync import plots
+from asyncsync.logschema import HELD, KEY, Kind
 from asyncsync.report import find_reports, publish, summarize_run
+from asyncsync.runlogs import read_jsonl
+from asyncsync.tracking.base import Point, RunInfo
+from asyncsync.tracking.feed import RunFeed
 
 
 def fake_run(root: Path, recipe: str, name: str, protocol: str, accuracies: list[float],
-             compute_s: tuple[float, float] = (5.0, 8.0), repeat: int | None = None) -> Path:
+             compute_s: tuple[float, float] = (5.0, 8.0), repeat: int | None = None,
+             old: bool = False) -> Path:
+    """A run's logs written by hand; `old`: workers' logs in the schema before
+    `asyncsync.logschema` (kind ``ev``, held time ``wait`` and ``wait_s``)."""
     run_dir = root / recipe / "20260101-000000" / (name if repeat is None else f"{name}-r{repeat}")
     run_dir.mkdir(parents=True)
     spec = {"name": name, "protocol": {"name": protocol}, "workers": 2, "seed": repeat or 0,
@@ -26,14 +33,15 @@ def fake_run(root: Path, recipe: str, name: str, protocol: str, accuracies: list
               for i, a in enumerate(accuracies)]
     events.append({"event": "stop", "t": 10.0, "versions": 30, "mean_staleness": 1.5})
     (run_dir / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    kind, held, held_s = ("ev", "wait", "wait_s") if old else ("event", "held_s", "held_s")
     for rank, busy in enumerate(compute_s):
-        records = [{"ev": "compute", "t": 1.0 * i, "dur": 0.5, "steps": 1, "samples": 8,
+        records = [{kind: "compute", "t": 1.0 * i, "dur": 0.5, "steps": 1, "samples": 8,
                     "loss": 1.0} for i in range(10)]
-        records.append({"ev": "push", "t": 0.5, "dur": 0.3, "wait": 0.1, "up": 10, "down": 5})
-        records.append({"ev": "final", "steps": 10, "samples": 80, "compute_s": busy,
-                        "wall_s": 10.0, "bytes_up": 100, "bytes_down": 50})
+        records.append({kind: "push", "t": 0.5, "dur": 0.3, held: 0.1, "up": 10, "down": 5})
+        records.append({kind: "final", "steps": 10, "samples": 80, "compute_s": busy,
+                        held_s: 0.1, "wall_s": 10.0, "bytes_up": 100, "bytes_down": 50})
         lines = "\n".join(json.dumps(r) for r in records)
-        (run_dir / f"worker-{rank}.jsonl").write_text(lines + '\n{"ev": "comp')  # torn line
+        (run_dir / f"worker-{rank}.jsonl").write_text(lines + f'\n{{"{kind}": "comp')  # torn
     return run_dir
 
 
@@ -227,3 +235,49 @@ def test_runs_whose_evaluations_slipped_are_marked(tmp_path: Path) -> None:
     rows = list(csv.DictReader((tmp_path / "out" / "table.csv").open()))
     assert [(r["eval_interval_max_s"], r["eval_slipped"]) for r in rows] == [
         ("2.0", "False"), ("4.0", "True")]
+
+
+class PointRecorder:
+    """A tracker that keeps the points and the summary it is sent."""
+
+    def __init__(self) -> None:
+        self.points: list[Point] = []
+        self.summary: dict[str, float] = {}
+
+    def start(self, run: RunInfo) -> None:
+        """Nothing to keep."""
+
+    def log(self, point: Point, wall: float) -> None:
+        self.points.append(point)
+
+    def finish(self, summary: dict[str, float], step: int) -> None:
+        self.summary = summary
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_old_logs_read_as_the_current_schema(tmp_path: Path) -> None:
+    """Workers' logs written before the one schema (kind ``ev``, held time ``wait`` and
+    ``wait_s``) give the same records, summary, timeline and tracker points as new ones."""
+    accuracies = [0.1, 0.4, 0.6, 0.55]
+    new = fake_run(tmp_path / "new", "r", "fast", "asp", accuracies)
+    old = fake_run(tmp_path / "old", "r", "fast", "asp", accuracies, old=True)
+    assert '"ev": "push"' in (old / "worker-0.jsonl").read_text()
+    old_records = read_jsonl(old / "worker-0.jsonl")
+    assert old_records == read_jsonl(new / "worker-0.jsonl")
+    assert [r[KEY] for r in old_records[-2:]] == [Kind.PUSH, Kind.FINAL]
+    assert old_records[-2][HELD] == 0.1 and old_records[-1][HELD] == 0.1
+    assert summarize_run(old) == summarize_run(new)
+    window = (0.0, 10.0)
+    spans = plots.timeline_spans(old_records, window)
+    assert spans == plots.timeline_spans(read_jsonl(new / "worker-0.jsonl"), window)
+    assert spans["held"] == [(pytest.approx(0.7), 0.1)]  # a push: moved 0.2 s, then held
+    fed = []
+    for run_dir in (old, new):
+        recorder = PointRecorder()
+        RunFeed(run_dir, [recorder]).finish()
+        assert recorder.points and recorder.summary
+        fed.append((recorder.points, recorder.summary))
+    assert fed[0] == fed[1]
+    assert fed[0][0][1].metrics["compute_proportion/w0"] == 0.5  # the old computes counted

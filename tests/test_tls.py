@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncsync.logschema import KEY, Kind
 from asyncsync.transport.http_client import HttpTransport, TlsFailure, client_tls
 from asyncsync.transport.http_server import ParameterServer, server_tls
 from tests.helpers import tiny_model
@@ -135,7 +136,7 @@ def test_a_run_over_tls_through_the_cli_flags(tmp_path: Path, pki: Pki) -> None:
             server.kill()
             server.communicate()
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert next(e for e in events if e["event"] == "stop")["versions"] > 0
+    assert next(e for e in events if e[KEY] == Kind.STOP)["versions"] > 0
 
 
 def test_a_run_over_tls_from_the_recipe_keys(tmp_path: Path, pki: Pki) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from asyncsync import cli
+from asyncsync.logschema import KEY, Kind
 from asyncsync.runlogs import read_jsonl
 from asyncsync.runner import run_recipe_file
 from asyncsync.tracking import (
@@ -68,7 +69,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def evaluations(run_dir: Path) -> list[tuple[int, float, float]]:
     """(version, accuracy, time) of each evaluation in the run's events.jsonl."""
     return [(e["version"], e["accuracy"], e["t"])
-            for e in read_jsonl(run_dir / "events.jsonl") if e.get("event") == "eval"]
+            for e in read_jsonl(run_dir / "events.jsonl") if e.get(KEY) == Kind.EVAL]
 
 
 def summary_of(run_dir: Path) -> dict[str, Any]:

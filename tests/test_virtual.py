@@ -18,8 +18,10 @@ from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.hetero.network import ServerLink
+from asyncsync.logschema import KEY, Kind
 from asyncsync.recipe import NetworkSpec, RunSpec, load_recipe
 from asyncsync.report import summarize_run
+from asyncsync.runlogs import read_jsonl
 from asyncsync.schema import ConfigError
 from asyncsync.simulation import simulate
 from asyncsync.transport.local import LocalTransport
@@ -90,9 +92,8 @@ def test_steps_are_charged_base_step_times_slowdown(tmp_path: Path) -> None:
     virtual s a worker does 6 / (0.05 x factor) steps."""
     spec = dataclasses.replace(spec_of(tmp_path, "asp"), network=NetworkSpec())
     summary = run(spec, tmp_path / "asp")
-    finals = [json.loads(line) for rank in range(3)
-              for line in (tmp_path / "asp" / f"worker-{rank}.jsonl").read_text().splitlines()
-              if '"ev":"final"' in line]
+    finals = [r for rank in range(3) for r in read_jsonl(tmp_path / "asp" / f"worker-{rank}.jsonl")
+              if r[KEY] == Kind.FINAL]
     steps = [f["steps"] for f in finals]
     assert 119 <= steps[0] <= 121 and 119 <= steps[1] <= 121, steps
     assert 39 <= steps[2] <= 41, steps  # 3x slower
@@ -266,12 +267,11 @@ def test_a_timing_run_charges_the_declared_size(tmp_path: Path) -> None:
     assert summary["versions"] == 11
     assert summary["best_accuracy"] is None  # never evaluated: its accuracy means nothing
     for rank in range(2):
-        log = [json.loads(line) for line in
-               (tmp_path / "bsp" / f"worker-{rank}.jsonl").read_text().splitlines()]
-        pushes = [r for r in log if r["ev"] == "push"]
+        log = read_jsonl(tmp_path / "bsp" / f"worker-{rank}.jsonl")
+        pushes = [r for r in log if r[KEY] == Kind.PUSH]
         assert all(r["up"] == 10_000_000 and r["dur"] == pytest.approx(1.0, abs=1e-3)
                    for r in pushes)
-        final = next(r for r in log if r["ev"] == "final")
+        final = next(r for r in log if r[KEY] == Kind.FINAL)
         assert 11 * 10e6 <= final["bytes_up"] <= 12 * 10e6 + 10_000
         assert final["compute_s"] == pytest.approx(0.5 * final["steps"])
         assert final["compute_s"] / final["wall_s"] == pytest.approx(0.2, abs=0.02)

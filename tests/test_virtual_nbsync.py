@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from asyncsync.logschema import KEY, Kind
 from asyncsync.recipe import load_recipe
 from asyncsync.report import summarize_run
+from asyncsync.runlogs import read_jsonl
 from asyncsync.schema import ConfigError
 from asyncsync.simulation import simulate
 
@@ -59,11 +61,10 @@ def nbsync_run(tmp_path: Path, latency_ms: float, overhead_ms: float = 0.0,
     simulate(spec, run_dir, "nbsync-rounds/nbsync")
     per_push, durations = [], []
     for rank in range(2):
-        log = [json.loads(line) for line in
-               (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()]
-        pushes = [r for r in log if r["ev"] == "push"]
+        log = read_jsonl(run_dir / f"worker-{rank}.jsonl")
+        pushes = [r for r in log if r[KEY] == Kind.PUSH]
         durations += [r["dur"] for r in pushes]
-        per_push.append(sum(r["steps"] for r in log if r["ev"] == "compute") / len(pushes))
+        per_push.append(sum(r["steps"] for r in log if r[KEY] == Kind.COMPUTE) / len(pushes))
     return int(summarize_run(run_dir)["versions"]), per_push, durations
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from asyncsync.buffers import VectorPool
+from asyncsync.clock import now
 from asyncsync.compression import decode
 from asyncsync.engine.checkpoint import CheckpointError, model_fingerprint
 from asyncsync.engine.compute import ServerSeam
@@ -31,6 +32,7 @@ from asyncsync.engine.lifecycle import RunLifecycle
 from asyncsync.engine.membership import WorkerRecord
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
+from asyncsync.logschema import HELD, Kind, record
 from asyncsync.metrics import JsonlLog
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import (
@@ -108,7 +110,7 @@ class ServerCore:
     # ---- run control -------------------------------------------------------------------
     def _start(self, elapsed: float = 0.0) -> None:
         if not elapsed:
-            self.run.log("start", protocol=self.protocol.name, workers=len(self.workers))
+            self.run.log(Kind.START, protocol=self.protocol.name, workers=len(self.workers))
         self._all_joined.set()
         monitors = [] if self.settings.worker_timeout_s is None else [self._monitor]
         self.run.start(elapsed, *monitors)
@@ -124,8 +126,8 @@ class ServerCore:
         except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint {path} does not fit this run's "
                                   f"{self.protocol.name} server: {exc}") from None
-        self.events.write({"event": "resume", "t": round(elapsed, 3),
-                           "version": self.store.version}, flush=True)
+        self.events.write(record(Kind.RESUME, t=round(elapsed, 3), version=self.store.version),
+                          flush=True)
         self._start(elapsed)
 
     async def _monitor(self) -> None:
@@ -135,19 +137,19 @@ class ServerCore:
         while not self.store.stopping:
             await asyncio.sleep(min(1.0, timeout_s / 4))
             now = self.store.now()
-            for rank in sorted(self.store.members):
+            for rank in sorted(self.store.live):
                 record = self.workers[rank]
                 if now - record.last_seen > timeout_s:
                     record.lost += 1
                     record.state = "lost"
-                    self.run.log("worker_lost", flush=True, worker=rank,
+                    self.run.log(Kind.WORKER_LOST, flush=True, worker=rank,
                                  silent_s=round(now - record.last_seen, 3))
                     await self._drop(rank)
 
     async def _drop(self, worker: int) -> None:
         """Take `worker` out of the live set and let the rule finish rounds without it
         (not once the run is stopping: then no round is completed any more)."""
-        self.store.members.discard(worker)
+        self.store.live.discard(worker)
         if not self.store.stopping:
             await asyncio.shield(self.rule.on_leave(worker))
         self.store.notify()
@@ -158,7 +160,7 @@ class ServerCore:
         await self.run.stop()
 
     def _check_finished(self) -> None:
-        if self.run.stopped and not self.store.members:
+        if self.run.stopped and not self.store.live:
             self.finished.set()
 
     async def close(self) -> None:
@@ -196,7 +198,7 @@ class ServerCore:
             raise Forbidden(f"unknown worker {worker}: this run has ranks "
                             f"0..{len(self.workers) - 1}")
         record = self.workers[worker]
-        if op != "join" and worker not in self.store.members:
+        if op != "join" and worker not in self.store.live:
             if self.store.stopping:
                 return {"stop": True}, None
             raise NotInRun(f"worker {worker} is not in the run (not joined, left or dropped "
@@ -217,7 +219,7 @@ class ServerCore:
             return {"stop": True}, None
         if op == "heartbeat":
             return {"meta": {}, "stop": False}, None
-        started = self.store.now()
+        started = now()  # not the run's clock: a join's wait spans the run's start
         record.state = {"push": "pushing", "pull": "pulling"}.get(op, record.state)
         try:
             reply = await self._dispatch(op, worker, header, meta, vector, finite)
@@ -225,9 +227,9 @@ class ServerCore:
             return {"stop": True}, None
         finally:
             record.last_seen = self.store.now()
-            if worker in self.store.members:
+            if worker in self.store.live:
                 record.state = "computing"
-        reply.meta["held_s"] = round(self.store.now() - started, 6)
+        reply.meta[HELD] = round(now() - started, 6)
         out: dict[str, Any] = {"meta": reply.meta, "stop": False}
         if reply.version is not None:
             out["version"] = reply.version
@@ -294,7 +296,7 @@ class ServerCore:
         """Count a refused NaN/Inf push; warn when a worker keeps sending them."""
         record = self.workers[worker]
         record.nonfinite += 1
-        self.run.log("nonfinite_push", worker=worker, count=record.nonfinite)
+        self.run.log(Kind.NONFINITE_PUSH, worker=worker, count=record.nonfinite)
         if record.nonfinite in NONFINITE_WARN_AT:
             LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
                         "training has probably diverged", worker, record.nonfinite)
@@ -303,13 +305,13 @@ class ServerCore:
         """First joins wait for everyone (the start barrier); later ones rejoin at once.
         The reply carries the session's secret (see `membership`)."""
         record = self.workers[worker]
-        session = record.open_session(worker, secret, worker in self.store.members)
+        session = record.open_session(worker, secret, worker in self.store.live)
         rejoin = self.run.started
-        if rejoin and worker in self.store.members:  # it restarted before being dropped
+        if rejoin and worker in self.store.live:  # it restarted before being dropped
             await self._drop(worker)
         record.joined, record.left = True, False
         record.joined_at = self.store.version
-        self.store.members.add(worker)
+        self.store.live.add(worker)
         if rejoin:
             await self.rule.on_join(worker)
             record.joined_at = self.store.version  # a round may have closed meanwhile
@@ -320,7 +322,8 @@ class ServerCore:
             if self.store.stopping:
                 raise RunStopped
             await self._all_joined.wait()
-        self.run.log("rejoin" if rejoin else "join", worker=worker, version=self.store.version)
+        self.run.log(Kind.REJOIN if rejoin else Kind.JOIN, worker=worker,
+                     version=self.store.version)
         reply = self.store.current()
         reply.meta["workers"] = len(self.workers)
         reply.meta["session"] = session
@@ -343,7 +346,7 @@ class ServerCore:
             "checkpoint_failures": self.run.checkpoint_failures,
             "accuracy": latest.accuracy if latest else None,
             "best_accuracy": max((p.accuracy for p in self.evals), default=None),
-            "workers": [record.summary(rank, rank in self.store.waiting)
+            "workers": [record.summary(rank, rank in self.store.held)
                         for rank, record in enumerate(self.workers)],
         }
 

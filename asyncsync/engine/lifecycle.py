@@ -14,6 +14,7 @@ from asyncsync.engine.checkpoint import CheckpointError, load_checkpoint, save_c
 from asyncsync.engine.evaluation import EvalPoint, Evaluator
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
+from asyncsync.logschema import Kind, record
 from asyncsync.metrics import JsonlLog
 
 if TYPE_CHECKING:
@@ -51,8 +52,8 @@ class RunLifecycle:
         return self.store.now() if self.started else 0.0
 
     def log(self, event: str, flush: bool = False, **fields: object) -> None:
-        """Write an event stamped with the run's time."""
-        self.events.write({"event": event, "t": round(self.elapsed(), 3), **fields}, flush)
+        """Write an event (a `Kind`) stamped with the run's time."""
+        self.events.write(record(event, t=round(self.elapsed(), 3), **fields), flush)
 
     def start(self, elapsed: float = 0.0, *extra: Callable[[], Coroutine[Any, Any, None]]
               ) -> None:
@@ -91,8 +92,8 @@ class RunLifecycle:
         accuracy, loss = await self.store.seam.evaluate(self.evaluator, vector)
         point = EvalPoint(round(t, 3), version, accuracy, loss)
         self.evals.append(point)
-        self.events.write({"event": "eval", "t": point.t, "version": version,
-                           "accuracy": accuracy, "loss": loss})
+        self.events.write(record(Kind.EVAL, t=point.t, version=version, accuracy=accuracy,
+                                 loss=loss))
         return point
 
     async def _checkpoints(self) -> None:
@@ -120,10 +121,10 @@ class RunLifecycle:
             self.checkpoint_failures += 1
             LOG.warning("checkpoint %d to %s failed (%s); the last good one stays, retrying "
                         "at the next period", self.checkpoint_failures, path, exc)
-            self.log("checkpoint_failed", flush=True, version=int(arrays["version"]),
+            self.log(Kind.CHECKPOINT_FAILED, flush=True, version=int(arrays["version"]),
                      error=str(exc)[:200], failures=self.checkpoint_failures)
             return False
-        self.log("checkpoint", flush=True, version=int(arrays["version"]))
+        self.log(Kind.CHECKPOINT, flush=True, version=int(arrays["version"]))
         return True
 
     def restore(self, path: Path) -> float:
@@ -157,9 +158,9 @@ class RunLifecycle:
         if self.settings.checkpoint_path is not None and self.started:
             await self.checkpoint()
         stale = self.store.staleness
-        self.events.write({"event": "stop", "t": stopped_at, "versions": self.store.version,
-                           "updates": stale.count, "mean_staleness": stale.mean,
-                           "max_staleness": stale.maximum}, flush=True)
+        self.events.write(record(Kind.STOP, t=stopped_at, versions=self.store.version,
+                                 updates=stale.count, mean_staleness=stale.mean,
+                                 max_staleness=stale.maximum), flush=True)
         self.stopped = True
         self.on_stopped()
         return True

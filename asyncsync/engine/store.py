@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -101,8 +101,9 @@ class ParameterStore:
 
     Attributes:
         live: the ranks in the run now (joined, not left or lost); barriers count these.
+        held: the ranks whose requests `wait_for` holds now.
         commits: the most recent commits (at most `HISTORY`); `version` counts them all.
-        blocked_s: seconds each worker's requests spent in `wait_for`.
+        held_s: seconds each worker's requests were held in `wait_for`.
         buffers: the pool of model-sized vectors (pushes are received into it).
         run_time: the run's clock (seconds since the run started).
     """
@@ -123,19 +124,15 @@ class ParameterStore:
         self.stopping = False
         self.commits: deque[Commit] = deque(maxlen=HISTORY)
         self.staleness = StalenessStats()
-        self.members: set[int] = set()
-        self.waiting: set[int] = set()
-        self.blocked_s: dict[int, float] = {}
+        self.live: set[int] = set()
+        self.held: set[int] = set()
+        self.held_s: dict[int, float] = {}
         self.run_time = Stopwatch()
         self._changed = asyncio.Event()
 
     def keep_state_of(self, rule: ServerRule) -> None:
         """Make a `Refused` raised under the lock put `rule`'s state back (`RuleLock`)."""
         self._lock.rule = rule
-
-    @property
-    def live(self) -> Set[int]:
-        return self.members
 
     def now(self) -> float:
         return self.run_time.elapsed()
@@ -181,18 +178,18 @@ class ParameterStore:
     async def wait_for(self, ready: Callable[[], bool], worker: int) -> None:
         if ready():
             return
-        self.waiting.add(worker)
+        self.held.add(worker)
         began = self.now()
         try:
             while not ready():
                 if self.stopping:
                     raise RunStopped
-                if worker not in self.members:
+                if worker not in self.live:
                     raise NotInRun(f"worker {worker} was dropped while its request waited")
                 await self._changed.wait()
         finally:
-            self.waiting.discard(worker)
-            self.blocked_s[worker] = self.blocked_s.get(worker, 0.0) + self.now() - began
+            self.held.discard(worker)
+            self.held_s[worker] = self.held_s.get(worker, 0.0) + self.now() - began
 
     def stop(self) -> None:
         self.stopping = True

@@ -25,6 +25,7 @@ from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link
+from asyncsync.logschema import HELD, Kind, record
 from asyncsync.metrics import JsonlLog, WorkerMetrics
 from asyncsync.protocols.base import (
     NotInRun,
@@ -192,7 +193,7 @@ class WorkerContext:
         start = self._metrics.now()
         began = now()
         reply, out = await self._transport.request(op, header, vector)
-        held = float(reply.get("meta", {}).get("held_s", 0.0))
+        held = float(reply.get("meta", {}).get(HELD, 0.0))
         self._metrics.transferred(label or op, start, now() - began, held,
                                   self._transport.wire_bytes(vector),
                                   self._transport.wire_bytes(out), reply.get("version"))
@@ -352,8 +353,8 @@ class Worker:
                     await self._session()
                 except Unacceptable as exc:  # e.g. others' deltas made the result overflow
                     refused += 1
-                    self.metrics.log.write({"ev": "refused", "t": round(self.metrics.now(), 4),
-                                            "count": refused, "reason": str(exc)[:200]})
+                    self.metrics.log.write(record(Kind.REFUSED, t=round(self.metrics.now(), 4),
+                                                  count=refused, reason=str(exc)[:200]))
                     if math.log10(refused).is_integer():
                         LOG.warning("worker %d: %d requests refused, the last: %s; it "
                                     "re-syncs and goes on", self.rank, refused, exc)
@@ -362,8 +363,8 @@ class Worker:
                     rejoins += 1
                     if rejoins > self.max_rejoins:
                         raise
-                    self.metrics.log.write({"ev": "rejoin", "t": round(self.metrics.now(), 4),
-                                            "reason": str(exc)[:200]})
+                    self.metrics.log.write(record(Kind.REJOIN, t=round(self.metrics.now(), 4),
+                                                  reason=str(exc)[:200]))
                     await asyncio.sleep(min(0.1 * 2**rejoins, 2.0))
                     await self._join()
         except RunStopped:

@@ -61,11 +61,11 @@ class EsyncParams:
 
 @dataclass
 class EsyncRound:
-    """One finished round: local steps per worker, and how long each waited at the barrier."""
+    """One finished round: local steps per worker, and how long each was held at the barrier."""
 
     version: int
     steps: dict[int, int] = field(default_factory=dict)
-    wait_s: dict[int, float] = field(default_factory=dict)
+    held_s: dict[int, float] = field(default_factory=dict)
 
 
 class EsyncServer(RoundServer[EsyncParams]):

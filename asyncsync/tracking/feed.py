@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from asyncsync.logschema import KEY, Kind, upgrade
 from asyncsync.report import LogError, summarize_run
 from asyncsync.tracking.base import Point, RunInfo, Tracker, flatten
 
@@ -45,7 +46,7 @@ class _Tail:
         records = []
         for line in data[:end].splitlines():
             with contextlib.suppress(ValueError):
-                records.append(json.loads(line))
+                records.append(upgrade(json.loads(line)))
         return records
 
 
@@ -66,7 +67,7 @@ class _Worker:
             if record["t"] + record.get("dur", 0.0) > until:
                 break
             done += 1
-            if record.get("ev") == "compute":
+            if record.get(KEY) == Kind.COMPUTE:
                 self.compute_s += record.get("dur", 0.0)
             self.bytes += record.get("up", 0) + record.get("down", 0)
         del self.pending[:done]
@@ -136,7 +137,7 @@ class RunFeed:
                 tracker.start(self.run)
         sent = 0
         for record in self._events.read():
-            if record.get("event") == "eval":
+            if record.get(KEY) == Kind.EVAL:
                 point = self._point(record)
                 for tracker in self.trackers:
                     tracker.log(point, self.run.start_wall + point.time_s)
