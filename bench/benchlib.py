@@ -22,6 +22,7 @@ import torch
 
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import NoParams, Protocol, Push, ServerRule, WorkerLoop
+from asyncsync.transport.connection_gate import ConnectionLimits
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 
@@ -105,14 +106,18 @@ class IdleLoop(WorkerLoop):
 SINK = Protocol("bench-sink", "benchmark sink", NoParams, SinkRule, IdleLoop)
 
 
-def serve(numel: int, workers: int, port: Any, done: Any) -> None:
-    """Server process body: serve a model of `numel` floats until `done` is set."""
+def serve(numel: int, workers: int, port: Any, done: Any, connections: int | None = None,
+          ) -> None:
+    """Server process body: serve a model of `numel` floats until `done` is set, admitting
+    `connections` connections from loopback if given (the default limits otherwise)."""
     torch.set_num_threads(1)
 
     async def main() -> None:
         model = torch.nn.Linear(numel, 1, bias=False)
         settings = ServerSettings(run_id=RUN, worker_timeout_s=None)
-        server = ParameterServer(model, SINK, workers, settings)
+        limits = None if connections is None else ConnectionLimits(
+            max_connections=connections, max_per_peer=connections)
+        server = ParameterServer(model, SINK, workers, settings, connections=limits)
         await server.start()
         monitor = asyncio.create_task(SinkRule.monitor.run())
         port.value = server.port
@@ -124,12 +129,13 @@ def serve(numel: int, workers: int, port: Any, done: Any) -> None:
     asyncio.run(main())
 
 
-def start_server(numel: int, workers: int = 1) -> tuple[mp.process.BaseProcess, int, Any]:
+def start_server(numel: int, workers: int = 1, connections: int | None = None,
+                 ) -> tuple[mp.process.BaseProcess, int, Any]:
     """Start `serve` in a spawned process; returns (process, port, done event)."""
     ctx = mp.get_context("spawn")
     port = ctx.Value("i", 0)
     done = ctx.Event()
-    proc = ctx.Process(target=serve, args=(numel, workers, port, done))
+    proc = ctx.Process(target=serve, args=(numel, workers, port, done, connections))
     proc.start()
     while port.value == 0:
         if not proc.is_alive():
