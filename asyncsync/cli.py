@@ -62,11 +62,50 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--track", action="append", default=[], metavar="SPEC",
                      help="stream the runs to TensorBoard, MLflow or W&B while they run: "
                           "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
+    run.add_argument("--jobs", type=_positive, default=len(os.sched_getaffinity(0)),
+                     metavar="N", help="virtual-clock runs at once, each in a process of its "
+                     "own with one torch thread (default: the usable cores, here %(default)s;"
+                     " results are the same for any N); real-clock runs always go one at a "
+                     "time, as they measure the host")
+    run.add_argument("--resume", type=Path, default=None, metavar="LOGDIR",
+                     help="continue the study in LOGDIR (logs/RECIPE/STAMP, with the same "
+                          "options): run only the runs without a summary.json, or marked "
+                          "interrupted, each from its start, then table all of them")
+    run.add_argument("--executor", choices=("local", "slurm"), default="local",
+                     help="local: on this machine (--jobs); slurm: one Slurm job array, a "
+                          "task per virtual run, through submitit (pip install "
+                          "asyncsync[slurm]); --logs must be on a filesystem the nodes share")
+    slurm = run.add_argument_group("Slurm (with --executor slurm)")
+    slurm.add_argument("--slurm-partition", default=None, metavar="NAME",
+                       help="partition (default: the cluster's)")
+    slurm.add_argument("--slurm-time", type=_positive, default=60, metavar="MIN",
+                       help="time limit of each task in minutes (default 60)")
+    slurm.add_argument("--slurm-cpus", type=_positive, default=1, metavar="N",
+                       help="CPUs per task (default 1)")
+    slurm.add_argument("--slurm-gpus", type=int, default=0, metavar="N",
+                       help="GPUs per task (default 0)")
+    slurm.add_argument("--slurm-array-parallelism", type=_positive, default=None,
+                       metavar="N", help="tasks of the array running at once (default: "
+                                         "as many as Slurm allows)")
+    slurm.add_argument("--no-wait", action="store_true",
+                       help="exit once submitted; then `asyncsync report LOGDIR` (or --resume"
+                            " LOGDIR) collects the results")
+    run.epilog = ("exit status: 0 every run finished; 1 one or more runs failed (the table "
+                  "shows each with its error); 2 a bad recipe, option or path; 130 "
+                  "interrupted (Ctrl-C; --resume continues)")
 
     check = sub.add_parser("check", help="validate a recipe and print its resolved runs")
     check.add_argument("recipe", type=Path)
     check.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE")
+
+    simulate = sub.add_parser("simulate", help="simulate one prepared virtual run folder "
+                              "(what --jobs and Slurm tasks run): writes its summary.json")
+    simulate.add_argument("run_dir", type=Path, help="a run folder with its recipe.json")
+    simulate.add_argument("--calibrated-s", type=float, default=None, metavar="S",
+                          help='the step time for base_step_s = "calibrate"')
+    simulate.add_argument("--status", action="store_true",
+                          help="print the run's status as JSON lines while it runs")
 
     sub.add_parser("protocols", help="list the protocols and their parameters")
     sub.add_parser("devices", help="list the named devices of compute.device, with sources")
@@ -125,6 +164,14 @@ def _parser() -> argparse.ArgumentParser:
                                    "certificate (default: the recipe's tls.ca, else the "
                                    "system's trust store)")
     return parser
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
 
 
 def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
@@ -395,14 +442,25 @@ def main(argv: list[str] | None = None) -> int:
     console = make_console()
     try:
         if args.command == "run":
+            from asyncsync.executors import SlurmOptions
             from asyncsync.runner import run_recipe_file
 
             clock = [f'clock="{args.clock}"'] if args.clock else []
+            slurm = SlurmOptions(args.slurm_partition, args.slurm_time, args.slurm_cpus,
+                                 args.slurm_gpus, args.slurm_array_parallelism)
             summaries = run_recipe_file(args.recipe, [*args.overrides, *clock], args.only,
                                         args.logs, repeats=args.repeats,
                                         live=False if args.plain else None,
-                                        trackers=[parse_track(s) for s in args.track])
+                                        trackers=[parse_track(s) for s in args.track],
+                                        jobs=args.jobs, resume=args.resume,
+                                        slurm=slurm if args.executor == "slurm" else None,
+                                        wait=not args.no_wait)
             return 1 if any("error" in s for s in summaries) else 0
+        if args.command == "simulate":
+            from asyncsync.executors import run_folder, status_printer
+
+            status = status_printer() if args.status else None
+            return 0 if run_folder(str(args.run_dir), args.calibrated_s, status) else 1
         if args.command == "check":
             from asyncsync.runner import check_data
 

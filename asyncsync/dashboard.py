@@ -17,6 +17,8 @@ from typing import Any
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
@@ -69,6 +71,11 @@ class Dashboard:
         self._live: Live | None = None
         self._last_plain = 0.0
         self._status: dict[str, Any] | None = None
+        self._total = 0
+        self._done = 0
+        self._counted = 0
+        self._began = time.monotonic()
+        self._active: dict[str, tuple[RunSpec, dict[str, Any]]] = {}
 
     def __enter__(self) -> Dashboard:
         if self.live:
@@ -96,6 +103,55 @@ class Dashboard:
             self._last_plain = time.monotonic()
             self.console.print(self.plain_line(spec, status), highlight=False, markup=False)
             self.console.file.flush()
+
+    def study(self, total: int, done: int = 0) -> None:
+        """Start the study's progress: `total` runs, of which `done` already finished."""
+        self._total, self._done, self._began = total, done, time.monotonic()
+        self._counted = done
+
+    def progress(self) -> str:
+        """``done/total runs``, elapsed time and an estimate of the time left (from the
+        pace of the runs finished in this session, so it holds for parallel runs)."""
+        elapsed = time.monotonic() - self._began
+        ran = self._done - self._counted
+        left = ("" if not ran or self._done >= self._total
+                else f", about {_duration(elapsed / ran * (self._total - self._done))} left")
+        return (f"{self._done}/{self._total} runs done, {len(self._active)} running, "
+                f"{_duration(elapsed)} elapsed{left}")
+
+    def update_run(self, name: str, spec: RunSpec, status: dict[str, Any]) -> None:
+        """Render the status of one of several runs in progress (`name`: its folder)."""
+        self._active[name] = (spec, status)
+        if self._live is not None:
+            self._live.update(self.render_study())
+        elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
+            self._last_plain = time.monotonic()
+            self.console.print(self.progress(), highlight=False, markup=False)
+            for run, (run_spec, run_status) in self._active.items():
+                if run_status.get("started"):
+                    self.console.print(self.plain_line(run_spec, run_status, run),
+                                       highlight=False, markup=False)
+            self.console.file.flush()
+
+    def render_study(self) -> Group:
+        """The recipe's progress bar, then one line per run in progress."""
+        share = self._done / self._total if self._total else 0.0
+        head = Table.grid(padding=(0, 1))
+        head.add_row(Text(self.recipe.name, style="bold"),
+                     ProgressBar(total=max(self._total, 1), completed=self._done, width=30),
+                     Text(f"{share:.0%}  {self.progress()}"))
+        runs = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+        for column in ("run", "protocol", "elapsed", "version", "accuracy", "best", "speed"):
+            runs.add_column(column, justify="left" if column in ("run", "protocol")
+                            else "right", no_wrap=True)
+        for name, (spec, status) in self._active.items():
+            speed = status.get("virtual_per_real")
+            runs.add_row(name, spec.protocol.name,
+                         f"{status['elapsed_s']:.0f}/{status.get('time_s') or 0:.0f} s",
+                         str(status["version"]), _acc(status["accuracy"]),
+                         _acc(status["best_accuracy"]),
+                         "-" if speed is None else f"{speed:.2g}x")
+        return Group(head, runs)
 
     def render(self, spec: RunSpec, index: int, status: dict[str, Any]) -> Group:
         budget = status.get("time_s")
@@ -133,7 +189,7 @@ class Dashboard:
         return Group(head, table)
 
     @staticmethod
-    def plain_line(spec: RunSpec, status: dict[str, Any]) -> str:
+    def plain_line(spec: RunSpec, status: dict[str, Any], name: str | None = None) -> str:
         if len(status["workers"]) <= ROWS_MAX:
             workers = " ".join(
                 f"w{w['rank']}:{w['state'][:4]}/{w['steps']}st/{w['compute_proportion']:.0%}"
@@ -142,27 +198,35 @@ class Dashboard:
         else:
             workers = " ".join(f"{state}:{len(group)}"
                                for state, group in _by_state(status["workers"]).items())
-        return (f"[{spec.name}] t={status['elapsed_s']:.0f}s{_virtual(status)} "
+        return (f"[{name or spec.name}] t={status['elapsed_s']:.0f}s{_virtual(status)} "
                 f"v={status['version']} "
                 f"acc={_acc(status['accuracy'])} best={_acc(status['best_accuracy'])} "
                 f"{workers}")
 
-    def finished(self, spec: RunSpec, index: int, summary: dict[str, Any]) -> None:
+    def finished(self, spec: RunSpec, index: int, summary: dict[str, Any],
+                 name: str | None = None) -> None:
         """Print a one-line result when a run ends (kept above the live panel), and show
         the panel once more with the run's last accuracy (from an evaluation after the last
-        refresh)."""
-        if self._live is not None and self._status is not None and "error" not in summary:
+        refresh); `name` (its folder) tells apart runs of a study that run together."""
+        self._done += 1
+        if name is not None and self._active.pop(name, None) is not None:
+            if self._live is not None:
+                self._live.update(self.render_study())
+        elif self._live is not None and self._status is not None and "error" not in summary:
             self._live.update(self.render(spec, index, {
                 **self._status, "accuracy": summary["final_accuracy"],
                 "best_accuracy": summary["best_accuracy"]}))
+        shown = name or spec.name
         if "error" in summary:
-            line = f"[red]{spec.name} failed: {summary['error']}[/red]"
+            line = f"[red]{escape(shown)} failed: {escape(str(summary['error']))}[/red]"
         else:
             ttt = summary["time_to_target_s"]
-            line = (f"{spec.name}: best accuracy {_acc(summary['best_accuracy'])}, "
+            line = (f"{escape(shown)}: best accuracy {_acc(summary['best_accuracy'])}, "
                     f"time to target {'-' if ttt is None else f'{ttt:.1f} s'}, "
                     f"compute proportion {summary['compute_proportion'] or 0:.2f}")
-        self.console.print(f"[{index + 1}/{len(self.recipe.runs)}] {line}")
+        count = (f"{self._done}/{self._total}" if self._total
+                 else f"{index + 1}/{len(self.recipe.runs)}")
+        self.console.print(f"[{count}] {line}")
 
 
 def _figures(w: dict[str, Any]) -> list[str]:
@@ -182,6 +246,14 @@ def _by_state(workers: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
                     else len(order)):
         groups.setdefault(w["state"], []).append(w)
     return groups
+
+
+def _duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s`` or ``42s``."""
+    whole = round(seconds)
+    if whole >= 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
 
 def _virtual(status: dict[str, Any]) -> str:

@@ -1,4 +1,11 @@
-"""Runs a recipe: for each run, a server process and N worker processes on this machine.
+"""Runs a recipe's study: every run x repeat x sweep value, each writing a folder of its own.
+
+Virtual-clock runs are independent and deterministic: with ``jobs`` > 1 they run that many
+at a time, each in a child process (`asyncsync.executors`), or as one Slurm job array; the
+table is built from the folders in the recipe's order. Real-clock runs go one at a time.
+A study can be resumed: only the runs without a finished summary.json run again.
+
+A real-clock run is a server process and N worker processes on this machine.
 
 Each node is started through the public CLI (``asyncsync server`` / ``asyncsync worker``)
 with one torch thread, so the runner exercises exactly what a multi-machine launch does.
@@ -16,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import secrets
+import shutil
 import ssl
 import subprocess
 import sys
@@ -30,10 +39,22 @@ from typing import IO, Any
 
 from asyncsync.assembly import WORKER_TOKEN_ENV, run_client_tls, run_data
 from asyncsync.dashboard import Dashboard
+from asyncsync.executors import (
+    SUBMITTED,
+    SlurmOptions,
+    error_line,
+    failure,
+    run_child,
+    shared_problem,
+    slurm_executor,
+    slurm_task,
+    write_summary,
+)
 from asyncsync.protocols.base import Refused
 from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import publish, summarize_run
-from asyncsync.simulation import calibrate_step_s, simulate, write_summary
+from asyncsync.schema import ConfigError
+from asyncsync.simulation import calibrate_step_s, simulate
 from asyncsync.tracking import Tracker, follow
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.tokens import worker_token
@@ -81,12 +102,8 @@ async def _wait_for_port(port_file: Path, server: _Node, timeout_s: float) -> in
 
 async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
                    index: int, repeat: int = 0) -> dict[str, Any]:
-    run_dir.mkdir(parents=True)
+    _prepare(spec, recipe, run_dir, repeat)
     recipe_file = run_dir / "recipe.json"
-    recipe_file.write_text(json.dumps(
-        {"name": recipe.name, "baseline": spec.name, "repeat": repeat,
-         "runs": [spec.as_table()]},
-        indent=2))
     if spec.clock == "virtual":
         return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index)
     run_id = f"{recipe.name}/{spec.name}/{secrets.token_hex(4)}"
@@ -202,16 +219,16 @@ async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard
                          index: int, repeat: int) -> dict[str, Any]:
     """Run one run and write its folder; returns its summary.
 
-    A run that fails gets a summary.json with its ``error`` (a run that failed before it
-    started leaves no folder); one cut short by Ctrl-C gets one with ``interrupted: true``,
-    and the cancellation goes on.
+    A run that raises gets a summary.json with its error's first line (a run that failed
+    before it started leaves no folder); one cut short by Ctrl-C gets one with
+    ``interrupted: true``, and the cancellation goes on.
     """
-    failed = {"run": spec.name, "protocol": spec.protocol.name, "repeat": repeat,
-              "seed": spec.seed}
+    failed = {"recipe": recipe.name, "run": spec.name, "protocol": spec.protocol.name,
+              "repeat": repeat, "seed": spec.seed, "sweep": spec.sweep, "clock": spec.clock}
     try:
         summary = await _run_one(spec, recipe, run_dir, dashboard, index, repeat)
-    except RuntimeError as exc:
-        summary = {**failed, "error": str(exc)}
+    except Exception as exc:
+        summary = {**failed, "error": error_line(exc)}
     except asyncio.CancelledError:
         if run_dir.is_dir():
             write_summary(run_dir, {**failed, "error": "interrupted", "interrupted": True})
@@ -221,58 +238,289 @@ async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard
     return summary
 
 
-async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | None = None,
-                     trackers: Sequence[Tracker] = ()) -> list[dict[str, Any]]:
-    """Run every run of `recipe` in turn; returns their summaries and prints the table.
+@dataclass(frozen=True)
+class _Slot:
+    """One run of the study: its recipe entry (`index`), repeat, resolved spec and folder."""
 
-    Each run's logs stream to the `trackers` while it runs (read here, in the supervisor).
+    index: int
+    repeat: int
+    spec: RunSpec
+    run_dir: Path
+
+
+@dataclass
+class _Study:
+    """A study in progress: its slots in the recipe's order and the summaries so far."""
+
+    recipe: Recipe
+    root: Path
+    slots: list[_Slot]
+    dashboard: Dashboard
+    trackers: Sequence[Tracker]
+    done: dict[int, dict[str, Any]]
+
+    def base(self, slot: _Slot) -> RunSpec:
+        return self.recipe.runs[slot.index]
+
+    def record(self, position: int, summary: dict[str, Any]) -> None:
+        slot = self.slots[position]
+        self.done[position] = summary
+        self.dashboard.finished(self.base(slot), slot.index, summary, slot.run_dir.name)
+
+
+async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | None = None,
+                     trackers: Sequence[Tracker] = (), *, jobs: int = 1,
+                     resume: Path | None = None, slurm: SlurmOptions | None = None,
+                     wait: bool = True) -> list[dict[str, Any]]:
+    """Run every run of `recipe`; returns their summaries and prints the table.
+
+    Virtual-clock runs go `jobs` at a time, each in a process of its own, or with `slurm`
+    as one Slurm job array (without `wait`, this returns at once, with no summaries);
+    real-clock runs go one after another (they measure the host). With `resume` (a study
+    folder of this recipe), only the runs without a summary.json of a finished run are run
+    again, from their start. Each run's logs stream to the `trackers` while it runs.
 
     On Ctrl-C (the task is cancelled) it prints "interrupted", the table of the runs that
     finished and the log path, then lets the cancellation go on.
     """
     await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = logs / recipe.name / stamp
-    root.mkdir(parents=True)
+    root = _reopen(recipe, resume) if resume else _new_study(logs / recipe.name)
     (root / "recipe.json").write_text(json.dumps(recipe.as_table(), indent=2))
-    dashboard = Dashboard(recipe, live)
-    summaries: list[dict[str, Any]] = []
-    run_dirs: list[Path] = []
+    slots = [_Slot(index, repeat, run,
+                   root / (spec.name if recipe.repeats == 1 else f"{spec.name}-r{repeat}"))
+             for index, spec in enumerate(recipe.runs)
+             for repeat, run in enumerate(recipe.repeated(spec))]
+    study = _Study(recipe, root, slots, Dashboard(recipe, live), trackers,
+                   {i: s for i, s in enumerate(map(_kept, slots)) if s is not None})
+    todo = [i for i in range(len(slots)) if i not in study.done]
+    if resume:
+        study.dashboard.console.print(f"resuming {root}: {len(study.done)} of {len(slots)} "
+                                      f"runs done, {len(todo)} to run", highlight=False)
+    virtual = [i for i in todo if slots[i].spec.clock == "virtual"]
+    if slurm is not None and len(virtual) < len(todo):
+        raise ConfigError("--executor slurm runs virtual-clock runs only (real-clock runs "
+                          "measure the host they run on): use --clock virtual")
     try:
-        with dashboard:
-            for index, spec in enumerate(recipe.runs):
-                for repeat, run in enumerate(recipe.repeated(spec)):
-                    name = spec.name if recipe.repeats == 1 else f"{spec.name}-r{repeat}"
-                    job = run_and_record(run, recipe, root / name, dashboard, index, repeat)
-                    summary = await (follow(root / name, job, trackers) if trackers else job)
-                    summaries.append(summary)
-                    run_dirs.append(root / name)
-                    dashboard.finished(spec, index, summary)
+        with study.dashboard:
+            study.dashboard.study(len(slots), len(study.done))
+            if slurm is not None:
+                if not await _submit(study, todo, slurm, wait):
+                    return []
+            else:
+                if jobs > 1:
+                    await _pool(study, virtual, jobs)
+                await _in_turn(study, [i for i in todo if i not in study.done])
     except asyncio.CancelledError:
-        dashboard.console.print("[yellow]interrupted[/yellow]: the run in progress is marked "
-                                "interrupted in its summary.json")
-        _publish(run_dirs, summaries, recipe, root, dashboard)
+        study.dashboard.console.print(
+            "[yellow]interrupted[/yellow]: the runs in progress are marked interrupted in "
+            f"their summary.json; continue with --resume {root}", highlight=False)
+        _publish(study)
         raise
     finally:
         for tracker in trackers:
             tracker.close()
-    _publish(run_dirs, summaries, recipe, root, dashboard)
-    return summaries
+    _publish(study)
+    return [study.done[i] for i in sorted(study.done)]
 
 
-def _publish(run_dirs: list[Path], summaries: list[dict[str, Any]], recipe: Recipe, root: Path,
-             dashboard: Dashboard) -> None:
-    """The table, CSV and plots of the finished runs, then where the logs are."""
-    if summaries:
-        publish(run_dirs, summaries, recipe.baseline, root, dashboard.console,
-                title=recipe.name)
-    dashboard.console.print(f"logs: {root}", highlight=False)
+def _new_study(base: Path) -> Path:
+    """A new study folder under `base`, named by the time to the second (then -2, -3, ...
+    for studies started within the same second)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for number in itertools.count(1):
+        root = base / (stamp if number == 1 else f"{stamp}-{number}")
+        with contextlib.suppress(FileExistsError):
+            root.mkdir(parents=True)
+            return root
+    raise AssertionError("unreachable")
+
+
+def _reopen(recipe: Recipe, root: Path) -> Path:
+    """The study folder `root` to resume, checked against `recipe` as resolved now.
+
+    Raises:
+        ConfigError: `root` is not a study folder of this recipe with these options.
+    """
+    try:
+        written = json.loads((root / "recipe.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume {root}: not a study folder (recipe.json: {exc})") from None
+    if written != json.loads(json.dumps(recipe.as_table())):
+        raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
+                          "resolved now; give the same recipe, --set, --only, --repeats "
+                          "and --clock")
+    return root
+
+
+def _kept(slot: _Slot) -> dict[str, Any] | None:
+    """The summary of the slot's run if it finished (ran or failed), else None, its
+    partial folder (interrupted, killed, still unsummarized) cleared to run it again."""
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads((slot.run_dir / "summary.json").read_text())
+        if isinstance(summary, dict) and not summary.get("interrupted"):
+            return summary
+    if slot.run_dir.exists():
+        shutil.rmtree(slot.run_dir)
+    return None
+
+
+def _prepare(spec: RunSpec, recipe: Recipe, run_dir: Path, repeat: int) -> None:
+    """The run's folder with its resolved recipe.json: all a run needs to run."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "recipe.json").write_text(json.dumps(
+        {"name": recipe.name, "baseline": spec.name, "repeat": repeat,
+         "runs": [spec.as_table()]},
+        indent=2))
+
+
+async def _calibration(spec: RunSpec, dashboard: Dashboard) -> float | None:
+    """The host-measured step time of a run whose base_step_s is "calibrate", else None."""
+    if not spec.compute.calibrate:
+        return None
+    calibrated = await asyncio.to_thread(calibrated_step_s, spec)
+    dashboard.console.print(
+        f"{spec.name}: calibrated base_step_s = {calibrated:.4g} s on this host "
+        f"(host-dependent); pin it with --set compute.base_step_s={calibrated:.4g}")
+    return calibrated
+
+
+async def _in_turn(study: _Study, todo: list[int]) -> None:
+    """Run the slots `todo` one after another in this process."""
+    for position in todo:
+        slot = study.slots[position]
+        job = run_and_record(slot.spec, study.recipe, slot.run_dir, study.dashboard,
+                             slot.index, slot.repeat)
+        study.record(position, await (follow(slot.run_dir, job, study.trackers)
+                                      if study.trackers else job))
+
+
+async def _pool(study: _Study, todo: list[int], jobs: int) -> None:
+    """Run the (virtual) slots `todo`, `jobs` at a time, each in a child process."""
+    free = asyncio.Semaphore(jobs)
+
+    async def one(position: int) -> None:
+        slot = study.slots[position]
+        async with free:
+            calibrated = await _calibration(slot.spec, study.dashboard)
+            _prepare(slot.spec, study.recipe, slot.run_dir, slot.repeat)
+
+            def show(status: dict[str, Any]) -> None:
+                study.dashboard.update_run(slot.run_dir.name, study.base(slot), status)
+
+            job = run_child(slot.run_dir, calibrated, show)
+            try:
+                await (follow(slot.run_dir, job, study.trackers) if study.trackers else job)
+                summary = json.loads((slot.run_dir / "summary.json").read_text())
+            except RuntimeError as exc:
+                summary = failure(slot.run_dir, error_line(exc))
+                write_summary(slot.run_dir, summary)
+            except asyncio.CancelledError:
+                write_summary(slot.run_dir, failure(slot.run_dir, "interrupted", True))
+                raise
+        study.record(position, summary)
+
+    tasks = [asyncio.ensure_future(one(position)) for position in todo]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+SLURM_POLL_S = 5.0
+"""How often the supervisor looks for finished run folders of a Slurm array."""
+
+SLURM_GRACE_S = 60.0
+"""How long a task's summary.json may take to show on this node once the task ended (a
+shared filesystem's caches)."""
+
+
+async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: bool) -> bool:
+    """Submit the slots `todo` as one Slurm job array; with `wait`, collect their folders
+    as they finish and return True; else return False at once."""
+    console = study.dashboard.console
+    if not todo:
+        return True
+    calibrated = []
+    for position in todo:
+        slot = study.slots[position]
+        _prepare(slot.spec, study.recipe, slot.run_dir, slot.repeat)
+        step_s = await _calibration(slot.spec, study.dashboard)
+        calibrated.append(repr(step_s) if step_s else "")
+    executor = slurm_executor(study.root / ".submitit", options, study.recipe.name)
+    problem = shared_problem(study.root) if executor.cluster == "slurm" else None
+    if problem:
+        console.print(f"[yellow]warning:[/yellow] {problem}; the log root must be on a "
+                      "filesystem the compute nodes share (--logs)", highlight=False)
+    dirs = [str(study.slots[position].run_dir) for position in todo]
+    array = await asyncio.to_thread(executor.map_array, slurm_task, dirs, calibrated)
+    array_id = str(array[0].job_id).split("_")[0]
+    (study.root / SUBMITTED).write_text(json.dumps(
+        {"job_array": array_id, "cluster": executor.cluster,
+         "runs": [Path(d).name for d in dirs]}, indent=2))
+    console.print(f"submitted {len(array)} runs as job array {array_id} "
+                  f"({executor.cluster}); task logs: {study.root / '.submitit'}",
+                  highlight=False)
+    if not wait:
+        console.print(f"collect the results once it is done: asyncsync report {study.root} "
+                      f"(or asyncsync run RECIPE --resume {study.root} to run what is "
+                      "missing)", highlight=False)
+        return False
+    pending = dict(zip(todo, array, strict=True))
+    ended: dict[int, float] = {}
+    try:
+        while pending:
+            for position, job in list(pending.items()):
+                run_dir = study.slots[position].run_dir
+                summary = _kept_summary(run_dir)
+                if summary is None and await asyncio.to_thread(job.done):
+                    ended.setdefault(position, time.monotonic())
+                    if time.monotonic() - ended[position] < SLURM_GRACE_S:
+                        continue
+                    summary = failure(run_dir, f"its Slurm task ended ({job.state}) without "
+                                               f"a summary.json; see {job.paths.stderr}")
+                    write_summary(run_dir, summary)
+                if summary is not None:
+                    del pending[position]
+                    study.record(position, summary)
+            if pending:
+                await asyncio.sleep(SLURM_POLL_S)
+    except asyncio.CancelledError:
+        for position, job in pending.items():
+            with contextlib.suppress(Exception):
+                job.cancel(check=False)
+            write_summary(study.slots[position].run_dir,
+                          failure(study.slots[position].run_dir, "interrupted", True))
+        raise
+    return True
+
+
+def _kept_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary.json, once it is there."""
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return summary if isinstance(summary, dict) else None
+    return None
+
+
+def _publish(study: _Study) -> None:
+    """The table, CSV and plots of the finished runs in the recipe's order, then where the
+    logs are."""
+    order = sorted(study.done)
+    if order:
+        publish([study.slots[i].run_dir for i in order], [study.done[i] for i in order],
+                study.recipe.baseline, study.root, study.dashboard.console,
+                title=study.recipe.name)
+    study.dashboard.console.print(f"logs: {study.root}", highlight=False)
 
 
 def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
                     logs: Path = Path("logs"), live: bool | None = None,
-                    repeats: int | None = None, trackers: Sequence[Tracker] = (),
+                    repeats: int | None = None, trackers: Sequence[Tracker] = (), *,
+                    jobs: int = 1, resume: Path | None = None,
+                    slurm: SlurmOptions | None = None, wait: bool = True,
                     ) -> list[dict[str, Any]]:
-    """Load and run a recipe file (the CLI's ``run``)."""
+    """Load and run a recipe file (the CLI's ``run``); see `run_recipe`."""
     return asyncio.run(run_recipe(load_recipe(path, overrides, only, repeats), logs, live,
-                                  trackers))
+                                  trackers, jobs=jobs, resume=resume, slurm=slurm, wait=wait))

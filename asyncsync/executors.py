@@ -1,0 +1,195 @@
+"""Where a study's independent virtual runs execute: local child processes (``--jobs``) or
+one Slurm job array through submitit (``--executor slurm``).
+
+The run folder is the interface. The supervisor prepares a run's folder (its recipe.json);
+`run_folder` simulates that run there and writes its summary.json, whoever calls it: the
+``asyncsync simulate`` command that ``--jobs`` starts once per run, or a Slurm array task.
+Only paths and plain strings go in, nothing but the folder comes back (no pickled results).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncsync.recipe import load_recipe
+from asyncsync.report import summarize_run
+from asyncsync.schema import ConfigError
+from asyncsync.simulation import StatusSink, simulate
+
+STATUS_EVERY_S = 0.5
+"""How often (real seconds) a child reports its run's status to the supervisor."""
+
+SUBMITTED = "submitted.json"
+"""A study folder's record of its Slurm job array (read by ``asyncsync report``)."""
+
+LOCAL_FILESYSTEMS = ("tmpfs", "ramfs", "overlay")
+"""Filesystem types that compute nodes do not share with a login node."""
+
+
+def error_line(exc: BaseException) -> str:
+    """The first line of an exception's message, after its type unless a RuntimeError."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    if isinstance(exc, RuntimeError) and first:
+        return first
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def failure(run_dir: Path, error: str, interrupted: bool = False) -> dict[str, Any]:
+    """The summary of a run that failed (or was interrupted), from its recipe.json."""
+    written = json.loads((run_dir / "recipe.json").read_text())
+    spec = written["runs"][0]
+    summary = {"recipe": written["name"], "run": spec["name"],
+               "protocol": spec["protocol"]["name"], "repeat": written.get("repeat", 0),
+               "seed": spec.get("seed", 0), "sweep": spec.get("sweep") or {},
+               "clock": spec.get("clock", "real"), "error": error}
+    return {**summary, "interrupted": True} if interrupted else summary
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """summary.json, replaced at once (a reader on another node never sees half of it)."""
+    partial = run_dir / "summary.json.tmp"
+    partial.write_text(json.dumps(summary, indent=2))
+    partial.replace(run_dir / "summary.json")
+
+
+def run_folder(run_dir: str, calibrated_s: float | None = None,
+               status: StatusSink | None = None) -> bool:
+    """Simulate the prepared run in `run_dir` and write its summary.json.
+
+    A run that raises gets a summary with its error's first line. Returns whether it ran.
+    """
+    folder = Path(run_dir)
+    written = json.loads((folder / "recipe.json").read_text())
+    try:
+        spec = load_recipe(folder / "recipe.json").runs[0]
+        facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s)
+        summary = {**summarize_run(folder), **facts}
+    except Exception as exc:
+        summary = failure(folder, error_line(exc))
+    write_summary(folder, summary)
+    return "error" not in summary
+
+
+def slurm_task(run_dir: str, calibrated_s: str) -> None:
+    """One Slurm array task: `run_folder` in this process (the folder holds the result).
+
+    It passes a status sink that drops the statuses: the simulation's reporting task is
+    part of its event loop's schedule, so a run without one does not give the same logs.
+    """
+    run_folder(run_dir, float(calibrated_s) if calibrated_s else None, _drop)
+
+
+def _drop(status: dict[str, Any]) -> None:
+    """A status sink that keeps nothing."""
+    del status
+
+
+def status_printer() -> StatusSink:
+    """A status sink that writes a JSON line to stdout at most every `STATUS_EVERY_S`."""
+    last = [0.0]
+
+    def emit(status: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now - last[0] >= STATUS_EVERY_S:
+            last[0] = now
+            sys.stdout.write(json.dumps(status) + "\n")
+            sys.stdout.flush()
+
+    return emit
+
+
+async def run_child(run_dir: Path, calibrated_s: float | None,
+                    on_status: Callable[[dict[str, Any]], None]) -> None:
+    """Run `run_folder` on `run_dir` in a child process (``asyncsync simulate``) with one
+    torch thread, passing its status lines to `on_status`.
+
+    The child is in a session of its own, so a terminal's Ctrl-C reaches only the
+    supervisor, which terminates the child when this coroutine is cancelled.
+
+    Raises:
+        RuntimeError: the child ended without writing summary.json (killed, crashed).
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    extra = ["--calibrated-s", repr(calibrated_s)] if calibrated_s else []
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "asyncsync", "simulate", str(run_dir), "--status", *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        start_new_session=True, limit=1 << 26)
+    assert process.stdout is not None and process.stderr is not None
+    errors = asyncio.ensure_future(process.stderr.read())
+    try:
+        async for line in process.stdout:
+            with contextlib.suppress(ValueError):
+                on_status(json.loads(line))
+        code = await process.wait()
+        output = (await errors).decode(errors="replace").strip().splitlines()
+    except asyncio.CancelledError:
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()
+        errors.cancel()
+        raise
+    if not (run_dir / "summary.json").exists():
+        last = output[-1] if output else "no output"
+        raise RuntimeError(f"its process ended with status {code}: {last}")
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What each array task asks Slurm for (None: the cluster's default)."""
+
+    partition: str | None = None
+    time_min: int = 60
+    cpus: int = 1
+    gpus: int = 0
+    array_parallelism: int | None = None
+
+
+def slurm_executor(folder: Path, options: SlurmOptions, name: str) -> Any:
+    """A submitit executor for `options`, its files under `folder`.
+
+    Without ``sbatch`` on this machine submitit picks its local executor, which runs the
+    tasks here as processes.
+
+    Raises:
+        ConfigError: submitit is not installed.
+    """
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("--executor slurm needs submitit: pip install "
+                          "asyncsync[slurm]") from None
+    executor = submitit.AutoExecutor(folder=folder)
+    slurm: dict[str, Any] = {"slurm_partition": options.partition} if options.partition else {}
+    if options.array_parallelism:
+        slurm["slurm_array_parallelism"] = options.array_parallelism
+    executor.update_parameters(name=name, timeout_min=options.time_min,
+                               cpus_per_task=options.cpus, gpus_per_node=options.gpus,
+                               **slurm)
+    return executor
+
+
+def shared_problem(path: Path) -> str | None:
+    """Why compute nodes probably cannot see `path` (None: no reason known)."""
+    resolved = path.resolve()
+    if resolved.is_relative_to("/tmp") or resolved.is_relative_to("/dev/shm"):
+        return f"{resolved} is under /tmp or /dev/shm, which each node has its own of"
+    with contextlib.suppress(OSError):
+        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text()
+                  .splitlines() if len(line.split()) > 2]
+        point, kind = max(((p, k) for p, k in mounts if resolved.is_relative_to(p)),
+                          key=lambda m: len(m[0]), default=("", ""))
+        if kind in LOCAL_FILESYSTEMS:
+            return f"{resolved} is on a {kind} filesystem ({point}), local to this machine"
+    return None

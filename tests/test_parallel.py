@@ -1,0 +1,221 @@
+"""Studies in parallel (--jobs), resumed (--resume), contained failures, and Slurm arrays
+through submitit's local executor: the folders and the table equal those of --jobs 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncsync import runner
+from asyncsync.cli import main
+from asyncsync.executors import shared_problem
+
+ROOT = Path(__file__).parent.parent
+REAL_TIME = ("real_s", "math_real_s", "eval_real_s", "virtual_per_real")
+"""summary.json fields measured on the host's clock (the rest is deterministic)."""
+
+RECIPE = """
+name = "small"
+baseline = "bsp"
+repeats = 2
+
+[defaults]
+workers = 3
+clock = "virtual"
+
+[defaults.stop]
+time_s = {time_s}
+target_accuracy = 0.6
+
+[defaults.model]
+name = "mlp"
+
+[defaults.eval]
+interval_s = 2
+
+[defaults.compute]
+base_step_s = 0.1
+slowdown = [1, 1, 2]
+
+[[runs]]
+name = "bsp"
+protocol = "bsp"
+
+[[runs]]
+name = "asp"
+protocol = "asp"
+"""
+RUNS = ["bsp-r0", "bsp-r1", "asp-r0", "asp-r1"]
+
+
+def recipe(tmp: Path, time_s: int = 20) -> str:
+    path = tmp / "small.toml"
+    path.write_text(RECIPE.format(time_s=time_s))
+    return str(path)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "asyncsync", "run", *args, "--plain"],
+                          cwd=ROOT, env={**os.environ, "COLUMNS": "160", **(env or {})},
+                          capture_output=True, text=True, timeout=600)
+
+
+def study(logs: Path) -> Path:
+    (root,) = (logs / "small").iterdir()
+    return root
+
+
+def outcome(root: Path) -> dict[str, object]:
+    """Every deterministic file of a study: the runs' logs, summaries (less real time) and
+    the table."""
+    files: dict[str, object] = {"table.csv": (root / "table.csv").read_text()}
+    for name in RUNS:
+        run_dir = root / name
+        for path in [run_dir / "events.jsonl", *sorted(run_dir.glob("worker-*.jsonl"))]:
+            files[f"{name}/{path.name}"] = path.read_bytes()
+        summary = json.loads((run_dir / "summary.json").read_text())
+        files[f"{name}/summary.json"] = {k: v for k, v in summary.items() if k not in REAL_TIME}
+    return files
+
+
+@pytest.fixture(scope="module")
+def sequential(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The small study run with --jobs 1 (in this process's threads, as before --jobs)."""
+    tmp = tmp_path_factory.mktemp("sequential")
+    done = run_cli(recipe(tmp), "--logs", str(tmp / "logs"), "--jobs", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return outcome(study(tmp / "logs"))
+
+
+def test_jobs_2_writes_the_same_folders_and_table_as_jobs_1(
+        sequential: dict[str, object], tmp_path: Path) -> None:
+    done = run_cli(recipe(tmp_path), "--logs", str(tmp_path / "logs"), "--jobs", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert outcome(study(tmp_path / "logs")) == sequential
+    assert "4/4 runs done" in done.stdout or "[4/4]" in done.stdout
+
+
+def test_a_slurm_array_writes_the_same_folders_and_table_as_jobs_1(
+        sequential: dict[str, object], tmp_path: Path) -> None:
+    """Without sbatch here, submitit runs the array's tasks as local processes."""
+    done = run_cli(recipe(tmp_path), "--logs", str(tmp_path / "logs"), "--executor", "slurm",
+                   "--slurm-time", "10")
+    assert done.returncode == 0, done.stdout + done.stderr
+    root = study(tmp_path / "logs")
+    assert "submitted 4 runs as job array" in done.stdout
+    assert json.loads((root / "submitted.json").read_text())["runs"] == RUNS
+    assert outcome(root) == sequential
+
+
+def test_slurm_without_submitit_is_one_error_line(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "submitit", None)  # an import of it fails
+    code = main(["run", recipe(tmp_path), "--logs", str(tmp_path / "logs"), "--plain",
+                 "--executor", "slurm"])
+    lines = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("error:")]
+    assert code == 2
+    assert lines == ["error: --executor slurm needs submitit: pip install asyncsync[slurm]"]
+
+
+def test_a_run_that_raises_is_a_failed_row_and_the_others_finish(tmp_path: Path) -> None:
+    """asp "diverges" (raises, through a sitecustomize in its process): its row says so
+    with the error's first line, bsp's rows are there, the exit status is 1."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "import asyncsync.simulation as simulation\n"
+        "real = simulation.simulate\n"
+        "def simulate(spec, *args, **kwargs):\n"
+        "    if spec.name == 'asp':\n"
+        "        raise FloatingPointError('asp diverged\\nat step 3')\n"
+        "    return real(spec, *args, **kwargs)\n"
+        "simulation.simulate = simulate\n")
+    done = run_cli(recipe(tmp_path), "--logs", str(tmp_path / "logs"), "--jobs", "2",
+                   env={"PYTHONPATH": str(hooks)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    root = study(tmp_path / "logs")
+    for name in ("asp-r0", "asp-r1"):
+        summary = json.loads((root / name / "summary.json").read_text())
+        assert summary["error"] == "FloatingPointError: asp diverged"
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert ["[3/4]", "asp-r0", "failed:", "FloatingPointError:", "asp", "diverged"] in rows
+    assert any(row[:3] == ["asp", "asp", "failed:"] for row in rows), done.stdout
+    assert "best_accuracy" in json.loads((root / "bsp-r1" / "summary.json").read_text())
+    assert "1 one or more runs failed" in " ".join(
+        run_cli("--help").stdout.split())
+
+
+def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_study(
+        tmp_path: Path) -> None:
+    """Ctrl-C while two children run: exit 130, their folders marked interrupted and their
+    logs no longer growing; --resume runs exactly the unfinished runs, and its table and
+    folders equal those of a study run in one go."""
+    path = recipe(tmp_path, time_s=200)
+    logs = tmp_path / "logs"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "asyncsync", "run", path, "--logs", str(logs), "--jobs", "2",
+         "--plain"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "160"})
+    while not any(p.stat().st_size for p in logs.glob("small/*/*/events.jsonl")):
+        assert process.poll() is None, process.communicate()[0]
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, out
+    root = study(logs)
+    assert "interrupted" in out and f"--resume {root}" in " ".join(out.split())
+    cut = [d for d in root.iterdir() if d.is_dir() and (d / "summary.json").exists()
+           and json.loads((d / "summary.json").read_text()).get("interrupted")]
+    assert cut, out
+    events = [d / "events.jsonl" for d in cut]
+    sizes = [p.stat().st_size for p in events]
+    time.sleep(2)
+    assert [p.stat().st_size for p in events] == sizes  # the children are gone
+
+    resumed = run_cli(path, "--logs", str(logs), "--jobs", "2", "--resume", str(root))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming {root}: " in " ".join(resumed.stdout.split())
+    whole = run_cli(path, "--logs", str(tmp_path / "whole"), "--jobs", "2")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert outcome(root) == outcome(study(tmp_path / "whole"))
+
+
+def test_resume_keeps_finished_runs_and_refuses_other_options(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = recipe(tmp_path, time_s=6)
+    logs = tmp_path / "logs"
+    assert main(["run", path, "--logs", str(logs), "--jobs", "1", "--plain"]) == 0
+    root = study(logs)
+    kept = (root / "bsp-r0" / "summary.json").stat().st_mtime_ns
+    (root / "asp-r1" / "summary.json").unlink()  # as if its node was lost
+    capsys.readouterr()
+    assert main(["run", path, "--logs", str(logs), "--jobs", "1", "--plain",
+                 "--resume", str(root)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"resuming {root}: 3 of 4 runs done, 1 to run" in out
+    assert (root / "bsp-r0" / "summary.json").stat().st_mtime_ns == kept
+    assert "best_accuracy" in json.loads((root / "asp-r1" / "summary.json").read_text())
+    assert main(["run", path, "--logs", str(logs), "--plain", "--resume", str(root),
+                 "--set", "stop.time_s=7"]) == 2
+    assert "its recipe.json differs from small" in " ".join(capsys.readouterr().out.split())
+
+
+def test_two_studies_started_in_one_second_get_folders_of_their_own(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(runner.time, "strftime", lambda _: "20260101-000000")
+    first, second = runner._new_study(tmp_path), runner._new_study(tmp_path)
+    assert (first.name, second.name) == ("20260101-000000", "20260101-000000-2")
+
+
+def test_a_log_root_under_tmp_is_flagged_as_not_shared(tmp_path: Path) -> None:
+    problem = shared_problem(Path("/tmp/logs"))
+    assert problem is not None and "/tmp" in problem
