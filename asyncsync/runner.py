@@ -411,9 +411,8 @@ async def _pool(study: _Study, todo: list[int], jobs: int) -> None:
             try:
                 await (follow(slot.run_dir, job, study.trackers) if study.trackers else job)
                 summary = json.loads((slot.run_dir / "summary.json").read_text())
-            except RuntimeError as exc:
+            except RuntimeError as exc:  # no summary.json: --resume runs it again
                 summary = failure(slot.run_dir, error_line(exc))
-                write_summary(slot.run_dir, summary)
             except asyncio.CancelledError:
                 write_summary(slot.run_dir, failure(slot.run_dir, "interrupted", True))
                 raise
@@ -480,7 +479,6 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                         continue
                     summary = failure(run_dir, f"its Slurm task ended ({job.state}) without "
                                                f"a summary.json; see {job.paths.stderr}")
-                    write_summary(run_dir, summary)
                 if summary is not None:
                     del pending[position]
                     study.record(position, summary)
