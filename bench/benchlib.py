@@ -9,6 +9,7 @@ lag (a 10 ms heartbeat task) and the process's peak resident memory.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import multiprocessing as mp
 import statistics
@@ -44,12 +45,23 @@ class LagMonitor:
     Beside each lag it records the loop thread's CPU time over that period (user and
     system): the part of a lag the loop's own work can explain is at most that, the rest is
     the process waiting for a core (on a 2-core machine with 9 busy processes, the OS's).
+    It also times the process's garbage collections (`gc.callbacks`): the longest, in
+    CPU time of the collecting thread, so a busy host does not lengthen it.
     """
 
     def __init__(self) -> None:
         self.samples: list[float] = []
         self.own: list[float] = []
+        self.collections: list[float] = []
         self.recording = False
+        self._collecting = 0.0
+        gc.callbacks.append(self._collection)
+
+    def _collection(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._collecting = time.thread_time()
+        elif self.recording:
+            self.collections.append(time.thread_time() - self._collecting)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -83,6 +95,7 @@ class SinkRule(ServerRule):
         if cmd == "record":
             SinkRule.monitor.samples = []
             SinkRule.monitor.own = []
+            SinkRule.monitor.collections = []
             SinkRule.monitor.recording = True
             with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
                 handle.write("5")  # reset VmHWM to the current RSS
@@ -94,6 +107,8 @@ class SinkRule(ServerRule):
             return {"p50_ms": 1000 * percentile(lags, 0.5),
                     "p99_ms": 1000 * percentile(lags, 0.99),
                     "own_p99_ms": 1000 * percentile(own, 0.99),
+                    "gc_count": len(SinkRule.monitor.collections),
+                    "gc_max_ms": 1000 * max(SinkRule.monitor.collections, default=0.0),
                     "peak_extra_bytes": rss_bytes("VmHWM") - SinkRule.rss_before}
         return {}
 

@@ -8,7 +8,7 @@ connection, session and rank). All connections come from one address, so the ser
 admits that many from one peer (a real deployment has one address per machine). Each
 pushes a gradient and pulls the model in a loop, under asp semantics on the server's side
 (the benchmark sink accepts every push). Prints pushes/s the server sustains, errors,
-and the server's event-loop lag.
+the server's event-loop lag, and its garbage collections (count, longest in CPU time).
 """
 
 from __future__ import annotations
@@ -92,11 +92,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     args = parser.parse_args()
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'workers':>7} {'pushes/s':>9} {'errors':>6} {'lag p50 ms':>10} {'lag p99 ms':>10}")
+    print(f"{'workers':>7} {'pushes/s':>9} {'errors':>6} {'lag p50 ms':>10} "
+          f"{'lag p99 ms':>10} {'GCs':>5} {'GC max ms':>9}")
     for workers in args.workers:
         rate, errors, lag = asyncio.run(measure(workers, args.seconds))
         print(f"{workers:>7} {rate:>9.0f} {errors:>6} {lag['p50_ms']:>10.1f} "
-              f"{lag['p99_ms']:>10.1f}", flush=True)
+              f"{lag['p99_ms']:>10.1f} {lag['gc_count']:>5.0f} {lag['gc_max_ms']:>9.1f}",
+              flush=True)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -174,7 +174,9 @@ def main() -> None:
         lag = asyncio.run(lag_under_load(numel, workers=8, rounds=3))
         print(f"server loop lag with 8 concurrent 47 MB pushes: p50 {lag['p50_ms']:.1f} ms, "
               f"p99 {lag['p99_ms']:.1f} ms (target p99 < 20 ms); the loop's own work explains "
-              f"at most p99 {lag['own_p99_ms']:.1f} ms of it (thread CPU time in the period)")
+              f"at most p99 {lag['own_p99_ms']:.1f} ms of it (thread CPU time in the period); "
+              f"{lag['gc_count']:.0f} garbage collections, the longest "
+              f"{lag['gc_max_ms']:.1f} ms of CPU")
     if "memory" in args.parts:
         ratio = asyncio.run(peak_memory(numel))
         print(f"server peak extra memory during one 47 MB push: {ratio:.2f}x the model size "

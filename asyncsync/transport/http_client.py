@@ -18,6 +18,7 @@ from asyncsync.buffers import VectorPool
 from asyncsync.clock import now
 from asyncsync.engine.channel import Dial, register_scheme
 from asyncsync.hetero.network import Link
+from asyncsync.transport.gc_tuning import tune_gc
 from asyncsync.transport.status import refusal_from
 from asyncsync.wire import (
     CONTENT_TYPE,
@@ -79,6 +80,7 @@ class HttpTransport:
                  link: Link | None = None, local_addr: str | None = None,
                  connect_timeout_s: float = 60.0, token: str | None = None,
                  tls: ssl.SSLContext | None = None) -> None:
+        tune_gc()
         self.url = url.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
         self.limits = Limits(numel)

@@ -29,6 +29,7 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.metrics import JsonlLog
 from asyncsync.protocols.base import Protocol, Refused
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
+from asyncsync.transport.gc_tuning import tune_gc
 from asyncsync.transport.log_filters import PeerErrorFilter, RepeatFilter
 from asyncsync.transport.status import status_of
 from asyncsync.transport.tokens import BearerTokens, bearer_auth, expect_continue
@@ -197,6 +198,7 @@ class ParameterServer:
         if self.token is None and not is_loopback(self.host):
             LOG.warning("listening on %s without a token: anyone who can reach it may push "
                         "updates (set ASYNCSYNC_TOKEN)", self.host)
+        tune_gc()
         limits = self.gate.limits
         self._runner = web.AppRunner(make_app(self.core, self.token, self.gate),
                                      access_log=None, logger=HTTP_LOG,
