@@ -151,6 +151,8 @@ async def test_a_run_ended_by_its_budget_finishes_when_its_workers_leave() -> No
     seam.stopping = lambda: core.store.stopping
     try:
         await join_all(core, 1)
+        numel = core.store.w.numel()  # a new version, so the stop evaluates it
+        await core.handle("push", push(0, 0, "gradient"), torch.zeros(numel))
         await until(lambda: core.store.stopping)
         await core.handle("leave", header(0), None)
         assert not core.run.stopped and not core.finished.is_set()

@@ -144,7 +144,8 @@ class RunLifecycle:
         return float(arrays["elapsed"])
 
     async def stop(self) -> bool:
-        """End the run: release every waiter, evaluate once more, checkpoint, log the totals,
+        """End the run: release every waiter, evaluate the final model (unless its version
+        was just evaluated, as when the run stops at its target), checkpoint, log the totals,
         then call `on_stopped`, whoever stopped it (a request, the budget, the target).
 
         Returns False when the run was already stopping.
@@ -153,8 +154,9 @@ class RunLifecycle:
             return False
         self.store.stop()
         stopped_at = round(self.elapsed(), 3)
-        if self.evaluator is not None and self.started:
-            await self.evaluate()
+        if self.evaluator is not None and self.started and (
+                not self.evals or self.evals[-1].version != self.store.version):
+            await self.evaluate()  # (a model already evaluated is not scored twice)
         if self.settings.checkpoint_path is not None and self.started:
             await self.checkpoint()
         stale = self.store.staleness
