@@ -101,7 +101,11 @@ def _parser() -> argparse.ArgumentParser:
 
     simulate = sub.add_parser("simulate", help="simulate one prepared virtual run folder "
                               "(what --jobs and Slurm tasks run): writes its summary.json")
-    simulate.add_argument("run_dir", type=Path, help="a run folder with its recipe.json")
+    simulate.add_argument("run_dir", type=Path, nargs="?",
+                          help="a run folder with its recipe.json")
+    simulate.add_argument("--serve", action="store_true",
+                          help="run the folders read from stdin, one a line, each followed "
+                               "by its calibrated step time after a tab (what --jobs uses)")
     simulate.add_argument("--calibrated-s", type=float, default=None, metavar="S",
                           help='the step time for base_step_s = "calibrate"')
     simulate.add_argument("--status", action="store_true",
@@ -457,8 +461,14 @@ def main(argv: list[str] | None = None) -> int:
                                         wait=not args.no_wait)
             return 1 if any("error" in s for s in summaries) else 0
         if args.command == "simulate":
-            from asyncsync.executors import run_folder, status_printer
+            from asyncsync.executors import run_folder, serve, status_printer
 
+            torch.set_num_threads(1)
+            if args.serve:
+                serve(sys.stdin)
+                return 0
+            if args.run_dir is None:
+                raise ConfigError("simulate needs RUN_DIR (or --serve)")
             status = status_printer() if args.status else None
             return 0 if run_folder(str(args.run_dir), args.calibrated_s, status) else 1
         if args.command == "check":

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,41 +108,78 @@ def status_printer() -> StatusSink:
     return emit
 
 
-async def run_child(run_dir: Path, calibrated_s: float | None,
-                    on_status: Callable[[dict[str, Any]], None]) -> None:
-    """Run `run_folder` on `run_dir` in a child process (``asyncsync simulate``) with one
-    torch thread, passing its status lines to `on_status`.
+def serve(lines: Iterable[str]) -> None:
+    """Run folders one after another, as `Child` sends them: each line holds a run folder
+    and its calibrated step time (or nothing), tab-separated. Prints the runs' status
+    lines, then ``{"done": FOLDER}`` after each."""
+    status = status_printer()
+    for line in lines:
+        run_dir, _, calibrated = line.rstrip("\n").partition("\t")
+        run_folder(run_dir, float(calibrated) if calibrated else None, status)
+        sys.stdout.write(json.dumps({"done": run_dir}) + "\n")
+        sys.stdout.flush()
+
+
+class Child:
+    """A child process (``asyncsync simulate --serve``) with one torch thread that runs
+    prepared run folders one at a time; it lives for many runs, so a study pays Python's
+    and torch's start-up once per job, not once per run.
 
     The child is in a session of its own, so a terminal's Ctrl-C reaches only the
-    supervisor, which terminates the child when this coroutine is cancelled.
-
-    Raises:
-        RuntimeError: the child ended without writing summary.json (killed, crashed).
+    supervisor, which terminates it (`close`).
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1"}
-    extra = ["--calibrated-s", repr(calibrated_s)] if calibrated_s else []
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "asyncsync", "simulate", str(run_dir), "--status", *extra,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-        start_new_session=True, limit=1 << 26)
-    assert process.stdout is not None and process.stderr is not None
-    errors = asyncio.ensure_future(process.stderr.read())
-    try:
-        async for line in process.stdout:
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.errors: list[str] = []
+        self._drain = asyncio.ensure_future(self._keep_errors())
+
+    @classmethod
+    async def start(cls) -> Child:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "PYTHONUNBUFFERED": "1"}
+        return cls(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "asyncsync", "simulate", "--serve",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True, limit=1 << 26))
+
+    async def _keep_errors(self) -> None:
+        assert self.process.stderr is not None
+        async for line in self.process.stderr:
+            self.errors = [*self.errors[-19:], line.decode(errors="replace").rstrip()]
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def run(self, run_dir: Path, calibrated_s: float | None,
+                  on_status: Callable[[dict[str, Any]], None]) -> None:
+        """Run one folder, passing its status lines to `on_status`.
+
+        Raises:
+            RuntimeError: the child ended before the run did (killed, crashed).
+        """
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"{run_dir}\t{calibrated_s or ''}\n".encode())
+        await self.process.stdin.drain()
+        async for line in self.process.stdout:
             with contextlib.suppress(ValueError):
-                on_status(json.loads(line))
-        code = await process.wait()
-        output = (await errors).decode(errors="replace").strip().splitlines()
-    except asyncio.CancelledError:
-        if process.returncode is None:
-            process.terminate()
-            await process.wait()
-        errors.cancel()
-        raise
-    if not (run_dir / "summary.json").exists():
-        last = output[-1] if output else "no output"
+                message = json.loads(line)
+                if "done" in message:
+                    return
+                on_status(message)
+        code = await self.process.wait()
+        await self._drain
+        last = next((e for e in reversed(self.errors) if e.strip()), "no output")
         raise RuntimeError(f"its process ended with status {code}: {last}")
+
+    async def close(self) -> None:
+        """Terminate the child (idle, or on Ctrl-C in the middle of a run)."""
+        if self.alive:
+            self.process.terminate()
+        await self.process.wait()
+        self._drain.cancel()
+        await asyncio.gather(self._drain, return_exceptions=True)
 
 
 @dataclass(frozen=True)

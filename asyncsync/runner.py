@@ -41,10 +41,10 @@ from asyncsync.assembly import WORKER_TOKEN_ENV, run_client_tls, run_data
 from asyncsync.dashboard import Dashboard
 from asyncsync.executors import (
     SUBMITTED,
+    Child,
     SlurmOptions,
     error_line,
     failure,
-    run_child,
     shared_problem,
     slurm_executor,
     slurm_task,
@@ -365,10 +365,11 @@ def _kept(slot: _Slot) -> dict[str, Any] | None:
 
 
 def _prepare(spec: RunSpec, recipe: Recipe, run_dir: Path, repeat: int) -> None:
-    """The run's folder with its resolved recipe.json: all a run needs to run."""
+    """The run's folder with its resolved recipe.json: all a run needs to run (loadable:
+    its baseline is the run's name in the recipe, without its sweep point)."""
     run_dir.mkdir(parents=True)
     (run_dir / "recipe.json").write_text(json.dumps(
-        {"name": recipe.name, "baseline": spec.name, "repeat": repeat,
+        {"name": recipe.name, "baseline": spec.base_name, "repeat": repeat,
          "runs": [spec.as_table()]},
         indent=2))
 
@@ -395,30 +396,42 @@ async def _in_turn(study: _Study, todo: list[int]) -> None:
 
 
 async def _pool(study: _Study, todo: list[int], jobs: int) -> None:
-    """Run the (virtual) slots `todo`, `jobs` at a time, each in a child process."""
-    free = asyncio.Semaphore(jobs)
+    """Run the (virtual) slots `todo` in up to `jobs` child processes, each taking the next
+    run in the recipe's order when its last one is done."""
+    queue = list(reversed(todo))
 
-    async def one(position: int) -> None:
+    async def one(position: int, child: Child) -> dict[str, Any]:
         slot = study.slots[position]
-        async with free:
-            calibrated = await _calibration(slot.spec, study.dashboard)
-            _prepare(slot.spec, study.recipe, slot.run_dir, slot.repeat)
+        calibrated = await _calibration(slot.spec, study.dashboard)
+        _prepare(slot.spec, study.recipe, slot.run_dir, slot.repeat)
 
-            def show(status: dict[str, Any]) -> None:
-                study.dashboard.update_run(slot.run_dir.name, study.base(slot), status)
+        def show(status: dict[str, Any]) -> None:
+            study.dashboard.update_run(slot.run_dir.name, study.base(slot), status)
 
-            job = run_child(slot.run_dir, calibrated, show)
-            try:
-                await (follow(slot.run_dir, job, study.trackers) if study.trackers else job)
-                summary = json.loads((slot.run_dir / "summary.json").read_text())
-            except RuntimeError as exc:  # no summary.json: --resume runs it again
-                summary = failure(slot.run_dir, error_line(exc))
-            except asyncio.CancelledError:
-                write_summary(slot.run_dir, failure(slot.run_dir, "interrupted", True))
-                raise
-        study.record(position, summary)
+        job = child.run(slot.run_dir, calibrated, show)
+        try:
+            await (follow(slot.run_dir, job, study.trackers) if study.trackers else job)
+            summary: dict[str, Any] = json.loads((slot.run_dir / "summary.json").read_text())
+        except RuntimeError as exc:  # no summary.json: --resume runs it again
+            summary = failure(slot.run_dir, error_line(exc))
+        except asyncio.CancelledError:
+            write_summary(slot.run_dir, failure(slot.run_dir, "interrupted", True))
+            raise
+        return summary
 
-    tasks = [asyncio.ensure_future(one(position)) for position in todo]
+    async def worker() -> None:
+        child: Child | None = None
+        try:
+            while queue:
+                position = queue.pop()
+                if child is None or not child.alive:
+                    child = await Child.start()
+                study.record(position, await one(position, child))
+        finally:
+            if child is not None:
+                await child.close()
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(min(jobs, len(todo)))]
     try:
         await asyncio.gather(*tasks)
     finally:

@@ -31,9 +31,11 @@ def study(logs: Path, jobs: int, args: argparse.Namespace) -> float:
     """Run the study with `jobs`; returns its wall time in seconds."""
     only = [f"--only={name}" for name in args.only]
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "asyncsync", "run", str(RECIPE), "--plain",
-                    "--logs", str(logs), "--jobs", str(jobs), "--repeats", str(args.repeats),
-                    *only], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "asyncsync", "run", str(RECIPE), "--plain",
+                           "--logs", str(logs), "--jobs", str(jobs), "--repeats",
+                           str(args.repeats), *only], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"--jobs {jobs} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return time.perf_counter() - began
 
 
