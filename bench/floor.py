@@ -6,7 +6,8 @@ One exchange sends a vector of the given size to a server process on loopback an
 receives one of the same size back (0.55 MB: the cnn's model, as one bsp step does; and
 1 MB). Each row adds one layer to the row above it, each against its own server process:
 
-1. raw: asyncio streams, a 4-byte length then the bytes, echoed (no HTTP): the floor;
+1. raw: a 4-byte length then the bytes over an asyncio connection, received straight
+   into a preallocated buffer (`asyncio.BufferedProtocol`) and echoed (no HTTP): the floor;
 2. aiohttp: a bare aiohttp app echoing the body (``request.read()``), aiohttp's client;
 3. framing: the same app reading and answering `asyncsync.wire` frames into pooled
    tensors, driven by `HttpTransport`;
@@ -28,7 +29,7 @@ import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from aiohttp import ClientSession, web
@@ -52,29 +53,39 @@ from asyncsync.wire import (
 MB = 1_000_000
 CNN_BYTES = 546_344
 """The cnn's model in float32 (bench/overhead.py's exchange, each way)."""
-STREAM_LIMIT = 1 << 24
-"""Stream buffers above a message (asyncio's 64 KiB default pauses reading every 128 KiB)."""
 LAYERS = ("raw", "aiohttp", "framing", "server", "rule")
 Exchange = Callable[[], Awaitable[None]]
 
 
-async def raw_server(port: Any) -> asyncio.Server:
-    """Echo length-prefixed frames over plain asyncio streams."""
+class Echo(asyncio.BufferedProtocol):
+    """Receives length-prefixed messages of a known size straight into one preallocated
+    buffer (one kernel copy, none in Python) and, on the server, writes each back whole;
+    the client's `done` resolves when a whole reply is in."""
 
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                (length,) = PREFIX.unpack(await reader.readexactly(PREFIX.size))
-                body = await reader.readexactly(length)
-                writer.write(PREFIX.pack(length))
-                writer.write(body)
-                await writer.drain()
-        except asyncio.IncompleteReadError:
-            writer.close()
+    def __init__(self, nbytes: int, server: bool) -> None:
+        self.buffer = bytearray(PREFIX.size + nbytes)
+        self.view = memoryview(self.buffer)
+        self.filled = 0
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] | None = None
 
-    server = await asyncio.start_server(echo, "127.0.0.1", 0, limit=STREAM_LIMIT)
-    port.value = server.sockets[0].getsockname()[1]
-    return server
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view[self.filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.filled += nbytes
+        if self.filled < len(self.buffer):
+            return
+        self.filled = 0
+        if self.server:
+            assert self.transport is not None
+            self.transport.write(self.view)
+        elif self.done is not None:
+            self.done.set_result(None)
 
 
 def aiohttp_app(numel: int, framed: bool) -> web.Application:
@@ -113,7 +124,9 @@ def serve(layer: str, numel: int, port: Any, done: Any) -> None:
     async def main() -> None:
         closers: list[Callable[[], Awaitable[None]]] = []
         if layer == "raw":
-            server = await raw_server(port)
+            server = await asyncio.get_running_loop().create_server(
+                lambda: Echo(numel * 4, server=True), "127.0.0.1", 0)
+            port.value = server.sockets[0].getsockname()[1]
 
             async def close_raw() -> None:
                 server.close()
@@ -146,18 +159,18 @@ async def client_for(layer: str, port: int, numel: int,
     vector = torch.full((numel,), 1e-3)
     url = f"http://127.0.0.1:{port}"
     if layer == "raw":
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=STREAM_LIMIT)
-        view = vector.numpy().data.cast("B")
+        loop = asyncio.get_running_loop()
+        link, peer = await loop.create_connection(
+            lambda: Echo(numel * 4, server=False), "127.0.0.1", port)
+        message = memoryview(bytearray(PREFIX.pack(numel * 4)) + vector.numpy().tobytes())
 
         async def raw() -> None:
-            writer.write(PREFIX.pack(len(view)))
-            writer.write(view)
-            await writer.drain()
-            (length,) = PREFIX.unpack(await reader.readexactly(PREFIX.size))
-            await reader.readexactly(length)
+            peer.done = loop.create_future()
+            link.write(message)
+            await peer.done
 
         async def close_raw() -> None:
-            writer.close()
+            link.close()
         return raw, close_raw
     if layer == "aiohttp":
         session = ClientSession()
