@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -85,13 +86,30 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = 0.0
+        self._watcher: tuple[float, Callable[[], None]] | None = None
+        self._next_watch = 0.0
 
     def time(self) -> float:
         return self._now
 
+    def watch(self, period_s: float, callback: Callable[[], None]) -> None:
+        """Call `callback` whenever virtual time has moved `period_s` past its last call.
+
+        It is called from the loop's own time jumps and schedules nothing, so a watched
+        run's timers, and hence the order of its equal-time events and its logs, are those
+        of an unwatched run (a watcher task sleeping on the loop would add timers, and
+        asyncio breaks ties between equal timers by the heap's shape).
+        """
+        self._watcher = (period_s, callback)
+        self._next_watch = self._now + period_s
+
     def advance(self, seconds: float) -> None:
         """Move virtual time forward (the selector does this when the loop would sleep)."""
         self._now += max(0.0, seconds)
+        if self._watcher is not None and self._now >= self._next_watch:
+            period_s, callback = self._watcher
+            self._next_watch = self._now + period_s
+            callback()
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> Any:  # type: ignore[override]
         raise VirtualTimeError(f"a thread ({getattr(func, '__name__', func)!r}) would run in "

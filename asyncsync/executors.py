@@ -14,12 +14,12 @@ import contextlib
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncsync.clock import wall
 from asyncsync.recipe import load_recipe
 from asyncsync.report import summarize_run
 from asyncsync.schema import ConfigError
@@ -81,17 +81,8 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
 
 
 def slurm_task(run_dir: str, calibrated_s: str) -> None:
-    """One Slurm array task: `run_folder` in this process (the folder holds the result).
-
-    It passes a status sink that drops the statuses: the simulation's reporting task is
-    part of its event loop's schedule, so a run without one does not give the same logs.
-    """
-    run_folder(run_dir, float(calibrated_s) if calibrated_s else None, _drop)
-
-
-def _drop(status: dict[str, Any]) -> None:
-    """A status sink that keeps nothing."""
-    del status
+    """One Slurm array task: `run_folder` in this process (the folder holds the result)."""
+    run_folder(run_dir, float(calibrated_s) if calibrated_s else None)
 
 
 def status_printer() -> StatusSink:
@@ -99,7 +90,7 @@ def status_printer() -> StatusSink:
     last = [0.0]
 
     def emit(status: dict[str, Any]) -> None:
-        now = time.monotonic()
+        now = wall()
         if now - last[0] >= STATUS_EVERY_S:
             last[0] = now
             sys.stdout.write(json.dumps(status) + "\n")

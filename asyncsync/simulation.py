@@ -177,15 +177,15 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
         return {**core.status(),
                 "virtual_per_real": core.elapsed() / real_s if real_s > 0 else None}
 
-    reporter = asyncio.create_task(_report(progress, status)) if status else None
+    if status is not None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualTimeLoop)
+        loop.watch(1.0, lambda: status(progress()))  # every virtual second, no timer
     try:
         await asyncio.gather(*(worker.run() for worker in workers))
         await core.stop()
         return core.elapsed()
     finally:
-        if reporter is not None:
-            reporter.cancel()
-            await asyncio.gather(reporter, return_exceptions=True)
         await core.close()
 
 
@@ -224,13 +224,6 @@ def _timing_parts(spec: RunSpec) -> _Parts:
 
     numel = sum(t.numel() for t in model().state_dict().values())
     return _Parts(model, batches, None, spec.model.size_mb * 1e6 / (4 * numel))
-
-
-async def _report(read: Callable[[], dict[str, Any]], sink: StatusSink) -> None:
-    """Hand the core's status to the supervisor every virtual second."""
-    while True:
-        sink(read())
-        await asyncio.sleep(1.0)
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
