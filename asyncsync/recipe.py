@@ -367,6 +367,8 @@ class Recipe:
     baseline: str
     runs: list[RunSpec]
     repeats: int = 1
+    tracking: dict[str, str] = field(default_factory=dict)
+    """``[tracking]``: tool (tensorboard, mlflow, wandb) -> where, as ``--track`` takes it."""
 
     def run(self, name: str) -> RunSpec:
         for spec in self.runs:
@@ -376,14 +378,21 @@ class Recipe:
 
     def as_table(self) -> dict[str, Any]:
         return {"name": self.name, "baseline": self.baseline, "repeats": self.repeats,
+                **({"tracking": self.tracking} if self.tracking else {}),
                 "runs": [r.as_table() for r in self.runs]}
+
+    @property
+    def track_specs(self) -> list[str]:
+        """``[tracking]`` as ``--track`` specs (``tool=where``)."""
+        return [f"{tool}={where}" if where else tool for tool, where in self.tracking.items()]
 
     def repeated(self, spec: RunSpec) -> list[RunSpec]:
         """`spec` once per repeat, with seeds ``seed .. seed + repeats - 1``."""
         return [dataclasses.replace(spec, seed=spec.seed + k) for k in range(self.repeats)]
 
 
-TOP_KEYS = ("name", "baseline", "repeats", "repeat", "sweep", "defaults", "runs")
+TOP_KEYS = ("name", "baseline", "repeats", "repeat", "sweep", "defaults", "runs", "tracking")
+TRACKERS = ("tensorboard", "mlflow", "wandb")
 """``repeat`` is written by the runner into a run's own recipe.json (which repeat it is)."""
 
 
@@ -455,7 +464,21 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
     repeats = raw.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"repeats: must be an integer >= 1, got {repeats!r}")
-    return Recipe(name, baseline, runs, repeats)
+    return Recipe(name, baseline, runs, repeats, _tracking(raw.get("tracking", {})))
+
+
+def _tracking(table: Any) -> dict[str, str]:
+    """``[tracking]``: each key a tool of `TRACKERS`, each value where it writes ("" for
+    the tool's default)."""
+    if not isinstance(table, dict):
+        raise ConfigError("tracking: expected a table such as { tensorboard = \"tb\" }")
+    for tool, where in table.items():
+        if tool not in TRACKERS:
+            raise ConfigError(f"tracking.{tool}: unknown tool (known: {', '.join(TRACKERS)})")
+        if not isinstance(where, str):
+            raise ConfigError(f"tracking.{tool}: expected a string (a folder, URI or "
+                              f"project), got {where!r}")
+    return dict(table)
 
 
 def _apply_override(defaults: dict[str, Any], item: str) -> None:

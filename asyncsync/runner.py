@@ -55,7 +55,7 @@ from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import publish, summarize_run
 from asyncsync.schema import ConfigError
 from asyncsync.simulation import calibrate_step_s, simulate
-from asyncsync.tracking import Tracker, follow
+from asyncsync.tracking import Tracker, follow, parse_track
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.tokens import worker_token
 
@@ -532,6 +532,9 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
                     jobs: int = 1, resume: Path | None = None,
                     slurm: SlurmOptions | None = None, wait: bool = True,
                     ) -> list[dict[str, Any]]:
-    """Load and run a recipe file (the CLI's ``run``); see `run_recipe`."""
-    return asyncio.run(run_recipe(load_recipe(path, overrides, only, repeats), logs, live,
-                                  trackers, jobs=jobs, resume=resume, slurm=slurm, wait=wait))
+    """Load and run a recipe file (the CLI's ``run``); see `run_recipe`. The recipe's own
+    ``[tracking]`` trackers join `trackers`."""
+    recipe = load_recipe(path, overrides, only, repeats)
+    trackers = [*trackers, *(parse_track(spec) for spec in recipe.track_specs)]
+    return asyncio.run(run_recipe(recipe, logs, live, trackers, jobs=jobs, resume=resume,
+                                  slurm=slurm, wait=wait))

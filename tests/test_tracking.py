@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,10 @@ import pytest
 
 from asyncsync import cli
 from asyncsync.logschema import KEY, Kind
+from asyncsync.recipe import load_recipe
 from asyncsync.runlogs import read_jsonl
 from asyncsync.runner import run_recipe_file
+from asyncsync.schema import ConfigError
 from asyncsync.tracking import (
     Point,
     RunFeed,
@@ -324,3 +327,27 @@ def test_the_cli_names_a_missing_package_in_one_line(
     assert cli.main(["report", str(study), "--track", "mlflow"]) == 2
     assert capsys.readouterr().out.strip().splitlines()[-1] == (
         "error: tracking to mlflow needs the mlflow package: pip install asyncsync[track]")
+
+
+def test_a_recipes_tracking_table_streams_its_runs(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (the track extra)")
+    recipe = tmp_path / "trk.toml"
+    table = f'[tracking]\ntensorboard = "{tmp_path / "tb"}"'
+    recipe.write_text(RECIPE.replace('name = "trk"', f'name = "trk"\n{table}'))
+    assert cli.main(["run", str(recipe), "--only", "asp", "--plain", "--jobs", "1", "--logs",
+                     str(tmp_path / "logs")]) == 0
+    (run_dir,) = run_dirs_of(tmp_path / "logs")
+    (where,) = (tmp_path / "tb").rglob("r0")
+    assert [step for step, _ in scalars(where, "accuracy")] == [
+        v for v, _, _ in evaluations(run_dir)]
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('[tracking]\nneptune = "x"', "tracking.neptune: unknown tool (known: tensorboard"),
+    ("[tracking]\nwandb = 3", "tracking.wandb: expected a string"),
+])
+def test_a_bad_tracking_table_is_named(tmp_path: Path, table: str, message: str) -> None:
+    recipe = tmp_path / "trk.toml"
+    recipe.write_text(RECIPE.replace('name = "trk"', f'name = "trk"\n{table}'))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_recipe(recipe)
