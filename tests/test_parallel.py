@@ -104,13 +104,15 @@ def test_jobs_2_writes_the_same_folders_and_table_as_jobs_1(
 
 def test_a_slurm_array_writes_the_same_folders_and_table_as_jobs_1(
         sequential: dict[str, object], tmp_path: Path) -> None:
-    """Without sbatch here, submitit runs the array's tasks as local processes."""
+    """Without srun on the PATH, submitit runs the array's tasks as local processes (the
+    PATH holds only this Python's folder, so a Slurm installed here is not seen)."""
     done = run_cli(recipe(tmp_path), "--logs", str(tmp_path / "logs"), "--executor", "slurm",
-                   "--slurm-time", "10")
+                   "--slurm-time", "10", env={"PATH": str(Path(sys.executable).parent)})
     assert done.returncode == 0, done.stdout + done.stderr
     root = study(tmp_path / "logs")
     assert "submitted 4 runs as job array" in done.stdout
-    assert json.loads((root / "submitted.json").read_text())["runs"] == RUNS
+    submitted = json.loads((root / "submitted.json").read_text())
+    assert submitted["runs"] == RUNS and submitted["cluster"] == "local"
     assert outcome(root) == sequential
 
 
