@@ -1,0 +1,116 @@
+"""Virtual results pinned: a small virtual run of each protocol family gives the same bytes.
+
+Each run's events.jsonl, worker logs and summary.json (less its real-time fields) are
+hashed together; the digests below are literals, so any change to what a virtual run
+computes or logs (the engine, the rules, the link model, the log format, the torch math)
+fails here loudly.
+
+Updating them deliberately: when a change is meant to alter virtual results, run
+``.venv/bin/python -m pytest tests/test_virtual_digests.py``, check in the failure
+message that only the intended runs changed, and paste the new digests below with the
+reason in the commit message. A speed-up must never need that. The mlp runs' digests
+also depend on torch's float arithmetic: a new torch build or CPU may change them too
+(the timing runs' stand-in is far less exposed); say so when updating for that reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncsync.recipe import load_recipe
+from asyncsync.report import summarize_run
+from asyncsync.simulation import simulate
+
+RECIPE = """
+name = "digest"
+[defaults]
+workers = 3
+clock = "virtual"
+[defaults.stop]
+time_s = 2
+[defaults.model]
+name = "mlp"
+[defaults.data]
+batch_size = 16
+[defaults.eval]
+interval_s = 0.5
+[defaults.compute]
+slowdown = [1, 2, 3]
+base_step_s = 0.05
+[defaults.network]
+bandwidth_mbps = 200
+latency_ms = 5
+jitter_ms = 2
+[[runs]]
+name = "bsp"
+protocol = "bsp"
+[[runs]]
+name = "asp"
+protocol = "asp"
+[[runs]]
+name = "local_sgd"
+protocol = "local_sgd"
+[[runs]]
+name = "nbsync"
+protocol = "nbsync"
+[[runs]]
+name = "asp_timing"
+protocol = "asp"
+workers = 8
+model = {name = "timing", size_mb = 47}
+network = {bandwidth_mbps = 1000, server_mbps = 4000, latency_ms = 5, jitter_ms = 2}
+stop = {time_s = 6}
+[[runs]]
+name = "bsp_timing"
+protocol = "bsp"
+workers = 8
+model = {name = "timing", size_mb = 47}
+network = {bandwidth_mbps = 1000, server_mbps = 4000, latency_ms = 5, jitter_ms = 2}
+stop = {time_s = 6}
+"""
+
+REAL_TIME = ("real_s", "math_real_s", "eval_real_s", "virtual_per_real")
+"""summary.json's fields that measure the host, not the simulation."""
+
+DIGESTS = {
+    "bsp":
+        "59fd4d1e018bd7d6f0a7bdb6673ab6b288c24f492809b218eab2bb5c19e23995",
+    "asp":
+        "e29f7e44c23cb5ef4516a5b3483d5a949477ea1a19751db56f42b4d2b9d849d4",
+    "local_sgd":
+        "64f665d9551239568086c7ffd6846aaef5784e50ddfdc3df6e5b54f32eb243dd",
+    "nbsync":
+        "c8d1acc99c6f0bd10c02e2f6171c6c2774a5b8841bc50fe64b53890748340236",
+    "asp_timing":
+        "1512fd61ab327f06bb031a25df989dc3233cd853f0472fc67b6335959c9a3b15",
+    "bsp_timing":
+        "c03b31939370fdb4a37a309c1e12bae0d4fe3d177155a6a572c187f63833ac47",
+}
+
+
+def digest(tmp_path: Path, name: str) -> str:
+    """The sha256 of one virtual run's logs and summary (real-time fields left out)."""
+    recipe = tmp_path / "digest.toml"
+    recipe.write_text(RECIPE)
+    spec = load_recipe(recipe).run(name)
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    (run_dir / "recipe.json").write_text(json.dumps(
+        {"name": "digest", "baseline": "bsp", "runs": [spec.as_table()]}))
+    facts = simulate(spec, run_dir, f"digest/{name}")
+    summary = {k: v for k, v in {**summarize_run(run_dir), **facts}.items()
+               if k not in REAL_TIME}
+    sha = hashlib.sha256()
+    for path in [run_dir / "events.jsonl", *sorted(run_dir.glob("worker-*.jsonl"))]:
+        sha.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    sha.update(json.dumps(summary, indent=2).encode())
+    return sha.hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(DIGESTS))
+def test_virtual_results_are_pinned(tmp_path: Path, name: str) -> None:
+    assert digest(tmp_path, name) == DIGESTS[name], name
