@@ -1,0 +1,36 @@
+"""What makes virtual runs cheaper must not change what they compute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncsync.simulation import TIMING_CLASSES, StandIn
+from asyncsync.trainer import Trainer
+
+
+@pytest.mark.parametrize("batch", [1, 16, 33])
+@pytest.mark.parametrize("constant", [True, False])
+def test_the_stand_ins_closed_form_gradient_is_autograds(
+        batch: int, constant: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bit for bit, for the constant batches of timing runs and for any others."""
+    backward = torch.autograd.backward
+    torch.manual_seed(batch)
+    inputs = torch.zeros(batch, 1) if constant else torch.randn(batch, 3)
+    targets = torch.randint(0, TIMING_CLASSES, (batch,))
+    closed = Trainer(StandIn((1,), TIMING_CLASSES), lambda _: (inputs, targets),
+                     device="cpu")
+    graph = Trainer(StandIn((1,), TIMING_CLASSES), lambda _: (inputs, targets),
+                    device="cpu", loss_fn=lambda out, y: torch.nn.functional.cross_entropy(
+                        out, y))  # not the default loss: the closed form is not used
+    graph.load(closed.flat * 3 - 0.25)
+    closed.load(closed.flat * 3 - 0.25)
+    for _ in range(3):
+        expected = graph.local_step(batch)
+        with monkeypatch.context() as no_autograd:
+            no_autograd.setattr(torch.autograd, "backward", None)  # fails if called
+            assert closed.local_step(batch) == expected
+        assert torch.autograd.backward is backward
+        for mine, autograds in ((closed.params.grad, graph.params.grad),
+                                (closed.flat, graph.flat)):
+            assert torch.equal(mine.view(torch.int32), autograds.view(torch.int32))
