@@ -21,7 +21,14 @@ import time
 from typing import Any
 
 import torch
-from benchlib import RUN, instrument, joined_client, push_header, start_server
+from benchlib import (
+    RUN,
+    SessionClient,
+    instrument,
+    joined_client,
+    push_header,
+    start_server,
+)
 
 NUMEL = 10_000
 CLIENT_PROCESSES = 4
@@ -31,11 +38,9 @@ def client_process(port: int, ranks: list[int], seconds: float, start: Any,
                    counts: Any) -> None:
     torch.set_num_threads(1)
 
-    async def one(rank: int, began: asyncio.Event) -> tuple[int, int]:
-        client = await joined_client(port, NUMEL, rank)
+    async def one(rank: int, client: SessionClient) -> tuple[int, int]:
         vector = torch.full((NUMEL,), 1e-3)
         pushes = errors = 0
-        await began.wait()
         stop_at = time.monotonic() + seconds
         while time.monotonic() < stop_at:
             try:
@@ -49,11 +54,12 @@ def client_process(port: int, ranks: list[int], seconds: float, start: Any,
         return pushes, errors
 
     async def main() -> None:
-        began = asyncio.Event()
-        sessions = asyncio.gather(*(one(rank, began) for rank in ranks))
+        clients = await asyncio.gather(*(joined_client(port, NUMEL, rank) for rank in ranks))
+        with counts.get_lock():
+            counts[2] += len(clients)
         await asyncio.to_thread(start.wait)
-        began.set()
-        results = await sessions
+        results = await asyncio.gather(*(one(r, c) for r, c in zip(ranks, clients,
+                                                                     strict=True)))
         with counts.get_lock():
             counts[0] += sum(p for p, _ in results)
             counts[1] += sum(e for _, e in results)
@@ -65,7 +71,7 @@ async def measure(workers: int, seconds: float) -> tuple[float, int, dict[str, f
     proc, port, done = start_server(NUMEL, workers, connections=2 * workers + 16)
     ctx = mp.get_context("spawn")
     start = ctx.Event()
-    counts = ctx.Array("l", 2)
+    counts = ctx.Array("l", 3)  # pushes, errors, sessions joined
     ranks = list(range(1, workers))
     clients = [ctx.Process(target=client_process,
                            args=(port, ranks[i::CLIENT_PROCESSES], seconds, start, counts))
@@ -73,6 +79,8 @@ async def measure(workers: int, seconds: float) -> tuple[float, int, dict[str, f
     for c in clients:
         c.start()
     control = await joined_client(port, NUMEL, 0)  # rank 0 reads the instrumentation
+    while counts[2] < len(ranks):  # the joins are not part of the measurement
+        await asyncio.sleep(0.05)
     await instrument(control, "record")
     began = time.monotonic()
     start.set()
