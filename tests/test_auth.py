@@ -11,9 +11,9 @@ import torch
 from asyncsync.assembly import WORKER_TOKEN_ENV, run_worker_token
 from asyncsync.cli import main
 from asyncsync.engine.channel import RequestRejected
+from asyncsync.nodes import node_env
 from asyncsync.protocols.base import Forbidden
 from asyncsync.recipe import TOKEN_ENV, RunSpec
-from asyncsync.nodes import node_env
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer, is_loopback
 from asyncsync.transport.tokens import worker_token
