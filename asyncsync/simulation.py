@@ -209,10 +209,39 @@ def _training_parts(spec: RunSpec) -> _Parts:
 class StandIn(TimingModel):
     """The timing-only stand-in with its gradient in closed form: the same aten kernels
     autograd runs for it (log-softmax, NLL, their backward, the linear layer's), so a step
-    gives autograd's loss and gradient to the bit, without building or walking a graph."""
+    gives autograd's loss and gradient to the bit, without building or walking a graph.
+
+    `memo`, shared by a run's stand-ins, keeps recent results by their inputs' bytes
+    (parameters, batch): the workers of a barrier round start from the same model and
+    constant batches, so one of them computes and the others look it up.
+    """
+
+    MEMO_SIZE = 4096
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int,
+                 memo: dict[bytes, tuple[torch.Tensor, ...]] | None = None) -> None:
+        super().__init__(input_shape, num_classes)
+        self.memo = {} if memo is None else memo
 
     def cross_entropy_gradient(self, inputs: torch.Tensor, targets: torch.Tensor,
                                grad: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.head.weight, self.head.bias
+        key = b"".join(t.detach().numpy().tobytes() for t in (weight, bias, inputs, targets))
+        known = self.memo.get(key)
+        if known is None:
+            known = self._compute(inputs, targets)
+            if len(self.memo) >= self.MEMO_SIZE:
+                self.memo.clear()
+            self.memo[key] = known
+        loss, dweight, dbias = known
+        n = weight.numel()
+        grad[:n].view_as(weight).add_(dweight)
+        grad[n : n + bias.numel()].add_(dbias)
+        return loss
+
+    def _compute(self, inputs: torch.Tensor, targets: torch.Tensor,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Loss, weight and bias gradients, by autograd's kernels."""
         weight, bias = self.head.weight, self.head.bias
         x = inputs.flatten(1).mean(1, keepdim=True)
         logp = torch.log_softmax(torch.nn.functional.linear(x, weight, bias), 1)
@@ -221,20 +250,18 @@ class StandIn(TimingModel):
         dlogp = aten.nll_loss_backward(torch.ones_like(loss), logp, targets, None, 1, -100,
                                        total)
         dlogits = aten._log_softmax_backward_data(dlogp, logp, 1, logp.dtype)
-        n = weight.numel()
-        grad[:n].view_as(weight).add_(x.t().mm(dlogits).t())
-        grad[n : n + bias.numel()].add_(dlogits.sum(0))
-        out: torch.Tensor = loss
-        return out
+        return loss, x.t().mm(dlogits).t(), dlogits.sum(0)
 
 
 def _timing_parts(spec: RunSpec) -> _Parts:
     """Timing-only: a stand-in model of a few parameters fed constant batches, its vectors
     charged as the declared ``model.size_mb``; nothing model-sized exists per worker."""
 
+    memo: dict[bytes, tuple[torch.Tensor, ...]] = {}
+
     def model() -> torch.nn.Module:
         torch.manual_seed(spec.seed)
-        return StandIn((1,), TIMING_CLASSES)
+        return StandIn((1,), TIMING_CLASSES, memo)
 
     def batches(rank: int) -> BatchSource:
         del rank  # every rank is fed alike: the stand-in's loss means nothing

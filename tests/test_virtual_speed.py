@@ -34,3 +34,20 @@ def test_the_stand_ins_closed_form_gradient_is_autograds(
         for mine, autograds in ((closed.params.grad, graph.params.grad),
                                 (closed.flat, graph.flat)):
             assert torch.equal(mine.view(torch.int32), autograds.view(torch.int32))
+
+
+def test_stand_ins_that_share_a_memo_compute_a_model_and_batch_once() -> None:
+    """A barrier round's workers start from one model: the first computes, the rest look
+    the result up, and all of them step as autograd would."""
+    memo: dict[bytes, tuple[torch.Tensor, ...]] = {}
+    batch = (torch.zeros(16, 1), torch.zeros(16, dtype=torch.long))
+    trainers = [Trainer(StandIn((1,), TIMING_CLASSES, memo), lambda _: batch, device="cpu")
+                for _ in range(3)]
+    reference = Trainer(StandIn((1,), TIMING_CLASSES), lambda _: batch, device="cpu",
+                        loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out, y))
+    for trainer in [*trainers[1:], reference]:
+        trainer.load(trainers[0].flat)
+    results = [trainer.local_step(16) for trainer in [*trainers, reference]]
+    assert len(memo) == 1 and len(set(results)) == 1
+    for trainer in trainers:
+        assert torch.equal(trainer.flat.view(torch.int32), reference.flat.view(torch.int32))

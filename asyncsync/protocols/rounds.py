@@ -259,7 +259,8 @@ class RoundServer(ServerRule[P]):
     async def _close_if_complete(self, fragment: int) -> None:
         pushes, members = self.pending[fragment], self.members(fragment)
         quorum = len(members) - self.cutoff.backup_workers
-        if pushes and len(pushes.keys() & members) >= quorum:
+        # counting the members among the pushes is O(N): only once there can be enough
+        if pushes and len(pushes) >= quorum and len(pushes.keys() & members) >= quorum:
             await self._close(fragment)
 
     async def _close(self, fragment: int) -> None:
