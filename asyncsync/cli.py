@@ -14,16 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from asyncsync.comparison import is_baseline
 from asyncsync.data import DatasetMissing
+from asyncsync.describe import check_table, devices_table, print_protocols, step_time_table
 from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.launch import DEFAULT_PORT, from_environ
-from asyncsync.protocols import discover
 from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
 from asyncsync.report import (
     LogError,
@@ -35,7 +33,7 @@ from asyncsync.report import (
     summarize_run,
 )
 from asyncsync.runlogs import label
-from asyncsync.schema import ConfigError, describe
+from asyncsync.schema import ConfigError
 from asyncsync.tracking import export_runs, parse_track
 from asyncsync.transport.http_client import TlsFailure
 
@@ -289,122 +287,6 @@ def _node(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     return _work(args, env.server_url, env.worker_rank)
 
 
-def _changed(params: Any) -> str:
-    """A parameter dataclass's values that differ from its defaults, as ``key=value``."""
-    default = type(params)()
-    return " ".join(f"{f.name}={_toml(getattr(params, f.name))}"
-                    for f in dataclasses.fields(params)
-                    if getattr(params, f.name) != getattr(default, f.name))
-
-
-def _figures(value: Any, zero: str = "inf") -> str:
-    """A link figure, or one per worker, compactly (`zero` for 0: unlimited bandwidth)."""
-    if isinstance(value, list):
-        return ",".join(_figures(v, zero) for v in value)
-    return f"{value:g}" if value else zero
-
-
-def _check_table(recipe: Recipe) -> Table:
-    """The resolved runs, one row each: what differs between them at a glance."""
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("run", "protocol", "workers", "compute", "network", "data", "model",
-                   "budget", "clock"):
-        table.add_column(header, overflow="fold")
-    for spec in recipe.runs:
-        compute = spec.compute
-        factors = ",".join(f"{f:g}" for f in compute.slowdown) or "1"
-        steps = (f"{factors}x" + (f" {compute.profile['name']}" if compute.profile else "")
-                 + (f" step {compute.explicit_step_s:g} s" if compute.explicit_step_s
-                    else ""))
-        net = spec.network
-        up = net.uplink_mbps if net.uplink_mbps is not None else net.bandwidth_mbps
-        down = net.downlink_mbps if net.downlink_mbps is not None else net.bandwidth_mbps
-        link = "-" if not (up or down or net.latency_ms) else (
-            f"{_figures(up)}/{_figures(down)}M {_figures(net.latency_ms, '0')}ms")
-        data = spec.data
-        stop = spec.stop
-        budget = (f"{stop.time_s:g} s" + (f", to {stop.target_accuracy:g}"
-                                          if stop.stop_at_target else ""))
-        table.add_row(spec.name, f"{spec.protocol.name} {_changed(spec.protocol.params)}",
-                      str(spec.workers), steps, link,
-                      f"{data.name} {data.partition} b{data.batch_size}", spec.model.name,
-                      budget, spec.clock)
-    return table
-
-
-def _step_time_table(recipe: Recipe) -> Table:
-    """How each run's steps are charged before slowness: per worker (identical workers
-    grouped), the device, FLOPs and seconds of one step of the recipe's batch."""
-    from asyncsync.simulation import run_step_times
-
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
-                  title="step time before slowness", title_justify="left")
-    for header in ("run", "source", "workers: device, FLOPs and time per step"):
-        table.add_column(header, overflow="fold")
-    for spec in recipe.runs:
-        if spec.clock != "virtual":
-            paced = spec.compute.explicit_step_s
-            table.add_row(spec.name, "explicit (paced)" if paced else "this host (real)",
-                          f"{paced:g} s" if paced else "-")
-            continue
-        if spec.compute.calibrate:
-            table.add_row(spec.name, "calibrate (host-dependent)", "measured when run")
-            continue
-        times = run_step_times(spec)
-        groups: dict[str, int] = {}
-        for worker in times.workers:
-            text = (f"{worker['device']} {worker['flops_per_step'] / 1e6:.4g} MFLOP "
-                    if "device" in worker else "") + f"{worker['step_s'] * 1e3:.4g} ms"
-            groups[text] = groups.get(text, 0) + 1
-        table.add_row(spec.name, times.source,
-                      "; ".join(f"{count} x {text}" for text, count in groups.items()))
-    return table
-
-
-def _devices_table() -> Table:
-    """The named devices: FP32 peak, efficiency, per-operation time and the source."""
-    from asyncsync.hetero.cost_model import DEVICES
-
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("device", "peak TFLOP/s", "efficiency", "per op (us)", "source"):
-        table.add_column(header, overflow="fold")
-    for dev in DEVICES.values():
-        table.add_row(dev.name, f"{dev.peak_flops_per_s / 1e12:.3g}", f"{dev.efficiency:g}",
-                      f"{dev.op_overhead_s * 1e6:g}", dev.source)
-    return table
-
-
-def _toml(value: Any) -> str:
-    """`value` as a recipe writes it (TOML)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def _own_first(cls: type[Any]) -> list[tuple[str, Any, str]]:
-    """`describe(cls)` with the protocol's own parameters first, then the inherited ones."""
-    def depth(name: str) -> int:
-        return next(i for i, base in enumerate(cls.__mro__)
-                    if name in vars(base).get("__annotations__", {}))
-
-    return sorted(describe(cls), key=lambda row: depth(row[0]))
-
-
-def _protocols(console: Console) -> None:
-    for name, proto in sorted(discover().items()):
-        console.print(f"[bold]{name}[/bold]: {proto.summary}", highlight=False)
-        for field_name, default, text in _own_first(proto.params):
-            value = "(no default: unset)" if default is None else f"= {_toml(default)}"
-            console.print(f"    {field_name} {value}" + (f"  # {text}" if text else ""),
-                          highlight=False, markup=False)
-
-
 def _report(args: argparse.Namespace, console: Console) -> int:
     """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all)."""
     reports, notes = find_reports(args.dirs, every=args.all)
@@ -475,15 +357,15 @@ def main(argv: list[str] | None = None) -> int:
             from asyncsync.runner import check_data
 
             recipe = load_recipe(args.recipe, args.overrides)
-            console.print(_check_table(recipe))
+            console.print(check_table(recipe))
             check_data(recipe)
-            console.print(_step_time_table(recipe))
+            console.print(step_time_table(recipe))
             console.print(f"{args.recipe}: ok ({len(recipe.runs)} runs, "
                           f"baseline {recipe.baseline}; data found)", highlight=False)
         elif args.command == "protocols":
-            _protocols(console)
+            print_protocols(console)
         elif args.command == "devices":
-            console.print(_devices_table())
+            console.print(devices_table())
         elif args.command == "worker-token":
             from asyncsync.transport.tokens import worker_token
 
