@@ -1,8 +1,9 @@
 """The one schema of a run's JSONL logs, shared by every writer and reader.
 
 A record is a flat JSON object whose `KEY` names its kind (`Kind`). The server writes
-``events.jsonl`` and each worker ``worker-<rank>.jsonl``; both use the same key. A time a
-request was held at the server is ``held_s`` everywhere: in a request's record, in a
+``events.jsonl`` and each worker ``worker-<rank>.jsonl`` (in a virtual run of many
+workers, all of them write one `WORKERS_LOG`, with a `RANK` field); all use the same key.
+A time a request was held at the server is ``held_s`` everywhere: in a request's record, in a
 worker's totals (``final``) and in the reply that reports it.
 
 Logs written before this schema name the kind ``ev`` in workers' logs and the held time
@@ -17,6 +18,13 @@ from typing import Any
 
 KEY = "event"
 """The field that names a record's kind."""
+
+WORKERS_LOG = "workers.jsonl"
+"""The one file of every worker's records in a run of many workers (instead of one
+``worker-<rank>.jsonl`` each); each record there carries its worker's `RANK` first."""
+
+RANK = "rank"
+"""The field naming a record's worker in `WORKERS_LOG`."""
 
 HELD = "held_s"
 """Seconds a request was held at the server (a barrier, a staleness bound)."""

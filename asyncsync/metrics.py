@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from asyncsync.clock import Stopwatch, now
-from asyncsync.logschema import Kind, record
+from asyncsync.logschema import RANK, Kind, record
 
 
 class JsonlLog:
@@ -39,6 +39,23 @@ class JsonlLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class RankLog(JsonlLog):
+    """One worker's view of a run's shared log (`asyncsync.logschema.WORKERS_LOG`): its
+    records go there with the worker's rank first; closing it leaves the file to its
+    owner."""
+
+    def __init__(self, shared: JsonlLog, rank: int) -> None:
+        super().__init__(None)
+        self._shared = shared
+        self._rank = rank
+
+    def write(self, record: dict[str, Any], flush: bool = False) -> None:
+        self._shared.write({RANK: self._rank, **record}, flush)
+
+    def close(self) -> None:
+        """The shared file stays open for the other workers."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 
 from asyncsync.comparison import groups, interval, is_baseline, paired_speedups
 from asyncsync.logschema import HELD, KEY, TRANSFERS, Kind
-from asyncsync.runlogs import label, read_jsonl, sweep_suffix
+from asyncsync.runlogs import label, sweep_suffix, worker_logs
 
 COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "held": "#ff8c00"}
 TIMELINE_CYCLES = 20
@@ -168,8 +168,8 @@ def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> 
     """One run's workers over a window of about `TIMELINE_CYCLES` steps of the slowest,
     from 20% into the run (past start-up); `clock` names the x-axis's time."""
     plt = _pyplot()
-    logs = sorted(run_dir.glob("worker-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
-    records = [read_jsonl(log) for log in logs]
+    logs = worker_logs(run_dir)
+    records = list(logs.values())
     window = timeline_window(records)
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(logs) + 1.6))
     for row, worker_records in enumerate(records):
@@ -177,7 +177,7 @@ def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> 
             if spans:
                 ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=COLORS[kind],
                                label=kind if row == 0 else None)
-    ax.set_yticks(range(len(logs)), [f"worker {log.stem.split('-')[1]}" for log in logs])
+    ax.set_yticks(range(len(logs)), [f"worker {rank}" for rank in logs])
     ax.set_xlim(*window)
     ax.set_xlabel(f"{clock} time (s), a window from 20% into the run: about "
                   f"{TIMELINE_CYCLES} steps of the slowest worker")

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from asyncsync.comparison import groups, interval, is_baseline, paired_speedups, speedup
 from asyncsync.logschema import KEY, Kind
-from asyncsync.runlogs import label, read_jsonl, sweep_suffix
+from asyncsync.runlogs import label, read_jsonl, sweep_suffix, worker_logs
 
 SMOOTHING = 3
 """Evaluations in the moving average of `time_to_target_avg_s`."""
@@ -54,9 +54,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     stop = next((e for e in events if e.get(KEY) == Kind.STOP), {})
     target = spec["stop"]["target_accuracy"]
     finals = {}
-    for path in sorted(run_dir.glob("worker-*.jsonl")):
-        rank = int(path.stem.split("-")[1])
-        final = [r for r in read_jsonl(path) if r.get(KEY) == Kind.FINAL]
+    for rank, records in worker_logs(run_dir).items():
+        final = [r for r in records if r.get(KEY) == Kind.FINAL]
         if final:
             finals[rank] = final[-1]
     wall = float(stop.get("t", max((e["t"] for e in evals), default=0.0)))

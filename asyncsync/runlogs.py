@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asyncsync.logschema import upgrade
+from asyncsync.logschema import RANK, WORKERS_LOG, upgrade
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -18,6 +18,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         with contextlib.suppress(json.JSONDecodeError):
             records.append(upgrade(json.loads(line)))
     return records
+
+
+def worker_logs(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Each worker's records by rank, from its ``worker-<rank>.jsonl`` or from the run's
+    one `WORKERS_LOG` (their `RANK` field taken out): readers need not know which."""
+    shared = run_dir / WORKERS_LOG
+    if shared.exists():
+        logs: dict[int, list[dict[str, Any]]] = {}
+        for record in read_jsonl(shared):
+            logs.setdefault(int(record.pop(RANK)), []).append(record)
+        return dict(sorted(logs.items()))
+    paths = {int(path.stem.split("-")[1]): path for path in run_dir.glob("worker-*.jsonl")}
+    return {rank: read_jsonl(paths[rank]) for rank in sorted(paths)}
 
 
 def label(summary: dict[str, Any]) -> str:

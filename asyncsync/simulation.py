@@ -42,7 +42,8 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import ComputeProfile, FixedStepCost, StepCost, StepDelay
 from asyncsync.hetero.network import Link, LinkSpec, ServerLink
-from asyncsync.metrics import JsonlLog
+from asyncsync.logschema import WORKERS_LOG
+from asyncsync.metrics import JsonlLog, RankLog
 from asyncsync.models import TimingModel
 from asyncsync.protocols.base import Protocol, get_protocol
 from asyncsync.recipe import TIMING_MODEL, RunSpec
@@ -52,6 +53,9 @@ from asyncsync.transport.local import LocalTransport
 StatusSink = Callable[[dict[str, Any]], None]
 CALIBRATION_STEPS = 7
 TIMING_CLASSES = 10
+SHARED_LOG_ABOVE = 64
+"""Runs of more workers write every worker's records to one `WORKERS_LOG` (a rank field in
+each) rather than a ``worker-<rank>.jsonl`` each: 100,000 workers would be 100,000 files."""
 T = TypeVar("T")
 
 
@@ -167,9 +171,13 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
     def timed(rank: int) -> Callable[[ComputeProfile], WorkerSeam]:
         return lambda profile: _TimedWorkerSeam(profile, times.costs[rank], cost)
 
+    shared = JsonlLog(run_dir / WORKERS_LOG) if spec.workers > SHARED_LOG_ABOVE else None
     workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
-                               timed(rank), run_dir, "cpu")
+                               timed(rank), None if shared else run_dir, "cpu")
                for rank in range(spec.workers)]
+    if shared is not None:
+        for worker in workers:
+            worker.metrics.log = RankLog(shared, worker.rank)
     began = wall()
 
     def progress() -> dict[str, Any]:
@@ -187,6 +195,8 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
         return core.elapsed()
     finally:
         await core.close()
+        if shared is not None:
+            shared.close()
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Feeding trackers from a run folder's JSONL logs, after the fact or while the run goes on.
 
 The logs stay the source of truth: a feed reads ``recipe.json``, ``events.jsonl`` (one
-point per evaluation, the server's version as its step) and ``worker-<rank>.jsonl`` (each
-worker's compute proportion and the bytes moved up to the evaluation's time), then the
+point per evaluation, the server's version as its step) and ``worker-<rank>.jsonl`` or the
+one ``workers.jsonl`` of a run of many workers (each worker's compute proportion and the
+bytes moved up to the evaluation's time), then the
 run's ``summary.json``. A feed remembers how far it read, so calling `RunFeed.poll` again
 sends only what the files gained: the supervisor streams a live run that way.
 """
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from asyncsync.logschema import KEY, Kind, upgrade
+from asyncsync.logschema import KEY, RANK, WORKERS_LOG, Kind, upgrade
 from asyncsync.report import LogError, summarize_run
 from asyncsync.tracking.base import Point, RunInfo, Tracker, flatten
 
@@ -123,6 +124,7 @@ class RunFeed:
         self.step = 0
         self._events = _Tail(run_dir / "events.jsonl")
         self._workers: list[_Worker] = []
+        self._shared = _Tail(run_dir / WORKERS_LOG)  # every worker's records, in a big run
 
     def poll(self) -> int:
         """Send the evaluations the logs gained since the last call; returns how many."""
@@ -151,6 +153,10 @@ class RunFeed:
         if _number(record.get("loss")):
             metrics["loss"] = float(record["loss"])
         moved = 0
+        for shared in self._shared.read():
+            rank = shared.pop(RANK, None)
+            if isinstance(rank, int) and 0 <= rank < len(self._workers) and "t" in shared:
+                self._workers[rank].pending.append(shared)
         for rank, worker in enumerate(self._workers):
             worker.advance(time_s)
             moved += worker.bytes
