@@ -34,8 +34,9 @@ class WorkerRecord:
     last_seen: float = 0.0
     joined_at: int = 0
     state: str = "starting"
-    stats: dict[str, float] = field(default_factory=dict)
     session: str = ""
+    _reported: dict[str, Any] | None = None  # the last totals taken, not yet filtered
+    _stats: dict[str, float] = field(default_factory=dict)
 
     def holds(self, secret: object) -> bool:
         """Whether `secret` is this worker's current session secret."""
@@ -57,11 +58,21 @@ class WorkerRecord:
         return self.session
 
     def take_stats(self, stats: object) -> None:
-        """Keep the worker's reported totals (known, finite numeric fields only)."""
+        """Keep the worker's reported totals (a map: every request carries one; filtered
+        when read, so a request pays no per-field work). The map is the decoded header's
+        own, which no one else holds."""
         if isinstance(stats, dict):
-            self.stats = {k: float(v) for k, v in stats.items()
-                          if k in STAT_FIELDS and isinstance(v, int | float)
-                          and not isinstance(v, bool) and math.isfinite(v)}
+            self._reported = stats
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """The last reported totals: their known, finite numeric fields."""
+        if self._reported is not None:
+            self._stats = {k: float(v) for k, v in self._reported.items()
+                           if k in STAT_FIELDS and isinstance(v, int | float)
+                           and not isinstance(v, bool) and math.isfinite(v)}
+            self._reported = None
+        return self._stats
 
     def check_base(self, worker: int, base_version: int) -> None:
         """Refuse an update computed before this worker last (re)joined."""
