@@ -48,6 +48,7 @@ from asyncsync.models import TimingModel
 from asyncsync.protocols.base import Protocol, get_protocol
 from asyncsync.recipe import TIMING_MODEL, RunSpec
 from asyncsync.trainer import BatchSource, Trainer
+from asyncsync.transport.gc_tuning import tune_gc
 from asyncsync.transport.local import LocalTransport
 
 StatusSink = Callable[[dict[str, Any]], None]
@@ -125,6 +126,7 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     the model's math and in evaluations, virtual seconds per real one). `calibrated_s` is a
     step time measured on this host, for a recipe whose ``base_step_s`` is "calibrate"."""
     torch.set_num_threads(1)
+    tune_gc()  # collections were a quarter of a 2,000-worker run's host time
     times = run_step_times(spec, calibrated_s)
     loop = VirtualTimeLoop()
     cost = RealCost()

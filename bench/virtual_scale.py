@@ -4,16 +4,19 @@
   ``base_step_s = 0.05``, 30 virtual seconds, lr 0.01 (at the default 0.05, asp's
   gradients, 255 versions stale on average, diverge and a worker's non-finite push
   fails the run).
-- Timing-only mode (``model.name = "timing"``) with a 47 MB model, bsp and asp, from 1,000
-  workers upward (``--timing-workers``), 60 virtual seconds, 1 Gbit/s links, slowdowns
+- Timing-only mode (``model.name = "timing"``) with a 47 MB model, bsp and asp, at 100 and
+  1,000 workers (``--timing-workers``), 60 virtual seconds, 1 Gbit/s links, slowdowns
   1 / 1 / 2 / 4 repeated over the ranks.
 
 Each configuration runs in a child process of its own, so its peak resident memory
 (``ru_maxrss``) is its own; the baseline line is a child that imports the same modules and
-simulates nothing. Prints real seconds, virtual seconds per real one, versions, steps and
-peak memory; the issue's target is each within 10 minutes of real time on 2 cores.
+simulates nothing. Prints real seconds, virtual seconds per real one, versions, steps,
+simulated exchanges (a worker's request that moves a model: push, pull or fused exchange)
+per real second, the host's microseconds per exchange and their ratio to the smallest
+worker count of the same protocol (issue 23: within 1.5x from 100 to 10,000 workers),
+and peak memory over the baseline, in all and per worker.
 
-Run: ``.venv/bin/python bench/virtual_scale.py [--timing-workers 1000 2000 5000]``.
+Run: ``.venv/bin/python bench/virtual_scale.py [--timing-workers 100 1000 10000]``.
 """
 
 from __future__ import annotations
@@ -51,21 +54,21 @@ protocol = "asp"
 """
 
 
-def recipe(workers: int, timing: bool) -> str:
+def recipe(workers: int, timing: bool, virtual_s: float) -> str:
     if timing:
         return RECIPE.format(
-            workers=workers, virtual_s=60, model='name = "timing"\nsize_mb = 47',
+            workers=workers, virtual_s=virtual_s, model='name = "timing"\nsize_mb = 47',
             base_step_s=0.1, slowdown=[1, 1, 2, 4] * (workers // 4),
             network="[defaults.network]\nbandwidth_mbps = 1000")
-    return RECIPE.format(workers=workers, virtual_s=30, model='name = "mlp"', base_step_s=0.05,
-                         slowdown=[], network="")
+    return RECIPE.format(workers=workers, virtual_s=virtual_s, model='name = "mlp"',
+                         base_step_s=0.05, slowdown=[], network="")
 
 
 def child(text: str, run: str, out: Any) -> None:
     """Simulate one run of `text` (or nothing, for ``run == ""``); report facts and peak RSS."""
-    from asyncsync.logschema import KEY, Kind
+    from asyncsync.logschema import KEY, TRANSFERS, Kind
     from asyncsync.recipe import load_recipe
-    from asyncsync.runlogs import read_jsonl
+    from asyncsync.runlogs import read_jsonl, worker_logs
     from asyncsync.simulation import simulate
 
     facts: dict[str, Any] = {}
@@ -80,8 +83,9 @@ def child(text: str, run: str, out: Any) -> None:
             events = read_jsonl(run_dir / "events.jsonl")
             stop = next(e for e in events if e[KEY] == Kind.STOP)
             facts["versions"] = stop["versions"]
-            facts["steps"] = sum(r["steps"] for f in run_dir.glob("worker-*.jsonl")
-                                 for r in read_jsonl(f) if r[KEY] == Kind.FINAL)
+            records = [r for log in worker_logs(run_dir).values() for r in log]
+            facts["steps"] = sum(r["steps"] for r in records if r[KEY] == Kind.FINAL)
+            facts["exchanges"] = sum(r[KEY] in TRANSFERS for r in records)
     facts["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out.put(facts)
 
@@ -99,22 +103,31 @@ def measure(text: str, run: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mlp-workers", type=int, default=256)
-    parser.add_argument("--timing-workers", type=int, nargs="*", default=[1000])
+    parser.add_argument("--mlp-virtual-s", type=float, default=30)
+    parser.add_argument("--timing-workers", type=int, nargs="*", default=[100, 1000])
+    parser.add_argument("--timing-virtual-s", type=float, default=60)
+    parser.add_argument("--runs", nargs="*", default=["bsp", "asp"], choices=["bsp", "asp"])
     parser.add_argument("--skip-mlp", action="store_true")
     args = parser.parse_args()
     base = measure("", "")["peak_mb"]
     print(f"baseline: a child that imports and simulates nothing peaks at {base:.0f} MB")
-    configs = [] if args.skip_mlp else [(args.mlp_workers, False)]
-    configs += [(n, True) for n in args.timing_workers]
-    for workers, timing in configs:
-        for run in ("bsp", "asp"):
-            f = measure(recipe(workers, timing), run)
-            kind = "timing 47 MB, 60" if timing else "mlp, 30"
+    configs = [] if args.skip_mlp else [(args.mlp_workers, False, args.mlp_virtual_s)]
+    configs += [(n, True, args.timing_virtual_s) for n in sorted(args.timing_workers)]
+    smallest: dict[tuple[bool, str], float] = {}
+    for workers, timing, virtual_s in configs:
+        for run in args.runs:
+            f = measure(recipe(workers, timing, virtual_s), run)
+            kind = f"timing 47 MB, {virtual_s:g}" if timing else f"mlp, {virtual_s:g}"
+            per_exchange = f["real_s"] / max(f["exchanges"], 1) * 1e6
+            first = smallest.setdefault((timing, run), per_exchange)
+            extra = f["peak_mb"] - base
             print(f"{workers:>6} workers {run} ({kind} virtual s): real {f['real_s']:.1f} s, "
                   f"{f['virtual_per_real']:.3g} virtual s per real s, {f['versions']} versions, "
-                  f"{f['steps']} steps, {f['steps'] / f['real_s']:.0f} steps per real s, "
-                  f"peak {f['peak_mb']:.0f} MB (+{f['peak_mb'] - base:.0f} over baseline)",
-                  flush=True)
+                  f"{f['steps']} steps, {f['exchanges']} exchanges, "
+                  f"{f['exchanges'] / f['real_s']:.0f} exchanges per real s, "
+                  f"{per_exchange:.0f} us per exchange ({per_exchange / first:.2f}x the "
+                  f"smallest run's), peak {f['peak_mb']:.0f} MB (+{extra:.0f} over baseline, "
+                  f"{extra * 1024 / workers:.0f} kB per worker)", flush=True)
 
 
 if __name__ == "__main__":

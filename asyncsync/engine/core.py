@@ -94,6 +94,7 @@ class ServerCore:
                                 fingerprint=fingerprint or f"vector:{vector.numel()}")
         self.finished = asyncio.Event()
         self._all_joined = asyncio.Event()
+        self._joined = 0  # workers that have joined at least once
 
     @property
     def buffers(self) -> VectorPool:
@@ -206,7 +207,7 @@ class ServerCore:
         if op != "join":
             record.check_session(worker, header.get("session"))
         if op in ("push", "pull", "query") and not self._all_joined.is_set():
-            raise OutOfStep(f"the run has not started ({sum(w.joined for w in self.workers)} "
+            raise OutOfStep(f"the run has not started ({self._joined} "
                             f"of {len(self.workers)} workers joined): wait for the join reply")
         meta = header.get("meta", {})
         if not isinstance(meta, dict):
@@ -309,6 +310,7 @@ class ServerCore:
         rejoin = self.run.started
         if rejoin and worker in self.store.live:  # it restarted before being dropped
             await self._drop(worker)
+        self._joined += not record.joined
         record.joined, record.left = True, False
         record.joined_at = self.store.version
         self.store.live.add(worker)
@@ -316,7 +318,7 @@ class ServerCore:
             await self.rule.on_join(worker)
             record.joined_at = self.store.version  # a round may have closed meanwhile
             self.store.notify()
-        elif all(w.joined for w in self.workers):
+        elif self._joined == len(self.workers):
             self._start()
         while not self._all_joined.is_set():
             if self.store.stopping:
