@@ -121,7 +121,8 @@ def calibrate_step_s(spec: RunSpec) -> float:
 
 def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | None = None,
              calibrated_s: float | None = None) -> dict[str, Any]:
-    """Run `spec` in virtual time, writing the same logs as a real run; returns the facts
+    """Run `spec` in virtual time, writing the same records as a real run (every worker's in
+    one `WORKERS_LOG` above `SHARED_LOG_ABOVE` workers); returns the facts
     a summary adds (each worker's step time and its source, real seconds taken, of which in
     the model's math and in evaluations, virtual seconds per real one). `calibrated_s` is a
     step time measured on this host, for a recipe whose ``base_step_s`` is "calibrate"."""
