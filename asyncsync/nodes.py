@@ -19,13 +19,13 @@ import secrets
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from asyncsync.assembly import WORKER_TOKEN_ENV, run_client_tls
+from asyncsync.clock import now
 from asyncsync.protocols.base import Refused
 from asyncsync.recipe import TOKEN_ENV, RunSpec
 from asyncsync.transport.http_client import HttpTransport
@@ -64,8 +64,8 @@ def _spawn(name: str, args: list[str], run_dir: Path, env: dict[str, str]) -> _N
 
 
 async def _wait_for_port(port_file: Path, server: _Node, timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = now() + timeout_s
+    while now() < deadline:
         if port_file.exists() and port_file.read_text().strip():
             return int(port_file.read_text())
         if server.process.poll() is not None:
@@ -108,10 +108,10 @@ async def _watch(spec: RunSpec, url: str, run_id: str, token: str,
     status_client = HttpTransport(url, numel=0, timeout_s=5.0, connect_timeout_s=0.0,
                                   token=token, tls=tls)
     server = nodes[0]
-    deadline = time.monotonic() + STARTUP_S + spec.stop.time_s + 60.0
+    deadline = now() + STARTUP_S + spec.stop.time_s + 60.0
     try:
         while server.process.poll() is None:
-            if time.monotonic() > deadline:
+            if now() > deadline:
                 raise RuntimeError(f"run {spec.name} did not finish in time; "
                                    f"see {server.output.name}")
             with contextlib.suppress(OSError, asyncio.TimeoutError, Refused):
@@ -128,9 +128,9 @@ async def _watch(spec: RunSpec, url: str, run_id: str, token: str,
 
 
 async def _reap(nodes: list[_Node], grace_s: float = 20.0) -> None:
-    deadline = time.monotonic() + grace_s
+    deadline = now() + grace_s
     for node in nodes:
-        while node.process.poll() is None and time.monotonic() < deadline:
+        while node.process.poll() is None and now() < deadline:
             await asyncio.sleep(0.1)
         if node.process.poll() is None:
             node.process.kill()

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "asyncsync"
-SUPERVISOR = {"cli.py", "runner.py", "nodes.py", "dashboard.py", "report.py", "plots.py",
-              "launch.py", "__main__.py", "clock.py"}
+SUPERVISOR = {"cli.py", "runner.py", "dashboard.py", "report.py", "plots.py", "launch.py",
+              "__main__.py", "clock.py"}
 WALL_CLOCK = re.compile(r"\b(time\.(time|monotonic|perf_counter|sleep)|perf_counter|"
                         r"datetime\.now|time_ns)\s*\(")
 
