@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from asyncsync.comparison import is_baseline
-from asyncsync.data import DatasetMissing
+from asyncsync.data import DATASETS, DatasetMissing
 from asyncsync.describe import check_table, devices_table, print_protocols, step_time_table
 from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.launch import DEFAULT_PORT, from_environ
@@ -128,6 +128,19 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--track", action="append", default=[], metavar="SPEC",
                         help="also send the reported runs to TensorBoard, MLflow or W&B: "
                              "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
+
+    data = sub.add_parser("data", help="prepare a real dataset under --root, offline first: "
+                          "the files already there, else a system package's (Debian's "
+                          "dataset-fashion-mnist), else torchvision's download")
+    data.add_argument("name", metavar="NAME", help=f"one of {', '.join(DATASETS)}")
+    data.add_argument("--root", type=Path, default=Path("data"), metavar="DIR",
+                      help="the recipes' data.root (default data)")
+    data.add_argument("--from", dest="source", type=Path, default=None, metavar="DIR",
+                      help="a folder holding the four gzipped IDX files of mnist or "
+                           "fashion_mnist (default for fashion_mnist: "
+                           "/usr/share/datasets/fashion-mnist)")
+    data.add_argument("--no-download", action="store_true",
+                      help="never use the network: fail if no local source has the files")
 
     for name, text in (("server", "start the parameter server of one run"),
                        ("worker", "start one worker of one run"),
@@ -375,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
             print(worker_token(run_token))
         elif args.command == "report":
             return _report(args, console)
+        elif args.command == "data":
+            from asyncsync.prepare import prepare_dataset
+
+            console.print(escape(prepare_dataset(args.name, args.root, system_dir=args.source,
+                                                 download=not args.no_download)),
+                          highlight=False, soft_wrap=True)
         else:
             torch.set_num_threads(1)
             asyncio.run(_node(args))
