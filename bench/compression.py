@@ -9,7 +9,7 @@ to ``asyncsync run``.
 Runs the recipe (bsp and nbsync, 4 workers over 20 Mbit/s and 40 ms links, virtual clock,
 so the figures do not depend on the host) through ``asyncsync run``, then reads each run's
 logs: bytes per push = the tensor bytes of its workers' pushes (``up`` of the push and fused
-exchange spans in ``worker-*.jsonl``) / their number, and beside it all bytes up (headers
+exchange spans in the worker logs) / their number, and beside it all bytes up (headers
 and heartbeats included, ``bytes_up`` of summary.json) / pushes; time to target and final
 accuracy from summary.json. Ratios are to the float32 run of the same protocol.
 """
@@ -26,7 +26,7 @@ from typing import Any
 from benchlib import cli_run
 
 from asyncsync.logschema import KEY, Kind
-from asyncsync.runlogs import read_jsonl
+from asyncsync.runlogs import worker_logs
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "compression.toml"
 QUICK = ["stop.time_s=10", "stop.target_accuracy=0.6"]
@@ -54,8 +54,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
     spec = json.loads((run_dir / "recipe.json").read_text())["runs"][0]
     summary = json.loads((run_dir / "summary.json").read_text())
     pushes = payload = 0
-    for path in run_dir.glob("worker-*.jsonl"):
-        for record in read_jsonl(path):
+    for records in worker_logs(run_dir).values():
+        for record in records:
             if record.get(KEY) in PUSHES:
                 pushes += 1
                 payload += record["up"]

@@ -42,7 +42,7 @@ from asyncsync.assembly import run_data, run_model
 from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.logschema import HELD, KEY, Kind
 from asyncsync.recipe import load_recipe
-from asyncsync.runlogs import read_jsonl
+from asyncsync.runlogs import worker_logs
 from asyncsync.runner import run_recipe
 from asyncsync.transport.http_client import HttpTransport
 
@@ -85,9 +85,10 @@ def exchanges(logs: Path, run: str, latency_ms: float, mbps: float) -> str:
     moving: dict[str, list[float]] = {"push": [], "pull": [], "exchange": []}
     per_push: list[str] = []
     pushed = 0
-    for path in sorted(logs.glob(f"*/*/{run}/worker-*.jsonl")):
+    for records in (r for run_dir in sorted(logs.glob(f"*/*/{run}"))
+                    for r in worker_logs(run_dir).values()):
         steps = pushes = 0
-        for record in read_jsonl(path):
+        for record in records:
             if record[KEY] == Kind.COMPUTE:
                 steps += record["steps"]
             elif record[KEY] in moving:

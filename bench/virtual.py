@@ -24,7 +24,7 @@ from typing import Any
 
 from asyncsync.logschema import KEY, Kind
 from asyncsync.recipe import RunSpec, load_recipe
-from asyncsync.runlogs import read_jsonl
+from asyncsync.runlogs import read_jsonl, worker_logs
 from asyncsync.simulation import simulate
 
 RECIPE = """
@@ -83,8 +83,8 @@ def main() -> None:
         events = read_jsonl(root / "h3" / "events.jsonl")
         stop = next(e for e in events if e[KEY] == Kind.STOP)
         evals = sum(e[KEY] == Kind.EVAL for e in events)
-        steps = sum(r["steps"] for path in (root / "h3").glob("worker-*.jsonl")
-                    for r in read_jsonl(path) if r[KEY] == Kind.FINAL)
+        steps = sum(r["steps"] for records in worker_logs(root / "h3").values()
+                    for r in records if r[KEY] == Kind.FINAL)
     per_s = 1.0 / args.virtual_s
     real_s, math_s, eval_s = facts["real_s"], facts["math_real_s"], facts["eval_real_s"]
     print(f"speed: WBSP H3, 8 workers, {args.virtual_s:g} virtual s took {real_s:.1f} real s"
