@@ -97,7 +97,8 @@ def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerS
         run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
         weight_decay=spec.optim.weight_decay, eval_interval_s=spec.eval.interval_s,
         time_s=spec.stop.time_s, target_accuracy=spec.stop.target_accuracy,
-        stop_at_target=spec.stop.stop_at_target, worker_timeout_s=spec.fault.worker_timeout_s,
+        stop_at_target=spec.stop.stop_at_target, patience_s=spec.stop.patience_s,
+        worker_timeout_s=spec.fault.worker_timeout_s,
         checkpoint_path=checkpoint_file(log_dir) if spec.fault.checkpoint_s and log_dir
         else None, checkpoint_s=spec.fault.checkpoint_s or 10.0,
         max_batch=spec.data.batch_size * spec.workers)  # LB-BSP may give one worker all

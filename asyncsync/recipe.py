@@ -52,6 +52,10 @@ class StopSpec:
         None, lambda v: v is None or 0 < v <= 1, "must be in (0, 1]",
         "time-to-accuracy threshold")
     stop_at_target: bool = option(False, help="end the run once the target is reached")
+    patience_s: float | None = option(
+        None, lambda v: v is None or v > 0, "must be > 0",
+        "give up once the best accuracy has not risen by 0.01 for this long (a diverged or "
+        "stalled configuration of a sweep ends early)")
 
 
 @dataclass(frozen=True)
@@ -304,6 +308,10 @@ class RunSpec:
             raise ValueError("network.message_overhead_ms: a real run pays its messages' "
                              "software cost itself; it is charged on the virtual clock only "
                              "(set clock = \"virtual\")")
+        if self.stop.patience_s is not None and self.stop.patience_s < self.eval.interval_s:
+            raise ValueError(f"stop.patience_s: {self.stop.patience_s:g} s is shorter than "
+                             f"eval.interval_s ({self.eval.interval_s:g} s); patience is "
+                             "judged at evaluations")
         self._check_compute()
         if self.model.name == TIMING_MODEL:
             self._check_timing()

@@ -104,6 +104,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "eval_interval_max_s": round(max(gaps), 3) if gaps else None,
         "eval_slipped": bool(gaps and every and max(gaps) > SLIP * every),
         "evaluations": [[e["t"], e["accuracy"]] for e in evals],
+        **({"gave_up": stop["reason"]} if "reason" in stop else {}),
     }
     for column in COLUMNS:
         if column.derive is not None:

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger("asyncsync.server")
 
+PATIENCE_GAIN = 0.01
+"""With `patience_s`, a rise of the best accuracy by less than this does not count: a run
+hovering at chance level sets tiny new bests by noise alone."""
+
 
 class RunLifecycle:
     """Starts the run's clock and its periodic tasks, and ends the run.
@@ -74,13 +78,20 @@ class RunLifecycle:
             await self.stop()
 
     async def _evaluations(self) -> None:
-        """Evaluate every `eval_interval_s`; stop at the target when asked to."""
-        target = self.settings.target_accuracy
+        """Evaluate every `eval_interval_s`; stop at the target when asked to, and give up
+        when the accuracy has not risen for `patience_s`."""
+        target, patience = self.settings.target_accuracy, self.settings.patience_s
         next_eval = self.elapsed()
+        best, best_t = -1.0, next_eval
         while not self.store.stopping:
             point = await self.evaluate()
             if self.settings.stop_at_target and target is not None and point.accuracy >= target:
                 await self.stop()
+                return
+            if point.accuracy >= best + PATIENCE_GAIN:
+                best, best_t = point.accuracy, point.t
+            elif patience is not None and point.t - best_t >= patience:
+                await self.stop(reason="patience")
                 return
             next_eval += self.settings.eval_interval_s
             await asyncio.sleep(max(0.0, next_eval - self.elapsed()))
@@ -143,10 +154,13 @@ class RunLifecycle:
                                    if k.startswith("rule.")})
         return float(arrays["elapsed"])
 
-    async def stop(self) -> bool:
+    async def stop(self, reason: str | None = None) -> bool:
         """End the run: release every waiter, evaluate the final model (unless its version
         was just evaluated, as when the run stops at its target), checkpoint, log the totals,
         then call `on_stopped`, whoever stopped it (a request, the budget, the target).
+
+        Args:
+            reason: why, when the run gave up (``patience``); logged in the stop record.
 
         Returns False when the run was already stopping.
         """
@@ -162,7 +176,8 @@ class RunLifecycle:
         stale = self.store.staleness
         self.events.write(record(Kind.STOP, t=stopped_at, versions=self.store.version,
                                  updates=stale.count, mean_staleness=stale.mean,
-                                 max_staleness=stale.maximum), flush=True)
+                                 max_staleness=stale.maximum,
+                                 **({"reason": reason} if reason else {})), flush=True)
         self.stopped = True
         self.on_stopped()
         return True

@@ -16,6 +16,8 @@ class ServerSettings:
         eval_interval_s: seconds between evaluations of the global model.
         time_s: the run's budget (None: until stopped).
         target_accuracy: the time-to-accuracy threshold; stop_at_target: end the run there.
+        patience_s: end the run once its best accuracy has not risen by `PATIENCE_GAIN`
+            for this long (None: never).
         worker_timeout_s: drop a worker not heard from for this long (None: never).
         checkpoint_path: where to checkpoint (None: no checkpoints), every checkpoint_s.
         max_batch: the most samples one step of a push may claim (a push weighs at most
@@ -30,6 +32,7 @@ class ServerSettings:
     time_s: float | None = None
     target_accuracy: float | None = None
     stop_at_target: bool = False
+    patience_s: float | None = None
     worker_timeout_s: float | None = 30.0
     checkpoint_path: Path | None = None
     checkpoint_s: float = 10.0
