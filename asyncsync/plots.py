@@ -1,7 +1,11 @@
 """PNG plots of finished runs, from their logs (needs the `plot` extra: matplotlib).
 
 - ``accuracy.png``: test accuracy of the global model vs wall (or virtual) time, one line
-  per run, the target accuracy as a dashed line and each run's time to target as a dot.
+  per run (with repeats, their mean and a min-max band), the target accuracy as a dashed
+  line and each repeat's time to target as a dot; with several sweep points, a panel each.
+- ``time_to_target.png``: a bar per run (each sweep point its own), the mean time to target
+  over the repeats that reached it with the table's 95% interval, a dot per repeat, ``k/n``
+  where only k of n repeats reached it and ``never`` where none did.
 - ``compute_proportion.png``: compute proportion per worker, grouped by run.
 - ``timeline-<run>.png``: per worker, when it computed, communicated and waited, over a
   window of the run past its start-up.
@@ -10,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,42 +58,188 @@ def repeat_curves(group: list[dict[str, Any]]) -> tuple[Any, Any]:
 
 
 def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str]) -> Path:
-    """Accuracy vs time per run; with repeats, their mean (on the first repeat's evaluation
-    times) and a band from the lowest to the highest repeat."""
+    """Accuracy vs time per run; with repeats, their mean and a band from the lowest to the
+    highest repeat. With several sweep points, a panel per point, a colour per run."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    target = next((s["target_accuracy"] for s in summaries if s.get("target_accuracy")), None)
+    target = _target(summaries)
     runs: dict[str, list[dict[str, Any]]] = {}
     for s, name in zip(summaries, names, strict=True):
         if s.get("evaluations"):
             runs.setdefault(name, []).append(s)
+    points = list(dict.fromkeys(_point(group[0]) for group in runs.values()))
+    rows = -(-len(points) // 3)  # at most 3 panels a row, rows as full as they can be
+    cols = -(-len(points) // rows)
+    fig, axes = plt.subplots(rows, cols, squeeze=False, sharex=True, sharey=True,
+                             layout="constrained",
+                             figsize=(8, 4.5) if cols == 1 else (4 * cols, 2.8 * rows + 1.2))
+    colors = _colors(summaries, names)
+    handles: dict[str, Any] = {}
+    sizes: set[int] = set()
     marked = False
     for name, group in runs.items():
+        point = _point(group[0])
+        ax = axes.flat[points.index(point)]
+        base = name.removesuffix(point)
         times, curves = repeat_curves(group)
-        (line,) = ax.plot(times, curves.mean(axis=0), linewidth=1.6,
-                          label=name if len(group) == 1 else f"{name} ({len(group)} repeats)")
+        (line,) = ax.plot(times, curves.mean(axis=0), linewidth=1.6, color=colors[base])
+        handles.setdefault(base, line)
+        sizes.add(len(group))
         if len(group) > 1:
-            ax.fill_between(times, curves.min(axis=0), curves.max(axis=0),
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(times, curves.min(axis=0), curves.max(axis=0), color=colors[base],
+                            alpha=0.2, linewidth=0)
         reached = [s["time_to_target_s"] for s in group if s.get("time_to_target_s") is not None]
         if reached and target is not None:
-            ax.plot(reached, [target] * len(reached), "o", color=line.get_color())
+            ax.plot(reached, [target] * len(reached), "o", color=colors[base], markersize=4)
             marked = True
-    if marked:  # one legend entry for every run's dots, in no run's colour
-        ax.plot([], [], "o", color="grey", label="time to target (a dot per repeat)")
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1,
-                   label=f"target {target:g}")
+    if max(sizes, default=1) > 1:  # these entries in grey, no run's colour
+        many = f"{sizes.pop()}" if len(sizes) == 1 else f"{min(sizes)}-{max(sizes)}"
+        handles[f"line: mean of {many} repeats"] = plt.Line2D([], [], color="grey")
+        handles["band: min-max over repeats"] = plt.Rectangle((0, 0), 1, 1, color="grey",
+                                                              alpha=0.3, linewidth=0)
+    if marked:
+        handles["time to target (a dot per repeat)"] = plt.Line2D(
+            [], [], marker="o", markersize=4, linestyle="none", color="grey")
+    for ax, point in zip(axes.flat, points, strict=False):
+        if target is not None:
+            handles[f"target {target:g}"] = ax.axhline(target, color="grey", linestyle="--",
+                                                       linewidth=1)
+        ax.set_title(_point_text(point), fontsize="medium")
+        ax.grid(alpha=0.3)
     clock = _clock(summaries)
-    ax.set_xlabel(f"{clock} time (s)")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(f"Accuracy of the global model vs {clock} time")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
-    fig.tight_layout()
+    for i, ax in enumerate(axes.flat):
+        if i >= len(points):
+            ax.set_visible(False)
+        elif i + cols >= len(points):  # the lowest panel of its column
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel(f"{clock} time (s)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy")
+    title = f"Accuracy of the global model vs {clock} time"
+    if cols == 1:
+        axes[0, 0].set_title(f"{title} {_point_text(points[0])}".rstrip())
+        axes[0, 0].legend(handles.values(), handles.keys(), loc="lower right",
+                          fontsize="small")
+    else:
+        fig.suptitle(title)
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center",
+                   ncol=min(len(handles), 4), fontsize="small")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+@dataclass(frozen=True)
+class TargetBars:
+    """What `plot_time_to_target` drew, one entry per run in the plot's order.
+
+    Attributes:
+        path: the PNG written.
+        labels: the runs' tick labels.
+        heights: each bar's height (None: no bar, no repeat reached the target).
+        errors: each error bar's half-width (None: none drawn, fewer than 2 values).
+        dots: each run's dots, one per repeat that reached the target.
+        notes: the text over each bar: ``k/n`` repeats reached the target, ``never``, or "".
+        ylabel: the y-axis's label; title: the title.
+    """
+
+    path: Path
+    labels: list[str]
+    heights: list[float | None]
+    errors: list[float | None]
+    dots: list[list[float]]
+    notes: list[str]
+    ylabel: str
+    title: str
+
+
+def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list[str]
+                        ) -> TargetBars:
+    """A bar per run (repeats together, each sweep point its own): the mean time to target
+    over the repeats that reached it, the table's 95% interval, a dot per repeat, ``k/n``
+    where only k of n repeats reached it and ``never`` (no bar) where none did. The
+    summaries must have a target accuracy."""
+    plt = _pyplot()
+    named = {label(s): name for s, name in zip(summaries, names, strict=True)}
+    colors = _colors(summaries, names)
+    runs = groups(summaries)
+    keys = [(named[label(g[0])].removesuffix(_point(g[0])), _point(g[0])) for g in runs]
+    crowded = sum(len(base + point) + 2 for base, point in keys) > 70  # the axis's width
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names_drawn, heights, errors, dots_drawn, notes = [], [], [], [], []
+    highest = 0.0
+    for x, (group, (base, point)) in enumerate(zip(runs, keys, strict=True)):
+        if x and base != keys[x - 1][0] and point != keys[x - 1][1]:
+            ax.axvline(x - 0.5, color="grey", linewidth=0.8, linestyle=":")  # the next block
+        times = [float(s["time_to_target_s"]) for s in group
+                 if s.get("time_to_target_s") is not None]
+        height = error = None
+        dots: list[float] = []
+        if times:
+            mean, half = interval(times)
+            (bar,) = ax.bar(x, mean, width=0.7, color=colors[base])
+            height = float(bar.get_height())
+            if half is not None:
+                caps = ax.errorbar(x, mean, yerr=half, fmt="none", ecolor="black", capsize=4,
+                                   linewidth=1)
+                low, high = caps.lines[2][0].get_segments()[0][:, 1]
+                error = float(high - low) / 2
+            offsets = np.linspace(-0.15, 0.15, len(times)) if len(times) > 1 else [0.0]
+            (line,) = ax.plot(x + np.asarray(offsets), times, "o", color="black",
+                              markersize=3)
+            dots = [float(t) for t in line.get_ydata()]
+        top = max([height + (error or 0.0), *dots]) if height is not None else 0.0
+        highest = max(highest, top)
+        note = "never" if not times else "" if len(times) == len(group) else \
+            f"{len(times)}/{len(group)}"
+        if note:
+            note = ax.annotate(note, (x, top), xytext=(0, 3), textcoords="offset points",
+                               ha="center", va="bottom", fontsize="small",
+                               rotation=90 if crowded and not times else 0,
+                               style="normal" if times else "italic").get_text()
+        names_drawn.append(base + point)
+        heights.append(height)
+        errors.append(error)
+        dots_drawn.append(dots)
+        notes.append(note)
+    ax.set_xticks(range(len(names_drawn)), names_drawn, rotation=40 if crowded else 0,
+                  fontsize="x-small" if crowded else "small",
+                  ha="right" if crowded else "center", rotation_mode="anchor")
+    ax.set_xlim(-0.6, len(names_drawn) - 0.4)
+    ax.set_ylim(0, 1.12 * highest or 1.0)
+    ax.set_ylabel(f"{_clock(summaries)} time to target (s)")
+    ax.set_title(f"Time to test accuracy {_target(summaries):g}\n", fontsize="medium")
+    ax.set_title("bar: mean of the repeats that reached it; whisker: its 95% interval; "
+                 "dot: a repeat; k/n: k of n repeats reached it", fontsize="x-small",
+                 loc="left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return TargetBars(path, [tick.get_text() for tick in ax.get_xticklabels()], heights,
+                      errors, dots_drawn, notes, ax.get_ylabel(), ax.get_title().strip())
+
+
+def _target(summaries: list[dict[str, Any]]) -> float | None:
+    """The first target accuracy among the summaries."""
+    return next((s["target_accuracy"] for s in summaries if s.get("target_accuracy")), None)
+
+
+def _point(summary: dict[str, Any]) -> str:
+    """The sweep point a run's name ends with (``@key=value``, or "")."""
+    return sweep_suffix(summary.get("sweep") or {})
+
+
+def _point_text(point: str) -> str:
+    """A sweep point for a title: ``@a=1@b=2`` as ``a=1, b=2``."""
+    return point[1:].replace("@", ", ")
+
+
+def _colors(summaries: list[dict[str, Any]], names: list[str]) -> dict[str, str]:
+    """A colour per run of the recipe, its sweep points and repeats sharing it; never the
+    cycle's grey (C7), which marks what is no run's (bands, dots, the target)."""
+    bases = [n.removesuffix(_point(s)) for s, n in zip(summaries, names, strict=True)]
+    palette = [f"C{i}" for i in range(10) if i != 7]
+    return {base: palette[i % len(palette)] for i, base in enumerate(dict.fromkeys(bases))}
 
 
 def _clock(summaries: list[dict[str, Any]]) -> str:
@@ -236,13 +387,16 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
 def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path,
                 baseline: str = "") -> list[Path]:
     """All plots of these runs into `out`; returns the files written. With repeats, the
-    accuracy plot shows them all; compute proportions and timelines show the first. Runs
-    never evaluated (timing-only runs) get no accuracy plot."""
+    accuracy and time-to-target plots show them all; compute proportions and timelines show
+    the first. Runs never evaluated (timing-only runs) get no accuracy plot, runs without a
+    target accuracy no time-to-target plot."""
     mixed = len({s.get("recipe") for s in summaries}) > 1
     names = [label(s) if mixed else s["run"] for s in summaries]
     first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
     written = [plot_accuracy(summaries, out / "accuracy.png", names)] if any(
         s.get("evaluations") for s in summaries) else []
+    if _target(summaries) is not None:
+        written.append(plot_time_to_target(summaries, out / "time_to_target.png", names).path)
     written.append(plot_compute_proportion([summaries[i] for i in first],
                                            out / "compute_proportion.png",
                                            [names[i] for i in first]))
