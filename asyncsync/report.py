@@ -34,8 +34,8 @@ class LogError(ValueError):
     """A directory that is not a readable run log."""
 
 
-def summarize_run(run_dir: Path) -> dict[str, Any]:
-    """Build ``summary.json``'s fields from ``recipe.json``, ``events.jsonl`` and workers' logs.
+def _resolved(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's recipe.json and its one run.
 
     Raises:
         LogError: recipe.json is missing or not a run's resolved recipe.
@@ -49,6 +49,16 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise LogError(f"{run_dir}: not a run's log directory (recipe.json: "
                        f"{type(exc).__name__}: {exc})") from None
+    return recipe, spec
+
+
+def summarize_run(run_dir: Path) -> dict[str, Any]:
+    """Build ``summary.json``'s fields from ``recipe.json``, ``events.jsonl`` and workers' logs.
+
+    Raises:
+        LogError: recipe.json is missing or not a run's resolved recipe.
+    """
+    recipe, spec = _resolved(run_dir)
     events = read_jsonl(run_dir / "events.jsonl")
     evals = [e for e in events if e.get(KEY) == Kind.EVAL]
     stop = next((e for e in events if e.get(KEY) == Kind.STOP), {})
@@ -274,11 +284,20 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
     """The run directories to report, and notes on what was left out.
 
     Each DIR is a recipe, timestamp (study) or run directory, or a log root. Where a DIR
-    holds several studies of one recipe, only the latest is taken (a note says so), and
-    all the DIRs make one report; with `every`, each study is a report of its own.
+    holds several studies of one recipe, only the latest is taken (a note says so; also
+    one where no run has finished yet), and all the DIRs make one report; with `every`,
+    each study is a report of its own.
+
+    Only finished runs are reported. A run folder without summary.json (the runner writes
+    it last) has not finished: prepared but not started (a queued Slurm task), still
+    running, or killed; one note per study names these runs. Logs without a summary.json
+    (written by hand, or copied without it) count as finished once events.jsonl has the
+    server's stop record. A run whose summary.json marks it interrupted is left out with a
+    note of its own. A DIR that is one unfinished (or interrupted) run folder, or whose
+    chosen studies have no finished run, is an error.
 
     Raises:
-        LogError: a DIR that does not exist or holds no run logs.
+        LogError: a DIR that does not exist, holds no run logs, or no finished run.
     """
     reports: list[list[Path]] = [[]]
     notes = []
@@ -286,28 +305,56 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
         if not root.is_dir():
             raise LogError(f"{root}: no such directory")
         studies: dict[Path, list[Path]] = {}
-        for events in root.rglob("events.jsonl"):
-            if not (events.parent / "recipe.json").exists():
-                continue
-            if _interrupted(events.parent):
-                notes.append(f"{events.parent}: left out, it was interrupted (Ctrl-C)")
-                continue
-            studies.setdefault(events.parent.parent, []).append(events.parent)
+        for found in root.rglob("recipe.json"):
+            run = found.parent  # a run folder: it has logs, or its study's recipe.json
+            if (run / "events.jsonl").exists() or (run.parent / "recipe.json").exists():
+                studies.setdefault(run.parent, []).append(run)
         if not studies:
             raise LogError(f"{root}: no run logs (directories with recipe.json and "
                            "events.jsonl) under it")
         latest = {study.parent: study for study in sorted(studies)}  # timestamps sort
         chosen = sorted(studies) if every else sorted(latest.values())
+        said = []
         if len(chosen) < len(studies):
-            notes.append(f"{root} holds {len(studies)} studies: reporting the latest, "
-                         f"{', '.join(str(c) for c in chosen)} (--all: each one separately)")
+            said.append(f"{root} holds {len(studies)} studies: reporting the latest, "
+                        f"{', '.join(str(c) for c in chosen)} (--all: each one separately)")
+        reported = 0
         for study in chosen:
             runs = sorted(studies[study], key=_recipe_order)
+            waiting = [r for r in runs if not _finished(r)]
+            cut = [r for r in runs if r not in waiting and _interrupted(r)]
+            said += [f"{r}: left out, it was interrupted (Ctrl-C)" for r in cut]
+            if waiting:
+                said.append(f"{len(waiting)} of {len(runs)} runs "
+                            f"{'has' if len(waiting) == 1 else 'have'} no summary.json yet "
+                            f"(not started, still running, or killed): "
+                            f"{', '.join(r.name for r in waiting)}; "
+                            f"asyncsync run RECIPE --resume {study} runs them")
+            # (a run that failed before it logged anything has nothing to table)
+            done = [r for r in runs if r not in waiting + cut and (r / "events.jsonl").exists()]
+            reported += len(done)
             if every:
-                reports.append(runs)
+                reports.append(done)
             else:
-                reports[0] += [r for r in runs if r not in reports[0]]
+                reports[0] += [r for r in done if r not in reports[0]]
+        if not reported:
+            raise LogError("; ".join([f"{root}: no finished run to report", *said]))
+        notes += said
     return [r for r in reports if r], notes
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether the run ended: it has a summary.json, or, in logs without one, events.jsonl
+    has the stop record.
+
+    Raises:
+        LogError: recipe.json is missing or not a run's resolved recipe.
+    """
+    if (run_dir / "summary.json").exists():
+        return True
+    _resolved(run_dir)  # a folder that is no run's log says so, not that it is unfinished
+    events = run_dir / "events.jsonl"
+    return events.exists() and any(e.get(KEY) == Kind.STOP for e in read_jsonl(events))
 
 
 def _interrupted(run_dir: Path) -> bool:
