@@ -30,7 +30,7 @@ from asyncsync.report import (
     pool_problem,
     publish,
     recipe_baseline,
-    summarize_run,
+    report_summary,
 )
 from asyncsync.runlogs import label
 from asyncsync.schema import ConfigError
@@ -307,7 +307,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     for note in notes:
         console.print(note, highlight=False)
     for run_dirs in reports:
-        summaries = [summarize_run(d) for d in run_dirs]
+        summaries = [report_summary(d) for d in run_dirs]
         problem = pool_problem(run_dirs, summaries)
         if problem:
             raise LogError(problem)

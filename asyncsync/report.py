@@ -122,6 +122,17 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def report_summary(run_dir: Path) -> dict[str, Any]:
+    """A finished run's summary for the report: a failed run's summary.json (its error,
+    as `asyncsync run` tabled it), else rebuilt from its logs by `summarize_run`.
+
+    Raises:
+        LogError: recipe.json is missing or not a run's resolved recipe.
+    """
+    written = _written(run_dir)
+    return written if "error" in written else summarize_run(run_dir)
+
+
 @dataclass(frozen=True)
 class Column:
     """One figure of a run: one entry here puts it in the table, table.csv and summary.json.
@@ -288,13 +299,13 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
     one where no run has finished yet), and all the DIRs make one report; with `every`,
     each study is a report of its own.
 
-    Only finished runs are reported. A run folder without summary.json (the runner writes
-    it last) has not finished: prepared but not started (a queued Slurm task), still
-    running, or killed; one note per study names these runs. Logs without a summary.json
-    (written by hand, or copied without it) count as finished once events.jsonl has the
-    server's stop record. A run whose summary.json marks it interrupted is left out with a
-    note of its own. A DIR that is one unfinished (or interrupted) run folder, or whose
-    chosen studies have no finished run, is an error.
+    Only finished runs are reported: those with a summary.json (the runner writes it last).
+    A run folder without one has not finished: prepared but not started (a queued Slurm
+    task), still running, or killed; one note per study names these runs. A run whose
+    summary.json marks it interrupted is left out with a note of its own; one that failed
+    is reported (its error), also when it failed before it logged anything. A DIR that is
+    one unfinished (or interrupted) run folder, or whose chosen studies have no finished
+    run, is an error.
 
     Raises:
         LogError: a DIR that does not exist, holds no run logs, or no finished run.
@@ -322,7 +333,7 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
         for study in chosen:
             runs = sorted(studies[study], key=_recipe_order)
             waiting = [r for r in runs if not _finished(r)]
-            cut = [r for r in runs if r not in waiting and _interrupted(r)]
+            cut = [r for r in runs if r not in waiting and _written(r).get("interrupted")]
             said += [f"{r}: left out, it was interrupted (Ctrl-C)" for r in cut]
             if waiting:
                 said.append(f"{len(waiting)} of {len(runs)} runs "
@@ -330,8 +341,7 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
                             f"(not started, still running, or killed): "
                             f"{', '.join(r.name for r in waiting)}; "
                             f"asyncsync run RECIPE --resume {study} runs them")
-            # (a run that failed before it logged anything has nothing to table)
-            done = [r for r in runs if r not in waiting + cut and (r / "events.jsonl").exists()]
+            done = [r for r in runs if r not in waiting + cut]
             reported += len(done)
             if every:
                 reports.append(done)
@@ -344,34 +354,34 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
 
 
 def _finished(run_dir: Path) -> bool:
-    """Whether the run ended: it has a summary.json, or, in logs without one, events.jsonl
-    has the stop record.
+    """Whether the run ended: it has a summary.json.
 
     Raises:
-        LogError: recipe.json is missing or not a run's resolved recipe.
+        LogError: it has none, and recipe.json is missing or not a run's resolved recipe.
     """
     if (run_dir / "summary.json").exists():
         return True
     _resolved(run_dir)  # a folder that is no run's log says so, not that it is unfinished
-    events = run_dir / "events.jsonl"
-    return events.exists() and any(e.get(KEY) == Kind.STOP for e in read_jsonl(events))
+    return False
 
 
-def _interrupted(run_dir: Path) -> bool:
-    """Whether the run's summary.json marks it interrupted (its logs stop mid-run)."""
+def _written(run_dir: Path) -> dict[str, Any]:
+    """The run's summary.json ({} where it has none or it is unreadable)."""
     try:
-        return bool(json.loads((run_dir / "summary.json").read_text()).get("interrupted"))
-    except (OSError, ValueError, AttributeError):
-        return False
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def pool_problem(run_dirs: list[Path], summaries: list[dict[str, Any]]) -> str | None:
     """Why these runs cannot share one table, or None: different clocks or budgets at one
-    sweep point, one run (and repeat) from two studies, or one run with different
-    resolved settings."""
+    sweep point (a failed run has no times to compare), one run (and repeat) from two
+    studies, or one run with different resolved settings."""
+    timed = [s for s in summaries if "error" not in s]
     for key, what in (("clock", "clocks"), ("time_s", "budgets (stop.time_s)")):
         seen: dict[str, dict[Any, str]] = {}
-        for s in summaries:
+        for s in timed:
             seen.setdefault(sweep_suffix(s.get("sweep") or {}), {}).setdefault(
                 s.get(key), label(s))
         for values in seen.values():

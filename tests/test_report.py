@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from asyncsync import plots
+from asyncsync.executors import write_summary
 from asyncsync.logschema import HELD, KEY, Kind
 from asyncsync.report import find_reports, publish, summarize_run
 from asyncsync.runlogs import read_jsonl
@@ -21,8 +22,9 @@ from asyncsync.tracking.feed import RunFeed
 def fake_run(root: Path, recipe: str, name: str, protocol: str, accuracies: list[float],
              compute_s: tuple[float, float] = (5.0, 8.0), repeat: int | None = None,
              old: bool = False) -> Path:
-    """A run's logs written by hand; `old`: workers' logs in the schema before
-    `asyncsync.logschema` (kind ``ev``, held time ``wait`` and ``wait_s``)."""
+    """A finished run written by hand: its logs and the summary.json the runner writes
+    last; `old`: workers' logs in the schema before `asyncsync.logschema` (kind ``ev``,
+    held time ``wait`` and ``wait_s``)."""
     run_dir = root / recipe / "20260101-000000" / (name if repeat is None else f"{name}-r{repeat}")
     run_dir.mkdir(parents=True)
     spec = {"name": name, "protocol": {"name": protocol}, "workers": 2, "seed": repeat or 0,
@@ -42,6 +44,7 @@ def fake_run(root: Path, recipe: str, name: str, protocol: str, accuracies: list
                         held_s: 0.1, "wall_s": 10.0, "bytes_up": 100, "bytes_down": 50})
         lines = "\n".join(json.dumps(r) for r in records)
         (run_dir / f"worker-{rank}.jsonl").write_text(lines + f'\n{{"{kind}": "comp')  # torn
+    write_summary(run_dir, summarize_run(run_dir))
     return run_dir
 
 
@@ -272,7 +275,8 @@ def test_old_logs_read_as_the_current_schema(tmp_path: Path) -> None:
     window = (0.0, 10.0)
     spans = plots.timeline_spans(old_records, window)
     assert spans == plots.timeline_spans(read_jsonl(new / "worker-0.jsonl"), window)
-    assert spans["held"] == [(pytest.approx(0.7), 0.1)]  # a push: moved 0.2 s, then held
+    ((start, length),) = spans["held"]  # a push: moved 0.2 s, then held
+    assert start == pytest.approx(0.7) and length == 0.1
     fed = []
     for run_dir in (old, new):
         recorder = PointRecorder()

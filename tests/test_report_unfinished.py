@@ -9,26 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from asyncsync.executors import failure, write_summary
 from asyncsync.logschema import KEY, Kind
-from asyncsync.report import summarize_run
 from asyncsync.runlogs import read_jsonl
-from tests.test_cli import one_error, run_main
+from tests.test_cli import one_error, run_main, with_settings
 from tests.test_report import fake_run
 
 RESUME = "asyncsync run RECIPE --resume"
-
-
-def finished(root: Path, name: str, protocol: str, accuracies: list[float]) -> Path:
-    """A run that ran to its end: its logs and the summary.json the runner writes last."""
-    run_dir = fake_run(root, "r", name, protocol, accuracies)
-    (run_dir / "summary.json").write_text(json.dumps(summarize_run(run_dir)))
-    return run_dir
 
 
 def running(root: Path, name: str, protocol: str, accuracies: list[float]) -> Path:
     """A run still going (or killed): its logs so far, no stop record, no workers' final
     records, no summary.json."""
     run_dir = fake_run(root, "r", name, protocol, accuracies)
+    (run_dir / "summary.json").unlink()
     for log in [run_dir / "events.jsonl", *run_dir.glob("worker-*.jsonl")]:
         kept = [r for r in read_jsonl(log) if r.get(KEY) not in (Kind.STOP, Kind.FINAL)]
         log.write_text("".join(json.dumps(r) + "\n" for r in kept))
@@ -38,7 +32,7 @@ def running(root: Path, name: str, protocol: str, accuracies: list[float]) -> Pa
 def queued(root: Path, name: str, protocol: str) -> Path:
     """A run prepared but not started (a Slurm task still queued): its recipe.json only."""
     run_dir = fake_run(root, "r", name, protocol, [])
-    for log in run_dir.glob("*.jsonl"):
+    for log in [*run_dir.glob("*.jsonl"), run_dir / "summary.json"]:
         log.unlink()
     return run_dir
 
@@ -64,7 +58,7 @@ def test_a_study_tables_only_its_finished_runs(capsys: pytest.CaptureFixture[str
                                               tmp_path: Path) -> None:
     """asp stopped half-way (0.4 so far, no workers' totals): tabled from its partial logs it
     would show a best accuracy, a compute proportion and a speedup it never measured."""
-    study = study_recipe(finished(tmp_path, "bsp", "bsp", [0.1, 0.3, 0.6]).parent,
+    study = study_recipe(fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.3, 0.6]).parent,
                          "bsp", "asp", "ssp")
     running(tmp_path, "asp", "asp", [0.1, 0.4])
     queued(tmp_path, "ssp", "ssp")
@@ -97,7 +91,7 @@ def test_a_study_with_no_finished_run_is_one_error(
 
 def test_one_run_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A finished run folder is tabled on its own; an unfinished one is an error."""
-    done = finished(tmp_path, "bsp", "bsp", [0.1, 0.6])
+    done = fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6])
     cut = running(tmp_path, "asp", "asp", [0.1, 0.4])
     study = study_recipe(done.parent, "bsp", "asp")
     code, out = run_main(capsys, "report", str(done))
@@ -112,9 +106,9 @@ def test_the_latest_study_is_reported_even_if_nothing_in_it_finished(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """Not silently the previous study's table: the user asked about the one just
     submitted; --all tables the older one and says what the newer lacks."""
-    old = study_recipe(finished(tmp_path, "bsp", "bsp", [0.1, 0.6]).parent, "bsp")
+    old = study_recipe(fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6]).parent, "bsp")
     new = old.rename(old.with_name("20260102-000000"))
-    old = study_recipe(finished(tmp_path, "bsp", "bsp", [0.1, 0.6]).parent, "bsp")
+    old = study_recipe(fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6]).parent, "bsp")
     for run_dir in new.iterdir():
         if run_dir.is_dir():
             (run_dir / "summary.json").unlink()
@@ -133,7 +127,7 @@ def test_the_latest_study_is_reported_even_if_nothing_in_it_finished(
 def test_interrupted_and_unfinished_runs_are_both_left_out(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """An interrupted run (Ctrl-C: its summary.json says so) keeps its own note."""
-    study = study_recipe(finished(tmp_path, "bsp", "bsp", [0.1, 0.6]).parent,
+    study = study_recipe(fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6]).parent,
                          "bsp", "asp", "ssp")
     cut = running(tmp_path, "asp", "asp", [0.1])
     (cut / "summary.json").write_text(json.dumps({"run": "asp", "interrupted": True}))
@@ -153,11 +147,40 @@ def test_interrupted_and_unfinished_runs_are_both_left_out(
         f"{RESUME} {study} runs them")
 
 
-def test_logs_without_a_summary_but_with_the_stop_record_are_finished(
+def test_logs_with_the_stop_record_but_no_summary_are_not_finished(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """Logs written by hand, or copied without their summary.json: the server's stop record
-    says the run ended."""
+    """No summary.json is not finished, without exception: logs copied without it, or a
+    run killed between the server's stop record and its summary, are not tabled."""
     run_dir = fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6])
-    code, out = run_main(capsys, "report", str(run_dir.parent))
+    (run_dir / "summary.json").unlink()
+    assert any(e.get(KEY) == Kind.STOP for e in read_jsonl(run_dir / "events.jsonl"))
+    assert one_error(run_main(capsys, "report", str(run_dir.parent))) == (
+        f"error: {run_dir.parent}: no finished run to report; 1 of 1 runs has no "
+        f"summary.json yet (not started, still running, or killed): bsp; {RESUME} "
+        f"{run_dir.parent} runs them")
+
+
+@pytest.mark.parametrize("logged", [True, False], ids=["mid-run", "before-logging"])
+def test_a_failed_run_is_shown_failed_as_run_shows_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, logged: bool) -> None:
+    """asp raised (a worker's non-finite push): its summary.json holds the error, and its
+    partial logs reach the target at 2 s. Report tables the error, as `asyncsync run` did,
+    with no time to target, no speedup and no plots; also when it failed before logging."""
+    bsp = with_settings(fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.3, 0.6]), time_s=10)
+    study = study_recipe(bsp.parent, "bsp", "asp")
+    asp = with_settings(fake_run(tmp_path, "r", "asp", "asp", [0.1, 0.6]), time_s=10)
+    if not logged:
+        for log in asp.glob("*.jsonl"):
+            log.unlink()
+    error = "worker 1: non-finite values (NaN or Inf) in the pushed tensor"
+    write_summary(asp, failure(asp, error))
+    code, out = run_main(capsys, "report", str(study))
     assert code == 0, out
-    assert "bsp" in table_rows(out) and "no summary.json" not in out
+    assert ["asp", "asp", "failed:", *error.split()] in [line.split() for line in
+                                                          out.splitlines()]
+    rows = {r["run"]: r for r in csv.DictReader((study / "table.csv").open())}
+    assert rows["asp"]["error"] == error and rows["bsp"]["error"] == ""
+    assert rows["asp"]["time_to_target_s"] == rows["asp"]["speedup"] == ""
+    assert rows["bsp"]["time_to_target_s"] == "4.0"
+    assert (study / "timeline-bsp.png").exists()
+    assert not (study / "timeline-asp.png").exists()
