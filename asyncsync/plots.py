@@ -7,8 +7,8 @@
   over the repeats that reached it with the table's 95% interval, a dot per repeat, ``k/n``
   where only k of n repeats reached it and ``never`` where none did.
 - ``compute_proportion.png``: compute proportion per worker, grouped by run.
-- ``timeline-<run>.png``: per worker, when it computed, communicated and waited, over a
-  window of the run past its start-up.
+- ``timeline-<run>.png``: per worker (at most 32 of a larger run), when it computed,
+  communicated and waited, over a window of the run past its start-up.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "held": "#ff8c00"}
 TIMELINE_CYCLES = 20
 """The timeline shows about this many iterations of the slowest worker, from 20% into the
 run (past start-up): enough to see the rhythm, few enough to stay legible."""
+TIMELINE_ROWS = 32
+"""The most workers a timeline draws: a larger run shows this many, spread evenly over its
+workers ranked by compute proportion, so the slowest, the fastest and those between show."""
 
 
 def matplotlib_available() -> bool:
@@ -315,27 +318,47 @@ def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
     return spans
 
 
+def timeline_ranks(logs: dict[int, list[dict[str, Any]]]) -> list[int]:
+    """The ranks a timeline draws, in rank order: all of them, or `TIMELINE_ROWS` spread
+    evenly over the workers sorted by compute proportion (ends included)."""
+    if len(logs) <= TIMELINE_ROWS:
+        return sorted(logs)
+
+    def busy(rank: int) -> float:
+        final = next((r for r in reversed(logs[rank]) if r.get(KEY) == Kind.FINAL), None)
+        return final["compute_s"] / final["wall_s"] if final and final["wall_s"] > 0 else 0.0
+
+    ranked = sorted(logs, key=lambda rank: (busy(rank), rank))
+    picks = np.linspace(0, len(ranked) - 1, TIMELINE_ROWS).round().astype(int)
+    return sorted({ranked[i] for i in picks})
+
+
 def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> Path:
-    """One run's workers over a window of about `TIMELINE_CYCLES` steps of the slowest,
-    from 20% into the run (past start-up); `clock` names the x-axis's time."""
+    """One run's workers (at most `TIMELINE_ROWS`, see `timeline_ranks`) over a window of
+    about `TIMELINE_CYCLES` steps of the slowest, from 20% into the run (past start-up);
+    `clock` names the x-axis's time."""
     plt = _pyplot()
     logs = worker_logs(run_dir)
-    records = list(logs.values())
-    window = timeline_window(records)
-    fig, ax = plt.subplots(figsize=(10, 0.6 * len(logs) + 1.6))
-    for row, worker_records in enumerate(records):
-        for kind, spans in timeline_spans(worker_records, window).items():
+    window = timeline_window(list(logs.values()))
+    ranks = timeline_ranks(logs)
+    height = (0.6 if len(ranks) <= 8 else 0.3) * len(ranks) + 1.6
+    fig, ax = plt.subplots(figsize=(10, height))
+    for row, rank in enumerate(ranks):
+        for kind, spans in timeline_spans(logs[rank], window).items():
             if spans:
                 ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=COLORS[kind],
                                label=kind if row == 0 else None)
-    ax.set_yticks(range(len(logs)), [f"worker {rank}" for rank in logs])
+    shown = "" if len(ranks) == len(logs) else (
+        f" ({len(ranks)} of {len(logs)} workers, from the least to the most busy)")
+    ax.set_yticks(range(len(ranks)), [f"worker {rank}" for rank in ranks])
+    ax.set_ylim(-0.6, len(ranks) - 0.4)
     ax.set_xlim(*window)
     ax.set_xlabel(f"{clock} time (s), a window from 20% into the run: about "
                   f"{TIMELINE_CYCLES} steps of the slowest worker")
     ax.set_title(f"{name}: computing, communicating and held at the server, "
-                 f"{window[0]:.1f}-{window[1]:.1f} s")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize="small", ncol=3)
-    fig.tight_layout()
+                 f"{window[0]:.1f}-{window[1]:.1f} s{shown}", fontsize="medium")
+    fig.legend(loc="lower center", fontsize="small", ncol=3)
+    fig.tight_layout(rect=(0, 0.35 / height, 1, 1))  # the legend's 0.35 in at the bottom
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -44,7 +44,10 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary.keys() >= SUMMARY_FIELDS
         assert summary["protocol"] == protocol and summary["workers"] == 3
-        assert summary["best_accuracy"] > 0.2, summary  # chance is 0.1
+        # it learned: above the untrained model's first evaluation (near chance, 0.1); how
+        # far it gets in 6 real s depends on the host's load, so no fixed level is asked
+        first = summary["evaluations"][0][1]
+        assert first < 0.15 and summary["best_accuracy"] > first + 0.05, summary
         assert summary["versions"] > 10
         assert len(summary["compute_proportion_per_worker"]) == 3
         assert 0 < summary["compute_proportion"] <= 1
