@@ -333,7 +333,9 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
         for study in chosen:
             runs = sorted(studies[study], key=_recipe_order)
             waiting = [r for r in runs if not _finished(r)]
-            cut = [r for r in runs if r not in waiting and _written(r).get("interrupted")]
+            written = {r: _written(r) for r in runs if r not in waiting}  # in run order
+            cut = [r for r, summary in written.items() if summary.get("interrupted")]
+            done = [r for r, summary in written.items() if not summary.get("interrupted")]
             said += [f"{r}: left out, it was interrupted (Ctrl-C)" for r in cut]
             if waiting:
                 said.append(f"{len(waiting)} of {len(runs)} runs "
@@ -341,7 +343,6 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
                             f"(not started, still running, or killed): "
                             f"{', '.join(r.name for r in waiting)}; "
                             f"asyncsync run RECIPE --resume {study} runs them")
-            done = [r for r in runs if r not in waiting + cut]
             reported += len(done)
             if every:
                 reports.append(done)
