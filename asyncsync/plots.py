@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 
 from asyncsync.comparison import groups, interval, is_baseline, paired_speedups
 from asyncsync.logschema import HELD, KEY, TRANSFERS, Kind
-from asyncsync.runlogs import label, sweep_suffix, worker_logs
+from asyncsync.runlogs import label, sweep_suffix, worker_logs, worker_records
 
 COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "held": "#ff8c00"}
 TIMELINE_CYCLES = 20
@@ -275,9 +276,8 @@ def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
     return path
 
 
-def timeline_window(logs: list[list[dict[str, Any]]]) -> tuple[float, float]:
+def timeline_window(finals: Collection[dict[str, Any]]) -> tuple[float, float]:
     """``(start, end)`` of the timeline from the workers' final totals."""
-    finals = [r for records in logs for r in records if r.get(KEY) == Kind.FINAL]
     wall = max((f["wall_s"] for f in finals), default=10.0)
     cycle = max((f["wall_s"] / f["steps"] for f in finals if f.get("steps")), default=0.5)
     start = 0.2 * wall
@@ -318,17 +318,17 @@ def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
     return spans
 
 
-def timeline_ranks(logs: dict[int, list[dict[str, Any]]]) -> list[int]:
-    """The ranks a timeline draws, in rank order: all of them, or `TIMELINE_ROWS` spread
-    evenly over the workers sorted by compute proportion (ends included)."""
-    if len(logs) <= TIMELINE_ROWS:
-        return sorted(logs)
+def timeline_ranks(ranks: Collection[int], finals: dict[int, dict[str, Any]]) -> list[int]:
+    """The ranks a timeline draws, in rank order: all of `ranks`, or `TIMELINE_ROWS` spread
+    evenly over them sorted by compute proportion (from `finals`; ends included)."""
+    if len(ranks) <= TIMELINE_ROWS:
+        return sorted(ranks)
 
     def busy(rank: int) -> float:
-        final = next((r for r in reversed(logs[rank]) if r.get(KEY) == Kind.FINAL), None)
+        final = finals.get(rank)
         return final["compute_s"] / final["wall_s"] if final and final["wall_s"] > 0 else 0.0
 
-    ranked = sorted(logs, key=lambda rank: (busy(rank), rank))
+    ranked = sorted(ranks, key=lambda rank: (busy(rank), rank))
     picks = np.linspace(0, len(ranked) - 1, TIMELINE_ROWS).round().astype(int)
     return sorted({ranked[i] for i in picks})
 
@@ -338,18 +338,24 @@ def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> 
     about `TIMELINE_CYCLES` steps of the slowest, from 20% into the run (past start-up);
     `clock` names the x-axis's time."""
     plt = _pyplot()
-    logs = worker_logs(run_dir)
-    window = timeline_window(list(logs.values()))
-    ranks = timeline_ranks(logs)
+    seen: set[int] = set()
+    finals: dict[int, dict[str, Any]] = {}
+    for rank, record in worker_records(run_dir):  # streamed: only the drawn ranks are kept
+        seen.add(rank)
+        if record.get(KEY) == Kind.FINAL:
+            finals[rank] = record
+    window = timeline_window(list(finals.values()))
+    ranks = timeline_ranks(seen, finals)
+    logs = worker_logs(run_dir, set(ranks))
     height = (0.6 if len(ranks) <= 8 else 0.3) * len(ranks) + 1.6
     fig, ax = plt.subplots(figsize=(10, height))
     for row, rank in enumerate(ranks):
-        for kind, spans in timeline_spans(logs[rank], window).items():
+        for kind, spans in timeline_spans(logs.get(rank, []), window).items():
             if spans:
                 ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=COLORS[kind],
                                label=kind if row == 0 else None)
-    shown = "" if len(ranks) == len(logs) else (
-        f" ({len(ranks)} of {len(logs)} workers, from the least to the most busy)")
+    shown = "" if len(ranks) == len(seen) else (
+        f" ({len(ranks)} of {len(seen)} workers, from the least to the most busy)")
     ax.set_yticks(range(len(ranks)), [f"worker {rank}" for rank in ranks])
     ax.set_ylim(-0.6, len(ranks) - 0.4)
     ax.set_xlim(*window)

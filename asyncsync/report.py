@@ -20,7 +20,7 @@ from rich.text import Text
 
 from asyncsync.comparison import groups, interval, is_baseline, paired_speedups, speedup
 from asyncsync.logschema import KEY, Kind
-from asyncsync.runlogs import label, read_jsonl, sweep_suffix, worker_logs
+from asyncsync.runlogs import final_records, label, read_jsonl, sweep_suffix
 
 SMOOTHING = 3
 """Evaluations in the moving average of `time_to_target_avg_s`."""
@@ -63,11 +63,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     evals = [e for e in events if e.get(KEY) == Kind.EVAL]
     stop = next((e for e in events if e.get(KEY) == Kind.STOP), {})
     target = spec["stop"]["target_accuracy"]
-    finals = {}
-    for rank, records in worker_logs(run_dir).items():
-        final = [r for r in records if r.get(KEY) == Kind.FINAL]
-        if final:
-            finals[rank] = final[-1]
+    finals = final_records(run_dir)
     wall = float(stop.get("t", max((e["t"] for e in evals), default=0.0)))
     per_worker = [
         round(finals[r]["compute_s"] / finals[r]["wall_s"], 4) if r in finals

@@ -4,33 +4,60 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from asyncsync.logschema import RANK, WORKERS_LOG, upgrade
+from asyncsync.logschema import KEY, RANK, WORKERS_LOG, Kind, upgrade
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a JSONL log one at a time, in the current schema (old logs' field
+    names are renamed, see `asyncsync.logschema`); a torn last line (a killed writer) is
+    skipped. A 100,000-worker run's log is millions of records: readers that need few of
+    them stream it rather than hold it."""
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            with contextlib.suppress(json.JSONDecodeError):
+                yield upgrade(json.loads(line))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSONL log, in the current schema (old logs' field names are
-    renamed, see `asyncsync.logschema`); a torn last line (a killed writer) is skipped."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            records.append(upgrade(json.loads(line)))
-    return records
+    """All the records of a JSONL log (see `iter_jsonl`)."""
+    return list(iter_jsonl(path))
 
 
-def worker_logs(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
-    """Each worker's records by rank, from its ``worker-<rank>.jsonl`` or from the run's
-    one `WORKERS_LOG` (their `RANK` field taken out): readers need not know which."""
+def worker_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(rank, record)`` for every worker record of a run, streamed from its
+    ``worker-<rank>.jsonl`` files (rank by rank) or its one `WORKERS_LOG` (in the order
+    written, the `RANK` field taken out): readers need not know which layout a run has."""
     shared = run_dir / WORKERS_LOG
     if shared.exists():
-        logs: dict[int, list[dict[str, Any]]] = {}
-        for record in read_jsonl(shared):
-            logs.setdefault(int(record.pop(RANK)), []).append(record)
-        return dict(sorted(logs.items()))
+        for record in iter_jsonl(shared):
+            yield int(record.pop(RANK)), record
+        return
     paths = {int(path.stem.split("-")[1]): path for path in run_dir.glob("worker-*.jsonl")}
-    return {rank: read_jsonl(paths[rank]) for rank in sorted(paths)}
+    for rank in sorted(paths):
+        for record in iter_jsonl(paths[rank]):
+            yield rank, record
+
+
+def worker_logs(run_dir: Path, ranks: Collection[int] | None = None,
+                ) -> dict[int, list[dict[str, Any]]]:
+    """Each worker's records by rank (only those of `ranks`, when given)."""
+    logs: dict[int, list[dict[str, Any]]] = {}
+    for rank, record in worker_records(run_dir):
+        if ranks is None or rank in ranks:
+            logs.setdefault(rank, []).append(record)
+    return dict(sorted(logs.items()))
+
+
+def final_records(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """Each worker's last ``final`` record (its run's totals) by rank; a worker that wrote
+    none is absent. Streams the logs, keeping only these."""
+    finals = {rank: record for rank, record in worker_records(run_dir)
+              if record.get(KEY) == Kind.FINAL}
+    return dict(sorted(finals.items()))
 
 
 def label(summary: dict[str, Any]) -> str:

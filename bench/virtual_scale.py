@@ -68,7 +68,7 @@ def child(text: str, run: str, out: Any) -> None:
     """Simulate one run of `text` (or nothing, for ``run == ""``); report facts and peak RSS."""
     from asyncsync.logschema import KEY, TRANSFERS, Kind
     from asyncsync.recipe import load_recipe
-    from asyncsync.runlogs import read_jsonl, worker_logs
+    from asyncsync.runlogs import iter_jsonl, worker_records
     from asyncsync.simulation import simulate
 
     facts: dict[str, Any] = {}
@@ -80,14 +80,23 @@ def child(text: str, run: str, out: Any) -> None:
             run_dir = Path(tmp) / run
             run_dir.mkdir()
             facts = simulate(spec, run_dir, "bench")
-            events = read_jsonl(run_dir / "events.jsonl")
-            stop = next(e for e in events if e[KEY] == Kind.STOP)
+            # The simulation's peak, before this function reads the logs (millions of
+            # records at 10,000 workers: reading them all at once was most of the peak).
+            facts["peak_mb"] = peak_mb()
+            stop = next(e for e in iter_jsonl(run_dir / "events.jsonl") if e[KEY] == Kind.STOP)
             facts["versions"] = stop["versions"]
-            records = [r for log in worker_logs(run_dir).values() for r in log]
-            facts["steps"] = sum(r["steps"] for r in records if r[KEY] == Kind.FINAL)
-            facts["exchanges"] = sum(r[KEY] in TRANSFERS for r in records)
-    facts["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            facts["steps"] = facts["exchanges"] = 0
+            for _, record in worker_records(run_dir):
+                facts["steps"] += record["steps"] if record[KEY] == Kind.FINAL else 0
+                facts["exchanges"] += record[KEY] in TRANSFERS
+    else:
+        facts["peak_mb"] = peak_mb()
     out.put(facts)
+
+
+def peak_mb() -> float:
+    """This process's peak resident memory so far, in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure(text: str, run: str) -> dict[str, Any]:

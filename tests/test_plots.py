@@ -146,12 +146,12 @@ def _table(summaries: list[dict[str, Any]]) -> str:
 def test_a_timeline_of_many_workers_draws_32_from_the_least_to_the_most_busy() -> None:
     """Worker r computes r/100 of its time: the 32 rows are spread over all 100 (ranks 0
     and 99 included) and a run of 32 or fewer workers keeps every worker."""
-    def logs(count: int) -> dict[int, list[dict[str, Any]]]:
-        return {rank: [{KEY: Kind.FINAL, "compute_s": rank / 100, "wall_s": 1.0,
-                        "steps": 1}] for rank in range(count)}
+    def finals(count: int) -> dict[int, dict[str, Any]]:
+        return {rank: {KEY: Kind.FINAL, "compute_s": rank / 100, "wall_s": 1.0, "steps": 1}
+                for rank in range(count)}
 
-    ranks = plots.timeline_ranks(logs(100))
+    ranks = plots.timeline_ranks(range(100), finals(100))
     assert len(ranks) == 32 and ranks[0] == 0 and ranks[-1] == 99
     gaps = {b - a for a, b in itertools.pairwise(ranks)}
     assert gaps <= {3, 4}  # evenly spread: 99 / 31 = 3.2 ranks apart
-    assert plots.timeline_ranks(logs(32)) == list(range(32))
+    assert plots.timeline_ranks(range(32), finals(32)) == list(range(32))

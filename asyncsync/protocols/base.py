@@ -238,9 +238,10 @@ def discover() -> dict[str, Protocol]:
 
 
 def get_protocol(name: str) -> Protocol:
-    """Look a protocol up by name, with the known names in the error."""
+    """Look a protocol up by name, with the known names in the error (the package's
+    modules are scanned only for a name not yet registered: a run asks once per worker)."""
     try:
-        return discover()[name]
+        return PROTOCOLS[name] if name in PROTOCOLS else discover()[name]
     except KeyError:
         known = ", ".join(sorted(PROTOCOLS))
         raise ValueError(f"unknown protocol {name!r}; known: {known}") from None
