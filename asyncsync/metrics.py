@@ -9,6 +9,7 @@ categories overlap in time; compute proportion is always computing time / wall t
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -98,26 +99,35 @@ class IntervalUnion:
 
     def __init__(self) -> None:
         self.folded = 0.0
-        self.kept = 0.0  # the measure of `pieces`
-        self.pieces: list[tuple[float, float]] = []
+        self.kept = 0.0  # the measure of the kept pieces
+        # The pieces' ends as two float arrays: 16 bytes a piece rather than a tuple's
+        # ~100, for three unions a worker and 100,000 workers in a virtual run.
+        self._starts = array("d")
+        self._ends = array("d")
+
+    @property
+    def pieces(self) -> list[tuple[float, float]]:
+        """The kept disjoint pieces, in increasing time."""
+        return list(zip(self._starts, self._ends, strict=True))
 
     def add(self, start: float, end: float) -> None:
         if end <= start:
             return
-        pieces = self.pieces
-        last = len(pieces)  # pieces[first:last] overlap [start, end]
-        while last and pieces[last - 1][0] > end:
+        starts, ends = self._starts, self._ends
+        last = len(starts)  # pieces first..last-1 overlap [start, end]
+        while last and starts[last - 1] > end:
             last -= 1
         first = last
-        while first and pieces[first - 1][1] >= start:
+        while first and ends[first - 1] >= start:
             first -= 1
-        for a, b in pieces[first:last]:
+        for a, b in zip(starts[first:last], ends[first:last], strict=True):
             self.kept -= b - a
             start, end = min(a, start), max(b, end)
-        pieces[first:last] = [(start, end)]
+        starts[first:last] = array("d", (start,))
+        ends[first:last] = array("d", (end,))
         self.kept += end - start
-        while len(pieces) > self.KEEP:
-            a, b = pieces.pop(0)
+        while len(starts) > self.KEEP:
+            a, b = starts.pop(0), ends.pop(0)
             self.folded += b - a
             self.kept -= b - a
 

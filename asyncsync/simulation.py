@@ -238,7 +238,7 @@ class StandIn(TimingModel):
 
     def cross_entropy_gradient(self, inputs: torch.Tensor, targets: torch.Tensor,
                                grad: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.head.weight, self.head.bias
+        weight, bias = self.weight, self.bias
         key = b"".join(t.detach().numpy().tobytes() for t in (weight, bias, inputs, targets))
         known = self.memo.get(key)
         if known is None:
@@ -255,7 +255,7 @@ class StandIn(TimingModel):
     def _compute(self, inputs: torch.Tensor, targets: torch.Tensor,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Loss, weight and bias gradients, by autograd's kernels."""
-        weight, bias = self.head.weight, self.head.bias
+        weight, bias = self.weight, self.bias
         x = inputs.flatten(1).mean(1, keepdim=True)
         logp = torch.log_softmax(torch.nn.functional.linear(x, weight, bias), 1)
         aten = torch.ops.aten

@@ -104,11 +104,12 @@ class Link:
         self.spec = spec
         self.up = Pacer(spec.uplink_mbps)
         self.down = Pacer(spec.downlink_mbps)
-        self._random = random.Random(seed)
+        # Drawn from only with jitter; a generator's state is 2.5 kB, a lot times 100,000.
+        self._random = random.Random(seed) if spec.jitter_ms else None
 
     async def one_way_delay(self) -> None:
         delay = self.spec.latency_ms
-        if self.spec.jitter_ms:
+        if self._random is not None:
             delay += self._random.uniform(0.0, self.spec.jitter_ms)
         if delay > 0:
             await asyncio.sleep(delay / 1000)
