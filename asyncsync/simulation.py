@@ -58,13 +58,19 @@ SHARED_LOG_ABOVE = 64
 """Runs of more workers write every worker's records to one `WORKERS_LOG` (a rank field in
 each) rather than a ``worker-<rank>.jsonl`` each: 100,000 workers would be 100,000 files."""
 T = TypeVar("T")
+REAL_TIME_FIELDS = frozenset({"real_s", "setup_real_s", "math_real_s", "eval_real_s",
+                              "virtual_per_real"})
+"""The facts of a virtual run's summary that measure the host, not the simulation: the only
+ones two runs of the same recipe and seed may differ in."""
 
 
 @dataclass
 class RealCost:
-    """Real seconds a virtual-time run spent in its workers' local steps and in
-    evaluations (both run inline, so they are what bounds a run's speed)."""
+    """Real seconds a virtual-time run spent building its server and workers, in its
+    workers' local steps and in evaluations (the last two run inline, so they are what
+    bounds a run's speed)."""
 
+    setup_s: float = 0.0
     math_s: float = 0.0
     eval_s: float = 0.0
 
@@ -140,7 +146,7 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     real_s = wall() - began
     fixed = spec.compute.explicit_step_s or calibrated_s
     return {"clock": "virtual", "base_step_s": fixed or None, **times.facts(),
-            "real_s": round(real_s, 3),
+            "real_s": round(real_s, 3), "setup_real_s": round(cost.setup_s, 3),
             "math_real_s": round(cost.math_s, 3), "eval_real_s": round(cost.eval_s, 3),
             "virtual_per_real": round(virtual_s / real_s, 3) if real_s > 0 else None}
 
@@ -159,6 +165,7 @@ def run_step_times(spec: RunSpec, calibrated_s: float | None = None) -> StepTime
 
 async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
                status: StatusSink | None, cost: RealCost) -> float:
+    building = wall()
     protocol = get_protocol(spec.protocol.name)
     parts = _timing_parts(spec) if spec.model.name == TIMING_MODEL else _training_parts(spec)
     core = build_core(parts.model(), protocol, spec.workers,
@@ -182,6 +189,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
         for worker in workers:
             worker.metrics.log = RankLog(shared, worker.rank)
     began = wall()
+    cost.setup_s = began - building
 
     def progress() -> dict[str, Any]:
         real_s = wall() - began

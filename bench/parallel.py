@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from asyncsync.simulation import REAL_TIME_FIELDS
+
 ROOT = Path(__file__).parent.parent
 RECIPE = ROOT / "recipes" / "at_scale" / "wbsp.toml"
-REAL_TIME = ("real_s", "math_real_s", "eval_real_s", "virtual_per_real")
 
 
 def study(logs: Path, jobs: int, args: argparse.Namespace) -> float:
@@ -48,7 +49,7 @@ def results(logs: Path) -> dict[str, bytes | dict[str, object]]:
             files[f"{run_dir.name}/{path.name}"] = path.read_bytes()
         summary = json.loads((run_dir / "summary.json").read_text())
         files[f"{run_dir.name}/summary.json"] = {k: v for k, v in summary.items()
-                                                 if k not in REAL_TIME}
+                                                 if k not in REAL_TIME_FIELDS}
     return files
 
 

@@ -12,7 +12,8 @@ Each configuration runs in a child process of its own, so its peak resident memo
 (``ru_maxrss``) is its own; the baseline line is a child that imports the same modules and
 simulates nothing. Prints real seconds, virtual seconds per real one, versions, steps,
 simulated exchanges (a worker's request that moves a model: push, pull or fused exchange)
-per real second, the host's microseconds per exchange and their ratio to the smallest
+per real second and the host's microseconds per exchange (both over the run, its set-up
+left out: building 100,000 workers takes minutes of its own), their ratio to the smallest
 worker count of the same protocol (issue 23: within 1.5x from 100 to 10,000 workers),
 and peak memory over the baseline, in all and per worker.
 
@@ -127,13 +128,15 @@ def main() -> None:
         for run in args.runs:
             f = measure(recipe(workers, timing, virtual_s), run)
             kind = f"timing 47 MB, {virtual_s:g}" if timing else f"mlp, {virtual_s:g}"
-            per_exchange = f["real_s"] / max(f["exchanges"], 1) * 1e6
+            running_s = f["real_s"] - f["setup_real_s"]  # the run, its set-up left out
+            per_exchange = running_s / max(f["exchanges"], 1) * 1e6
             first = smallest.setdefault((timing, run), per_exchange)
             extra = f["peak_mb"] - base
-            print(f"{workers:>6} workers {run} ({kind} virtual s): real {f['real_s']:.1f} s, "
+            print(f"{workers:>6} workers {run} ({kind} virtual s): real {f['real_s']:.1f} s "
+                  f"(set-up {f['setup_real_s']:.1f} s), "
                   f"{f['virtual_per_real']:.3g} virtual s per real s, {f['versions']} versions, "
                   f"{f['steps']} steps, {f['exchanges']} exchanges, "
-                  f"{f['exchanges'] / f['real_s']:.0f} exchanges per real s, "
+                  f"{f['exchanges'] / running_s:.0f} exchanges per real s, "
                   f"{per_exchange:.0f} us per exchange ({per_exchange / first:.2f}x the "
                   f"smallest run's), peak {f['peak_mb']:.0f} MB (+{extra:.0f} over baseline, "
                   f"{extra * 1024 / workers:.0f} kB per worker)", flush=True)

@@ -14,9 +14,7 @@ from asyncsync.logschema import KEY, Kind
 from asyncsync.recipe import load_recipe
 from asyncsync.runlogs import read_jsonl
 from asyncsync.schema import ConfigError
-from asyncsync.simulation import simulate
-
-REAL_TIME_FIELDS = {"real_s", "math_real_s", "eval_real_s", "virtual_per_real"}
+from asyncsync.simulation import REAL_TIME_FIELDS, simulate
 
 MLP = """
 name = "cost"

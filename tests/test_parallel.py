@@ -16,10 +16,9 @@ import pytest
 from asyncsync import runner
 from asyncsync.cli import main
 from asyncsync.executors import shared_problem
+from asyncsync.simulation import REAL_TIME_FIELDS
 
 ROOT = Path(__file__).parent.parent
-REAL_TIME = ("real_s", "math_real_s", "eval_real_s", "virtual_per_real")
-"""summary.json fields measured on the host's clock (the rest is deterministic)."""
 
 RECIPE = """
 name = "small"
@@ -81,7 +80,8 @@ def outcome(root: Path) -> dict[str, object]:
         for path in [run_dir / "events.jsonl", *sorted(run_dir.glob("worker-*.jsonl"))]:
             files[f"{name}/{path.name}"] = path.read_bytes()
         summary = json.loads((run_dir / "summary.json").read_text())
-        files[f"{name}/summary.json"] = {k: v for k, v in summary.items() if k not in REAL_TIME}
+        files[f"{name}/summary.json"] = {k: v for k, v in summary.items()
+                                         if k not in REAL_TIME_FIELDS}
     return files
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from asyncsync.recipe import load_recipe
 from asyncsync.report import summarize_run
-from asyncsync.simulation import simulate
+from asyncsync.simulation import REAL_TIME_FIELDS, simulate
 
 RECIPE = """
 name = "digest"
@@ -73,8 +73,6 @@ network = {bandwidth_mbps = 1000, server_mbps = 4000, latency_ms = 5, jitter_ms 
 stop = {time_s = 6}
 """
 
-REAL_TIME = ("real_s", "math_real_s", "eval_real_s", "virtual_per_real")
-"""summary.json's fields that measure the host, not the simulation."""
 
 DIGESTS = {
     "bsp":
@@ -103,7 +101,7 @@ def digest(tmp_path: Path, name: str) -> str:
         {"name": "digest", "baseline": "bsp", "runs": [spec.as_table()]}))
     facts = simulate(spec, run_dir, f"digest/{name}")
     summary = {k: v for k, v in {**summarize_run(run_dir), **facts}.items()
-               if k not in REAL_TIME}
+               if k not in REAL_TIME_FIELDS}
     sha = hashlib.sha256()
     for path in [run_dir / "events.jsonl", *sorted(run_dir.glob("worker-*.jsonl"))]:
         sha.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
