@@ -120,11 +120,16 @@ class IntervalUnion:
         first = last
         while first and ends[first - 1] >= start:
             first -= 1
-        for a, b in zip(starts[first:last], ends[first:last], strict=True):
-            self.kept -= b - a
-            start, end = min(a, start), max(b, end)
-        starts[first:last] = array("d", (start,))
-        ends[first:last] = array("d", (end,))
+        if first == last:  # overlaps nothing (mostly: appended at the end)
+            starts.insert(first, start)
+            ends.insert(first, end)
+        else:  # merged into pieces first..last-1, kept in place of the first
+            for i in range(first, last):
+                a, b = starts[i], ends[i]
+                self.kept -= b - a
+                start, end = min(a, start), max(b, end)
+            starts[first], ends[first] = start, end
+            del starts[first + 1 : last], ends[first + 1 : last]
         self.kept += end - start
         while len(starts) > self.KEEP:
             a, b = starts.pop(0), ends.pop(0)
