@@ -19,11 +19,12 @@ import contextlib
 import itertools
 import json
 import shutil
+import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncsync.assembly import run_data
 from asyncsync.dashboard import Dashboard
@@ -44,6 +45,8 @@ from asyncsync.report import publish, summarize_run
 from asyncsync.schema import ConfigError
 from asyncsync.simulation import calibrate_step_s, simulate
 from asyncsync.tracking import Tracker, follow, parse_track
+
+T = TypeVar("T")
 
 
 async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
@@ -427,5 +430,33 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
     ``[tracking]`` trackers join `trackers`."""
     recipe = load_recipe(path, overrides, only, repeats)
     trackers = [*trackers, *(parse_track(spec) for spec in recipe.track_specs)]
-    return asyncio.run(run_recipe(recipe, logs, live, trackers, jobs=jobs, resume=resume,
-                                  slurm=slurm, wait=wait))
+    return asyncio.run(_terminable(run_recipe(recipe, logs, live, trackers, jobs=jobs,
+                                              resume=resume, slurm=slurm, wait=wait)))
+
+
+async def _terminable(job: Coroutine[Any, Any, T]) -> T:
+    """Await `job`, which SIGTERM (a Slurm time limit, `kill`) cancels as Ctrl-C does: the
+    runs in progress are marked interrupted, so ``--resume`` runs them again, and
+    KeyboardInterrupt follows. Killed outright instead, the supervisor's children found
+    their pipe broken and recorded failed runs, which ``--resume`` keeps."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    terminated: list[bool] = []
+
+    def terminate() -> None:
+        terminated.append(True)
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread; Windows
+        return await job
+    try:
+        return await job
+    except asyncio.CancelledError:
+        if terminated:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)

@@ -157,11 +157,14 @@ def test_a_run_that_raises_is_a_failed_row_and_the_others_finish(tmp_path: Path)
         run_cli("--help").stdout.split())
 
 
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM],
+                         ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_study(
-        tmp_path: Path) -> None:
-    """Ctrl-C while two children run: exit 130, their folders marked interrupted and their
-    logs no longer growing; --resume runs exactly the unfinished runs, and its table and
-    folders equal those of a study run in one go."""
+        tmp_path: Path, signal_number: int) -> None:
+    """Ctrl-C, or SIGTERM (a Slurm time limit, `kill`), while two children run: exit 130,
+    their folders marked interrupted (not failed) and their logs no longer growing;
+    --resume runs exactly the unfinished runs, and its table and folders equal those of a
+    study run in one go."""
     path = recipe(tmp_path, time_s=200)
     logs = tmp_path / "logs"
     process = subprocess.Popen(
@@ -171,14 +174,18 @@ def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_stu
     while not any(p.stat().st_size for p in logs.glob("small/*/*/events.jsonl")):
         assert process.poll() is None, process.communicate()[0]
         time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal_number)
     out = process.communicate(timeout=120)[0]
     assert process.returncode == 130, out
     root = study(logs)
     assert "interrupted" in out and f"--resume {root}" in " ".join(out.split())
-    cut = [d for d in root.iterdir() if d.is_dir() and (d / "summary.json").exists()
-           and json.loads((d / "summary.json").read_text()).get("interrupted")]
+    written = {d.name: json.loads((d / "summary.json").read_text()) for d in root.iterdir()
+               if d.is_dir() and (d / "summary.json").exists()}
+    cut = [root / name for name, summary in written.items() if summary.get("interrupted")]
     assert cut, out
+    failed = {name: s["error"] for name, s in written.items()
+              if "error" in s and not s.get("interrupted")}
+    assert not failed, out  # --resume would not run a failed run again
     # (a run the Ctrl-C caught before its child began has no events.jsonl yet)
     events = [d / "events.jsonl" for d in cut if (d / "events.jsonl").exists()]
     assert events, out
