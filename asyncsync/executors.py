@@ -28,6 +28,11 @@ from asyncsync.simulation import StatusSink, simulate
 STATUS_EVERY_S = 0.5
 """How often (real seconds) a child reports its run's status to the supervisor."""
 
+
+class SupervisorGone(Exception):
+    """The supervisor reading a child's status lines is gone (its pipe broke): killed
+    outright, so it could not mark the child's run interrupted itself."""
+
 SUBMITTED = "submitted.json"
 """A study folder's record of its Slurm job array (read by ``asyncsync report``)."""
 
@@ -74,6 +79,8 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
         spec = load_recipe(folder / "recipe.json").runs[0]
         facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s)
         summary = {**summarize_run(folder), **facts}
+    except SupervisorGone:  # not the run's fault: --resume runs it again
+        summary = failure(folder, "interrupted", interrupted=True)
     except Exception as exc:
         summary = failure(folder, error_line(exc))
     write_summary(folder, summary)
@@ -93,10 +100,24 @@ def status_printer() -> StatusSink:
         now = wall()
         if now - last[0] >= STATUS_EVERY_S:
             last[0] = now
-            sys.stdout.write(json.dumps(status) + "\n")
-            sys.stdout.flush()
+            _tell_supervisor(status)
 
     return emit
+
+
+def _tell_supervisor(message: dict[str, Any]) -> None:
+    """One JSON line to the supervisor on stdout.
+
+    Raises:
+        SupervisorGone: its end of the pipe is closed.
+    """
+    try:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError as exc:
+        # what is left in stdout's buffer goes nowhere, not into an error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SupervisorGone from exc
 
 
 def serve(lines: Iterable[str]) -> None:
@@ -107,8 +128,10 @@ def serve(lines: Iterable[str]) -> None:
     for line in lines:
         run_dir, _, calibrated = line.rstrip("\n").partition("\t")
         run_folder(run_dir, float(calibrated) if calibrated else None, status)
-        sys.stdout.write(json.dumps({"done": run_dir}) + "\n")
-        sys.stdout.flush()
+        try:
+            _tell_supervisor({"done": run_dir})
+        except SupervisorGone:  # nobody left to send runs: stop
+            return
 
 
 class Child:

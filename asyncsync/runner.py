@@ -436,16 +436,18 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
 
 async def _terminable(job: Coroutine[Any, Any, T]) -> T:
     """Await `job`, which SIGTERM (a Slurm time limit, `kill`) cancels as Ctrl-C does: the
-    runs in progress are marked interrupted, so ``--resume`` runs them again, and
-    KeyboardInterrupt follows. Killed outright instead, the supervisor's children found
-    their pipe broken and recorded failed runs, which ``--resume`` keeps."""
+    runs in progress are marked interrupted, so ``--resume`` runs them again, the table of
+    the finished ones is printed, and KeyboardInterrupt follows. (Killed outright, the
+    supervisor prints nothing; its children mark their runs interrupted themselves, see
+    `asyncsync.executors.SupervisorGone`.)"""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
-    terminated: list[bool] = []
+    terminated = False
 
     def terminate() -> None:
-        terminated.append(True)
+        nonlocal terminated
+        terminated = True
         task.cancel()
 
     try:

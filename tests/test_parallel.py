@@ -201,6 +201,37 @@ def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_stu
     assert outcome(root) == outcome(study(tmp_path / "whole"))
 
 
+def test_a_supervisor_killed_outright_leaves_its_runs_interrupted_not_failed(
+        tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer, a lost login node): no handler runs in the supervisor, and
+    its children notice only when their next status line finds the pipe broken. The runs
+    they were simulating must then be marked interrupted, which --resume runs again, not
+    failed with a BrokenPipeError, which it keeps; and the children must stop."""
+    logs = tmp_path / "logs"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "asyncsync", "run", recipe(tmp_path, time_s=200), "--logs",
+         str(logs), "--jobs", "2", "--plain"], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    while not any(p.stat().st_size for p in logs.glob("small/*/*/events.jsonl")):
+        assert process.poll() is None
+        time.sleep(0.2)
+    process.kill()
+    process.wait()
+    root = study(logs)
+    started = [d for d in root.iterdir() if (d / "events.jsonl").exists()]
+    deadline = time.monotonic() + 120
+    while not all((d / "summary.json").exists() for d in started):
+        assert time.monotonic() < deadline, [d.name for d in started]
+        time.sleep(0.5)
+    for run_dir in started:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary.get("interrupted") is True, summary
+    events = [d / "events.jsonl" for d in started]
+    sizes = [p.stat().st_size for p in events]
+    time.sleep(2)
+    assert [p.stat().st_size for p in events] == sizes  # the children stopped
+
+
 def test_resume_keeps_finished_runs_and_refuses_other_options(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = recipe(tmp_path, time_s=6)
