@@ -16,8 +16,14 @@ receives one of the same size back (0.55 MB: the cnn's model, as one bsp step do
 5. rule: the same with bsp applying an SGD step on each push;
 6. copies: plus the worker's adoption of the pulled model (one copy into its parameters).
 
-Prints the median ms per exchange of each row, what each layer adds, and its share of
-the last row. Rows run in alternating rounds (the host is shared), medians over all.
+Beside the rows, in the same rounds: ``websocket``, the bare app's echo over one
+WebSocket opened once (aiohttp's client, which masks every frame it sends, as RFC 6455
+requires): what a persistent per-session channel would cost instead of row 2's request.
+
+Prints, for each row, the median wall ms per exchange and the CPU ms per exchange of
+client and server together (measured between two marks, so start-up is left out; on a
+shared host the CPU column moves far less than the wall one), what each layer adds, and
+its share of the last row. Rows run in alternating rounds (the host is shared), medians over all.
 """
 
 from __future__ import annotations
@@ -38,15 +44,12 @@ from benchlib import RUN, SINK, SessionClient, push_header
 from asyncsync.buffers import VectorPool
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.http_client import HttpTransport
-from asyncsync.transport.http_server import ParameterServer
+from asyncsync.transport.http_server import ParameterServer, send_frame
 from asyncsync.wire import (
-    CONTENT_TYPE,
     PREFIX,
     FrameReader,
     Limits,
     encode_header,
-    frame_size,
-    tensor_chunks,
     tensor_spec,
 )
 
@@ -54,6 +57,8 @@ MB = 1_000_000
 CNN_BYTES = 546_344
 """The cnn's model in float32 (bench/overhead.py's exchange, each way)."""
 LAYERS = ("raw", "aiohttp", "framing", "server", "rule")
+ALTERNATIVES = ("websocket",)
+"""Measured in the same rounds as `LAYERS`, reported beside them (not a layer on top)."""
 Exchange = Callable[[], Awaitable[None]]
 
 
@@ -96,29 +101,30 @@ def aiohttp_app(numel: int, framed: bool) -> web.Application:
     async def echo(request: web.Request) -> web.StreamResponse:
         return web.Response(body=await request.read())
 
+    async def echo_frames(request: web.Request) -> web.StreamResponse:
+        socket = web.WebSocketResponse(max_msg_size=limits.max_body_bytes)
+        await socket.prepare(request)
+        async for message in socket:
+            await socket.send_bytes(message.data)
+        return socket
+
     async def frame(request: web.Request) -> web.StreamResponse:
         reader = FrameReader(request.content.readany, limits.max_body_bytes)
         header = await reader.header()
         nbytes = tensor_spec(header, limits)
         assert nbytes is not None
         vector = await reader.tensor(nbytes, limits.dtype, pool.take, check_finite=True)
-        head = encode_header({"version": 0}, vector)
-        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
-        response.content_length = frame_size(head, vector)
-        await response.prepare(request)
-        await response.write(head)
-        for piece in tensor_chunks(vector):
-            await response.write(piece)
-        await response.write_eof()
-        return response
+        return await send_frame(request, encode_header({"version": 0}, vector), vector)
 
     app = web.Application(client_max_size=limits.max_body_bytes)
     app.router.add_post("/v1/push", frame if framed else echo)
+    app.router.add_get("/v1/ws", echo_frames)
     return app
 
 
-def serve(layer: str, numel: int, port: Any, done: Any) -> None:
-    """Server process body for `layer` (see the module docstring)."""
+def serve(layer: str, numel: int, port: Any, window: Any, cpu: Any) -> None:
+    """Server process body for `layer` (see the module docstring): its CPU seconds between
+    the client's two marks go to `cpu`."""
     torch.set_num_threads(1)
 
     async def main() -> None:
@@ -131,7 +137,7 @@ def serve(layer: str, numel: int, port: Any, done: Any) -> None:
             async def close_raw() -> None:
                 server.close()
             closers.append(close_raw)
-        elif layer in ("aiohttp", "framing"):
+        elif layer in ("aiohttp", "framing", "websocket"):
             runner = web.AppRunner(aiohttp_app(numel, layer == "framing"), access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -145,7 +151,11 @@ def serve(layer: str, numel: int, port: Any, done: Any) -> None:
             await ps.start()
             port.value = ps.port
             closers.append(ps.close)
-        while not done.is_set():
+        for mark in window[:2]:  # timed exchanges begin, then end
+            while not mark.is_set():
+                await asyncio.sleep(0.005)
+            cpu.value = time.process_time() - cpu.value
+        while not window[2].is_set():  # the client is done
             await asyncio.sleep(0.05)
         for close in closers:
             await close()
@@ -172,6 +182,20 @@ async def client_for(layer: str, port: int, numel: int,
         async def close_raw() -> None:
             link.close()
         return raw, close_raw
+    if layer == "websocket":
+        session = ClientSession()
+        socket = await session.ws_connect(f"{url}/v1/ws",
+                                         max_msg_size=Limits(numel).max_body_bytes)
+        body = bytes(vector.numpy().data.cast("B"))
+
+        async def frame_echo() -> None:
+            await socket.send_bytes(body)
+            assert len((await socket.receive()).data) == len(body)
+
+        async def close_ws() -> None:
+            await socket.close()
+            await session.close()
+        return frame_echo, close_ws
     if layer == "aiohttp":
         session = ClientSession()
         body = bytes(vector.numpy().data.cast("B"))
@@ -201,12 +225,15 @@ async def client_for(layer: str, port: int, numel: int,
     return exchange, client.close
 
 
-async def measure(layer: str, numel: int, repeats: int) -> list[float]:
-    """Seconds of each of `repeats` exchanges of `layer`, after a warm-up."""
+async def measure(layer: str, numel: int, repeats: int) -> tuple[list[float], float]:
+    """Seconds of each of `repeats` exchanges of `layer`, after a warm-up, and the CPU
+    seconds per exchange of client and server together (unlike wall time, hardly moved
+    by other processes on a shared host)."""
     ctx = mp.get_context("spawn")
     port = ctx.Value("i", 0)
-    done = ctx.Event()
-    proc = ctx.Process(target=serve, args=(layer, numel, port, done))
+    server_cpu = ctx.Value("d", 0.0)
+    window = (ctx.Event(), ctx.Event(), ctx.Event())
+    proc = ctx.Process(target=serve, args=(layer, numel, port, window, server_cpu))
     proc.start()
     while port.value == 0:
         if not proc.is_alive():
@@ -215,61 +242,82 @@ async def measure(layer: str, numel: int, repeats: int) -> list[float]:
     exchange, close = await client_for(layer, int(port.value), numel)
     times = []
     try:
-        for i in range(repeats + 20):
+        for _ in range(20):
+            await exchange()
+        window[0].set()
+        await asyncio.sleep(0.05)  # the server notices the mark before the first exchange
+        client_cpu = time.process_time()
+        for _ in range(repeats):
             began = time.perf_counter()
             await exchange()
-            if i >= 20:
-                times.append(time.perf_counter() - began)
+            times.append(time.perf_counter() - began)
+        client_cpu = time.process_time() - client_cpu
+        window[1].set()
+        await asyncio.sleep(0.05)
     finally:
         await close()
-        done.set()
+        for mark in window:
+            mark.set()
         await asyncio.to_thread(proc.join)
-    return times
+    return times, (client_cpu + server_cpu.value) / repeats
 
 
-def adoption_s(numel: int, repeats: int) -> list[float]:
-    """Seconds of each adoption: a pulled vector copied into a model's flat parameters."""
+def adoption_s(numel: int, repeats: int) -> tuple[list[float], float]:
+    """Seconds of each adoption (a pulled vector copied into a model's flat parameters),
+    and CPU seconds per adoption."""
     flat = torch.zeros(numel)
     pulled = torch.full((numel,), 1e-3)
     times = []
+    cpu = time.process_time()
     for _ in range(repeats):
         began = time.perf_counter()
         with torch.no_grad():
             flat.copy_(pulled)
         times.append(time.perf_counter() - began)
-    return times
+    return times, (time.process_time() - cpu) / repeats
 
 
-def report(nbytes: int, rows: dict[str, list[float]]) -> None:
-    """Print one size's table."""
+def report(nbytes: int, rows: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
+    """Print one size's table: wall and CPU (client + server) ms per exchange."""
     medians = {layer: 1000 * statistics.median(times) for layer, times in rows.items()}
-    total = medians["copies"] + medians["rule"]
+    cpu_ms = {layer: 1000 * statistics.median(per_round) for layer, per_round in cpu.items()}
+    for table in (medians, cpu_ms):  # the copies row adds adoption to the rule row
+        table["copies"] += table["rule"]
     print(f"\n{nbytes / MB:.2f} MB each way: median ms per exchange")
-    print(f"{'layer':>8} {'ms':>7} {'adds ms':>8} {'share':>6}")
-    previous = 0.0
+    print(f"{'layer':>9} {'wall':>7} {'adds':>6} {'share':>6} {'cpu':>7} {'adds':>6} {'share':>6}")
+    previous = previous_cpu = 0.0
     for layer in (*LAYERS, "copies"):
-        cumulative = medians[layer] + (medians["rule"] if layer == "copies" else 0.0)
-        added = cumulative - previous
-        print(f"{layer:>8} {cumulative:>7.2f} {added:>8.2f} {added / total:>6.0%}")
-        previous = cumulative
+        added, added_cpu = medians[layer] - previous, cpu_ms[layer] - previous_cpu
+        print(f"{layer:>9} {medians[layer]:>7.2f} {added:>6.2f} {added / medians['copies']:>6.0%}"
+              f" {cpu_ms[layer]:>7.2f} {added_cpu:>6.2f} {added_cpu / cpu_ms['copies']:>6.0%}")
+        previous, previous_cpu = medians[layer], cpu_ms[layer]
+    for layer in ALTERNATIVES:
+        print(f"{layer:>9} {medians[layer]:>7.2f} {'':>13} {cpu_ms[layer]:>7.2f} (instead of the "
+              f"aiohttp row's {medians['aiohttp']:.2f} / {cpu_ms['aiohttp']:.2f})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200, help="exchanges per round")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[CNN_BYTES, MB],
+                        help="bytes each way (a multiple of 4)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    for nbytes in (CNN_BYTES, MB):
+    for nbytes in args.sizes:
         numel = nbytes // 4
-        rows: dict[str, list[float]] = {layer: [] for layer in LAYERS}
+        rows: dict[str, list[float]] = {layer: [] for layer in (*LAYERS, *ALTERNATIVES)}
+        cpu: dict[str, list[float]] = {layer: [] for layer in rows}
         for _ in range(args.rounds):
-            for layer in LAYERS:
-                rows[layer] += asyncio.run(measure(layer, numel, args.repeats))
-        rows["copies"] = adoption_s(numel, args.repeats)
-        report(nbytes, rows)
+            for layer in rows:
+                times, cpu_s = asyncio.run(measure(layer, numel, args.repeats))
+                rows[layer] += times
+                cpu[layer].append(cpu_s)
+        rows["copies"], adoption_cpu = adoption_s(numel, args.repeats)
+        cpu["copies"] = [adoption_cpu]
+        report(nbytes, rows, cpu)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

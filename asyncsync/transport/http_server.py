@@ -21,6 +21,7 @@ import ssl
 from pathlib import Path
 from typing import Any
 
+import torch
 from aiohttp import web
 from torch import nn
 
@@ -42,6 +43,7 @@ from asyncsync.wire import (
     frame_size,
     tensor_chunks,
     tensor_spec,
+    whole_frame,
 )
 
 LOG = logging.getLogger("asyncsync.server")
@@ -99,13 +101,23 @@ async def answer(request: web.Request) -> web.StreamResponse:
         return web.Response(status=err.status, text=err.reason)
     except Refused as refusal:
         return web.Response(status=status_of(refusal), text=refusal.reason)
-    head = encode_header(reply, reply_vector)
+    return await send_frame(request, encode_header(reply, reply_vector), reply_vector)
+
+
+async def send_frame(request: web.Request, head: bytes, vector: torch.Tensor | None,
+                     ) -> web.StreamResponse:
+    """Stream a framed reply: a small frame in one write (`whole_frame`: aiohttp sends it
+    with the response head in one `send`), a larger one as the head and then the tensor's
+    zero-copy pieces. Raises ConnectionError when the client has left."""
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
-    response.content_length = frame_size(head, reply_vector)
+    response.content_length = frame_size(head, vector)
     await response.prepare(request)
-    await response.write(head)
-    if reply_vector is not None:
-        for piece in tensor_chunks(reply_vector):
+    whole = whole_frame(head, vector)
+    if whole is not None:
+        await response.write(whole)
+    else:
+        await response.write(head)
+        for piece in [] if vector is None else tensor_chunks(vector):
             await response.write(piece)
     await response.write_eof()
     return response
