@@ -36,10 +36,6 @@ CONTENT_TYPE = "application/x-asyncsync"
 PREFIX = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
 CHUNK_BYTES = 1 << 20
-WHOLE_FRAME_BYTES = 64 * 1024
-"""A frame up to this size is sent as one bytes object (one copy of at most 64 KiB, far
-cheaper than the extra socket write and wake-up per piece); a larger one as zero-copy
-pieces."""
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "uint8": torch.uint8}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -95,14 +91,6 @@ def tensor_chunks(tensor: torch.Tensor, chunk: int = CHUNK_BYTES) -> Iterator[me
 def frame_size(prefix_and_header: bytes, tensor: torch.Tensor | None) -> int:
     body = 0 if tensor is None else tensor.numel() * tensor.element_size()
     return len(prefix_and_header) + body
-
-
-def whole_frame(head: bytes, tensor: torch.Tensor | None) -> bytes | None:
-    """The frame as one bytes object when it is at most `WHOLE_FRAME_BYTES` (else None:
-    send it as `frame_pieces`)."""
-    if frame_size(head, tensor) > WHOLE_FRAME_BYTES:
-        return None
-    return head if tensor is None else head + b"".join(tensor_chunks(tensor))
 
 
 async def frame_pieces(

@@ -10,14 +10,12 @@ from asyncsync.protocols.base import all_finite
 from asyncsync.wire import (
     MAX_HEADER_BYTES,
     PREFIX,
-    WHOLE_FRAME_BYTES,
     FrameReader,
     Limits,
     WireError,
     encode_header,
     tensor_chunks,
     tensor_spec,
-    whole_frame,
 )
 
 
@@ -44,15 +42,6 @@ async def test_round_trip_in_small_chunks() -> None:
     assert nbytes == 40
     out = await reader.tensor(nbytes, torch.float32)
     assert torch.equal(out, vector)
-
-
-def test_a_small_frame_is_one_bytes_object_and_a_large_one_is_not() -> None:
-    small = torch.arange(10, dtype=torch.float32)
-    head = encode_header({"worker": 1}, small)
-    assert whole_frame(head, small) == frame({"worker": 1}, small)
-    assert whole_frame(head, None) == head
-    large = torch.zeros(WHOLE_FRAME_BYTES // 4)  # its head takes it over the limit
-    assert whole_frame(encode_header({}, large), large) is None
 
 
 async def test_truncated_tensor_is_rejected() -> None:

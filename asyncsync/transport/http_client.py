@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from asyncsync.wire import (
     frame_pieces,
     frame_size,
     tensor_spec,
-    whole_frame,
 )
 
 BUSY = 503
@@ -135,14 +133,12 @@ class HttpTransport:
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         head = encode_header(header, vector)
         size = frame_size(head, vector)
-        body: bytes | AsyncIterator[bytes | memoryview] | None = None
+        pieces = frame_pieces(head, vector)
         if self.link is not None:
             await self.link.one_way_delay()
-            body = self.link.paced_pieces(frame_pieces(head, vector))
-        else:
-            body = whole_frame(head, vector) or frame_pieces(head, vector)
+            pieces = self.link.paced_pieces(pieces)
         try:
-            response = await self._session.post(f"{self.url}/v1/{op}", data=body,
+            response = await self._session.post(f"{self.url}/v1/{op}", data=pieces,
                                                 headers={"Content-Length": str(size)})
         except aiohttp.ServerDisconnectedError as exc:
             if op in RESENDABLE_OPS:

@@ -43,7 +43,6 @@ from asyncsync.wire import (
     frame_size,
     tensor_chunks,
     tensor_spec,
-    whole_frame,
 )
 
 LOG = logging.getLogger("asyncsync.server")
@@ -106,18 +105,14 @@ async def answer(request: web.Request) -> web.StreamResponse:
 
 async def send_frame(request: web.Request, head: bytes, vector: torch.Tensor | None,
                      ) -> web.StreamResponse:
-    """Stream a framed reply: a small frame in one write (`whole_frame`: aiohttp sends it
-    with the response head in one `send`), a larger one as the head and then the tensor's
-    zero-copy pieces. Raises ConnectionError when the client has left."""
+    """Stream a framed reply: the encoded head, then the tensor's zero-copy pieces. Raises
+    ConnectionError when the client has left."""
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
     response.content_length = frame_size(head, vector)
     await response.prepare(request)
-    whole = whole_frame(head, vector)
-    if whole is not None:
-        await response.write(whole)
-    else:
-        await response.write(head)
-        for piece in [] if vector is None else tensor_chunks(vector):
+    await response.write(head)
+    if vector is not None:
+        for piece in tensor_chunks(vector):
             await response.write(piece)
     await response.write_eof()
     return response
