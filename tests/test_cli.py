@@ -177,6 +177,7 @@ def test_an_unwritable_log_root_is_one_line(capsys: pytest.CaptureFixture[str],
     assert error.endswith(": Not a directory")
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_prints_interrupted_the_finished_runs_and_the_log_path(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:

@@ -157,6 +157,7 @@ def test_a_run_that_raises_is_a_failed_row_and_the_others_finish(tmp_path: Path)
         run_cli("--help").stdout.split())
 
 
+@pytest.mark.usefixtures("ctrl_c")
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM],
                          ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_study(
