@@ -33,6 +33,7 @@ class SupervisorGone(Exception):
     """The supervisor reading a child's status lines is gone (its pipe broke): killed
     outright, so it could not mark the child's run interrupted itself."""
 
+
 SUBMITTED = "submitted.json"
 """A study folder's record of its Slurm job array (read by ``asyncsync report``)."""
 
@@ -49,15 +50,21 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def failure(run_dir: Path, error: str, interrupted: bool = False) -> dict[str, Any]:
-    """The summary of a run that failed (or was interrupted), from its recipe.json."""
+def failure(run_dir: Path, error: str) -> dict[str, Any]:
+    """The summary of a run that failed, from its recipe.json (``--resume`` keeps it)."""
     written = json.loads((run_dir / "recipe.json").read_text())
     spec = written["runs"][0]
     summary = {"recipe": written["name"], "run": spec["name"],
                "protocol": spec["protocol"]["name"], "repeat": written.get("repeat", 0),
                "seed": spec.get("seed", 0), "sweep": spec.get("sweep") or {},
                "clock": spec.get("clock", "real"), "error": error}
-    return {**summary, "interrupted": True} if interrupted else summary
+    return summary
+
+
+def interrupted(run_dir: Path) -> dict[str, Any]:
+    """The summary of a run cut short (Ctrl-C, SIGTERM, its supervisor gone), from its
+    recipe.json (``--resume`` runs it again)."""
+    return {**failure(run_dir, "interrupted"), "interrupted": True}
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -80,7 +87,7 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
         facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s)
         summary = {**summarize_run(folder), **facts}
     except SupervisorGone:  # not the run's fault: --resume runs it again
-        summary = failure(folder, "interrupted", interrupted=True)
+        summary = interrupted(folder)
     except Exception as exc:
         summary = failure(folder, error_line(exc))
     write_summary(folder, summary)
@@ -116,7 +123,9 @@ def _tell_supervisor(message: dict[str, Any]) -> None:
         sys.stdout.flush()
     except BrokenPipeError as exc:
         # what is left in stdout's buffer goes nowhere, not into an error at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         raise SupervisorGone from exc
 
 

@@ -34,6 +34,7 @@ from asyncsync.executors import (
     SlurmOptions,
     error_line,
     failure,
+    interrupted,
     shared_problem,
     slurm_executor,
     slurm_task,
@@ -309,7 +310,7 @@ async def _pool(study: _Study, todo: list[int], jobs: int) -> None:
         except RuntimeError as exc:  # no summary.json: --resume runs it again
             summary = failure(slot.run_dir, error_line(exc))
         except asyncio.CancelledError:
-            write_summary(slot.run_dir, failure(slot.run_dir, "interrupted", True))
+            write_summary(slot.run_dir, interrupted(slot.run_dir))
             raise
         return summary
 
@@ -395,8 +396,8 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
         for position, job in pending.items():
             with contextlib.suppress(Exception):
                 job.cancel(check=False)
-            write_summary(study.slots[position].run_dir,
-                          failure(study.slots[position].run_dir, "interrupted", True))
+            run_dir = study.slots[position].run_dir
+            write_summary(run_dir, interrupted(run_dir))
         raise
     return True
 

@@ -168,11 +168,12 @@ async def client_for(layer: str, port: int, numel: int,
     """One exchange of `layer` as a coroutine function, and how to close its client."""
     vector = torch.full((numel,), 1e-3)
     url = f"http://127.0.0.1:{port}"
+    body = bytes(vector.numpy().data.cast("B"))  # the echo rows' payload
     if layer == "raw":
         loop = asyncio.get_running_loop()
         link, peer = await loop.create_connection(
             lambda: Echo(numel * 4, server=False), "127.0.0.1", port)
-        message = memoryview(bytearray(PREFIX.pack(numel * 4)) + vector.numpy().tobytes())
+        message = memoryview(PREFIX.pack(numel * 4) + body)
 
         async def raw() -> None:
             peer.done = loop.create_future()
@@ -186,7 +187,6 @@ async def client_for(layer: str, port: int, numel: int,
         session = ClientSession()
         socket = await session.ws_connect(f"{url}/v1/ws",
                                          max_msg_size=Limits(numel).max_body_bytes)
-        body = bytes(vector.numpy().data.cast("B"))
 
         async def frame_echo() -> None:
             await socket.send_bytes(body)
@@ -198,7 +198,6 @@ async def client_for(layer: str, port: int, numel: int,
         return frame_echo, close_ws
     if layer == "aiohttp":
         session = ClientSession()
-        body = bytes(vector.numpy().data.cast("B"))
 
         async def echo() -> None:
             async with session.post(f"{url}/v1/push", data=body) as resp:
