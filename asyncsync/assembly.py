@@ -216,7 +216,8 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         cost = step_times(spec).costs[rank]
 
     def dial(link: Link | None) -> Transport:
-        return connect(url, Dial(model_numel(model), link, local_addr, token, tls))
+        return connect(url, Dial(model_numel(model), link, local_addr, token, tls,
+                                 spec.network.channel))
 
     def threaded(profile: ComputeProfile) -> WorkerSeam:
         return ThreadedWorkerSeam(profile, f"asyncsync-compute-{rank}", cost)

@@ -29,6 +29,7 @@ from typing import Any
 
 from asyncsync.compression import CODECS, Compressor
 from asyncsync.data import DATASETS
+from asyncsync.engine.channel import CHANNELS
 from asyncsync.hetero.compute import PROFILES, ComputeProfile, build_profile, profile_params
 from asyncsync.hetero.cost_model import DEFAULT_DEVICE, DEVICES, device
 from asyncsync.hetero.network import LinkSpec
@@ -201,6 +202,10 @@ class NetworkSpec:
                                   "compression = \"topk\": the share of entries pushed")
     error_feedback: bool = option(True, help="lossy compression: carry what a push left out "
                                              "into the next push of its kind")
+    channel: str = option("stream", lambda v: v in CHANNELS,
+                          f"must be one of {', '.join(CHANNELS)}",
+                          "real clock: workers' requests as frames on an upgraded connection "
+                          "(stream) or as one HTTP POST each (http)")
 
     def __post_init__(self) -> None:
         if self.topk_fraction != TOPK_FRACTION and self.compression != "topk":

@@ -16,9 +16,10 @@ receives one of the same size back (0.55 MB: the cnn's model, as one bsp step do
 5. rule: the same with bsp applying an SGD step on each push;
 6. copies: plus the worker's adoption of the pulled model (one copy into its parameters).
 
-Beside the rows, in the same rounds: ``websocket``, the bare app's echo over one
-WebSocket opened once (aiohttp's client, which masks every frame it sends, as RFC 6455
-requires): what a persistent per-session channel would cost instead of row 2's request.
+Rows 3-5 post an HTTP request per exchange (``channel="http"``). Beside the rows, in the
+same rounds: ``websocket``, the bare app's echo over one WebSocket opened once (aiohttp's
+client, which masks every frame it sends, as RFC 6455 requires); ``stream server`` and
+``stream rule``, rows 4 and 5 over the stream channel (`frame_stream`, the default).
 
 Prints, for each row, the median wall ms per exchange and the CPU ms per exchange of
 client and server together (measured between two marks, so start-up is left out; on a
@@ -57,7 +58,7 @@ MB = 1_000_000
 CNN_BYTES = 546_344
 """The cnn's model in float32 (bench/overhead.py's exchange, each way)."""
 LAYERS = ("raw", "aiohttp", "framing", "server", "rule")
-ALTERNATIVES = ("websocket",)
+ALTERNATIVES = ("websocket", "stream server", "stream rule")
 """Measured in the same rounds as `LAYERS`, reported beside them (not a layer on top)."""
 Exchange = Callable[[], Awaitable[None]]
 
@@ -147,7 +148,8 @@ def serve(layer: str, numel: int, port: Any, window: Any, cpu: Any) -> None:
         else:
             model = torch.nn.Linear(numel, 1, bias=False)
             settings = ServerSettings(run_id=RUN, worker_timeout_s=None, lr=1e-3)
-            ps = ParameterServer(model, SINK if layer == "server" else "bsp", 1, settings)
+            ps = ParameterServer(model, SINK if layer.endswith("server") else "bsp", 1,
+                                 settings)
             await ps.start()
             port.value = ps.port
             closers.append(ps.close)
@@ -204,12 +206,13 @@ async def client_for(layer: str, port: int, numel: int,
                 await resp.read()
         return echo, session.close
     if layer == "framing":
-        transport = HttpTransport(url, numel)
+        transport = HttpTransport(url, numel, channel="http")
 
         async def framed() -> None:
             await transport.request("push", {}, vector)
         return framed, transport.close
-    client = SessionClient(HttpTransport(url, numel))
+    channel = "stream" if layer.startswith("stream") else "http"
+    client = SessionClient(HttpTransport(url, numel, channel=channel))
     reply, _ = await client.request("join", {"worker": 0, "run_id": RUN})
     client.session = str(reply["meta"]["session"])
     header = {**push_header(0), "then_pull": True}
@@ -291,8 +294,9 @@ def report(nbytes: int, rows: dict[str, list[float]], cpu: dict[str, list[float]
               f" {cpu_ms[layer]:>7.2f} {added_cpu:>6.2f} {added_cpu / cpu_ms['copies']:>6.0%}")
         previous, previous_cpu = medians[layer], cpu_ms[layer]
     for layer in ALTERNATIVES:
-        print(f"{layer:>9} {medians[layer]:>7.2f} {'':>13} {cpu_ms[layer]:>7.2f} (instead of the "
-              f"aiohttp row's {medians['aiohttp']:.2f} / {cpu_ms['aiohttp']:.2f})")
+        instead = "aiohttp" if layer == "websocket" else layer.split()[-1]
+        print(f"{layer:>13} {medians[layer]:>7.2f} {'':>13} {cpu_ms[layer]:>7.2f} (instead of the "
+              f"{instead} row's {medians[instead]:.2f} / {cpu_ms[instead]:.2f})")
 
 
 def main() -> None:

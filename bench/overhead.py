@@ -1,12 +1,13 @@
 """Overhead benchmark: one worker under bsp through asyncsync vs a plain PyTorch loop.
 
-Run: ``.venv/bin/python bench/overhead.py`` (about 1 minute on 2 cores).
+Run: ``.venv/bin/python bench/overhead.py`` (about 1.5 minutes on 2 cores).
 
 Both train the same cnn on the same synthetic data with the same batch and SGD settings,
 one torch thread each. The asyncsync side is a real `ParameterServer` (HTTP on loopback,
 separate process) and one `Worker`: each step computes a gradient, pushes it, the server
-applies the SGD step, and the worker pulls and adopts the new model. Prints steps/s of
-both and their ratio (target: at least 0.85).
+applies the SGD step, and the worker pulls and adopts the new model; once with requests
+on the stream channel (the default), once with an HTTP POST each. Prints steps/s of each
+and their ratio to the plain loop's (target: at least 0.85).
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def serve(seconds: float, port: Any) -> None:
     asyncio.run(main())
 
 
-async def asyncsync_loop(seconds: float) -> float:
-    """Steps/s of one bsp worker against a server process."""
+async def asyncsync_loop(seconds: float, channel: str) -> float:
+    """Steps/s of one bsp worker against a server process, its requests on `channel`."""
     ctx = mp.get_context("spawn")
     port = ctx.Value("i", 0)
     proc = ctx.Process(target=serve, args=(seconds, port))
@@ -74,7 +75,7 @@ async def asyncsync_loop(seconds: float) -> float:
     model = build_model("cnn", data.input_shape, data.num_classes, {})
     sampler = BatchSampler(data, torch.arange(len(data.train_y)), seed=0)
     worker = Worker.connect(0, f"http://127.0.0.1:{port.value}", model, sampler.next, "bsp",
-                    lr=LR, batch_size=BATCH, device="cpu")
+                    lr=LR, batch_size=BATCH, device="cpu", channel=channel)
     final = await worker.run()
     await asyncio.to_thread(proc.join)
     return float(final["steps"]) / float(final["wall_s"])
@@ -86,12 +87,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     plain = plain_loop(args.seconds)
-    ours = asyncio.run(asyncsync_loop(args.seconds))
-    plain_again = plain_loop(args.seconds / 2)  # the machine is shared: bracket the run
+    ours = {channel: asyncio.run(asyncsync_loop(args.seconds, channel))
+            for channel in ("stream", "http")}
+    plain_again = plain_loop(args.seconds / 2)  # the machine is shared: bracket the runs
     reference = (plain + plain_again) / 2
     print(f"plain PyTorch loop: {plain:.1f} and {plain_again:.1f} steps/s")
-    print(f"asyncsync bsp, 1 worker over HTTP: {ours:.1f} steps/s")
-    print(f"ratio: {ours / reference:.2f} (target >= 0.85)")
+    for channel, steps in ours.items():
+        print(f"asyncsync bsp, 1 worker, {channel} channel: {steps:.1f} steps/s, "
+              f"ratio {steps / reference:.2f} (target >= 0.85)")
 
 
 if __name__ == "__main__":

@@ -49,17 +49,23 @@ class Transport(Protocol):
         ...
 
 
+CHANNELS = ("stream", "http")
+"""How a worker's requests travel to a server over HTTP: as frames on an upgraded
+connection (``stream``, the default), or as one POST each (``http``)."""
+
+
 @dataclass(frozen=True)
 class Dial:
     """How a worker connects: the model's length (bounds replies), its emulated link, the
-    local address to connect from, the bearer token, and the TLS context that verifies
-    an https server (None: the system's trust store)."""
+    local address to connect from, the bearer token, the TLS context that verifies an
+    https server (None: the system's trust store), and the channel (`CHANNELS`)."""
 
     numel: int
     link: Link | None = None
     local_addr: str | None = None
     token: str | None = None
     tls: ssl.SSLContext | None = None
+    channel: str = "stream"
 
 
 TransportFactory = Callable[[str, Dial], Transport]

@@ -315,7 +315,7 @@ class Worker:
                 protocol: str | Protocol = "bsp", *, link: Link | None = None,
                 local_addr: str | None = None, token: str | None = None,
                 tls: ssl.SSLContext | None = None, slowdown: float | ComputeProfile = 1.0,
-                **options: Any) -> Worker:
+                channel: str = "stream", **options: Any) -> Worker:
         """A worker of the server at `url` (e.g. ``http://127.0.0.1:8470``).
 
         Args:
@@ -324,10 +324,12 @@ class Worker:
             token: the server's bearer token.
             tls: the context that verifies an https server (None: the system's store).
             slowdown: a factor (>= 1) or a compute profile (`asyncsync.hetero.compute`).
+            channel: ``stream`` (frames on upgraded connections) or ``http`` (a POST per
+                request); see `asyncsync.engine.channel.CHANNELS`.
             options: the keyword arguments of `Worker` (all but `seam`).
         """
         profile = StaticSlowdown(slowdown) if isinstance(slowdown, int | float) else slowdown
-        dial = Dial(model_numel(model), link, local_addr, token, tls)
+        dial = Dial(model_numel(model), link, local_addr, token, tls, channel)
         return cls(rank, connect(url, dial), model, batches, protocol,
                    seam=ThreadedWorkerSeam(profile, f"asyncsync-compute-{rank}"), **options)
 

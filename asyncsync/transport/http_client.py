@@ -1,4 +1,5 @@
-"""HTTP client transport: one long-lived `aiohttp.ClientSession` per worker.
+"""HTTP client transport: upgraded streams (`frame_stream`, the default channel) or one
+long-lived `aiohttp.ClientSession` posting a request per op (``channel="http"``).
 
 Over https the server's certificate is verified against the system's trust store, or with
 the context the worker's `Dial` carries (e.g. `client_tls`, trusting a private CA).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,9 @@ import torch
 
 from asyncsync.buffers import VectorPool
 from asyncsync.clock import now
-from asyncsync.engine.channel import Dial, register_scheme
+from asyncsync.engine.channel import CHANNELS, Dial, register_scheme
 from asyncsync.hetero.network import Link
+from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
 from asyncsync.transport.gc_tuning import tune_gc
 from asyncsync.transport.status import refusal_from
 from asyncsync.wire import (
@@ -47,6 +50,10 @@ class _Resendable(Exception):
     """The server closed the connection without an answer, and the op may be resent."""
 
 
+class _Unreachable(Exception):
+    """A stream could not be opened (the server is down or not listening yet)."""
+
+
 RESENDABLE_OPS = frozenset({"status", "heartbeat"})
 """Ops that change nothing on the server when applied twice, so a request the server closed
 unanswered is resent (another may have been applied before the server closed it)."""
@@ -74,13 +81,21 @@ class HttpTransport:
             is busy.
         token: sent as ``Authorization: Bearer <token>`` when given.
         tls: the context to verify an https server with (default: the system's store).
+        channel: ``stream`` (frames on upgraded connections, one per request in flight;
+            a server without the stream endpoint is then asked over HTTP) or ``http``
+            (a POST per request).
     """
 
     def __init__(self, url: str, numel: int, timeout_s: float = 600.0,
                  link: Link | None = None, local_addr: str | None = None,
                  connect_timeout_s: float = 60.0, token: str | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, channel: str = "stream") -> None:
+        if channel not in CHANNELS:
+            raise ValueError(f"channel must be one of {', '.join(CHANNELS)}, got {channel!r}")
         tune_gc()
+        self.channel = channel
+        self._streams: list[StreamConnection] = []
+        self._dial = (token, tls, local_addr)
         self.url = url.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
         self.limits = Limits(numel)
@@ -115,12 +130,23 @@ class HttpTransport:
         while True:
             try:
                 return await self._request_once(op, header, vector)
-            except aiohttp.ClientSSLError as exc:
+            except (aiohttp.ClientSSLError, ssl.SSLError) as exc:
                 raise TlsFailure(
                     f"TLS with {self.url} failed ({exc}): the server must serve https with "
                     "a certificate for this host name, signed by the CA given with "
                     "--tls-ca (recipe key tls.ca) or by one the system trusts") from exc
-            except (aiohttp.ClientConnectorError, _ServerBusy, _Resendable) as exc:
+            except StreamRefused as refused:
+                if refused.status in (404, 405):  # a server without the stream channel
+                    self.channel = "http"
+                    continue
+                if refused.status != BUSY:
+                    raise refusal_from(refused.status, refused.reason) from refused
+                if now() + backoff > deadline:
+                    raise ConnectionError(f"cannot reach {self.url}: {refused}") from refused
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 2.0)
+            except (aiohttp.ClientConnectorError, _ServerBusy, _Resendable,
+                    _Unreachable) as exc:
                 if now() + backoff > deadline:
                     raise ConnectionError(f"cannot reach {self.url}: {exc}") from exc
                 await asyncio.sleep(backoff)
@@ -131,6 +157,8 @@ class HttpTransport:
     async def _request_once(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        if self.channel == "stream":
+            return await self._stream_once(op, header, vector)
         head = encode_header(header, vector)
         size = frame_size(head, vector)
         pieces = frame_pieces(head, vector)
@@ -155,22 +183,81 @@ class HttpTransport:
             if self.link is not None:
                 await self.link.one_way_delay()
                 read_any = self.link.paced_reader(read_any)
-            reader = FrameReader(read_any, self.limits.max_body_bytes)
-            reply = await reader.header()
-            nbytes = tensor_spec(reply, self.limits, up_to=True)
-            out = None
-            if nbytes is None:
-                await reader.end()
-            else:
-                out = await reader.tensor(nbytes, self.limits.dtype, self.buffers.take)
+            reply, out = await self._read_reply(read_any)
             self.bytes_down += resp.content_length or 0
             return reply, out
+
+    async def _stream_once(
+        self, op: str, header: dict[str, Any], vector: torch.Tensor | None
+    ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        head = encode_header(header, vector)
+        size = frame_size(head, vector)
+        pieces = frame_pieces(head, vector)
+        stream = await self._stream()
+        try:
+            if self.link is not None:
+                await self.link.one_way_delay()
+                pieces = self.link.paced_pieces(pieces)
+            await stream.send(op, size, pieces)
+            self.bytes_up += size
+            status, length = await stream.reply()
+            read_any = stream.read_any(length)
+            if status != 200:
+                reason = b""
+                while len(reason) < length:
+                    reason += await read_any()
+                stream.close()
+                raise refusal_from(status, reason[:500].decode("utf-8", "replace"))
+            if self.link is not None:
+                await self.link.one_way_delay()
+                read_any = self.link.paced_reader(read_any)
+            reply, out = await self._read_reply(read_any)
+            self.bytes_down += length
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            stream.close()
+            if op in RESENDABLE_OPS:
+                raise _Resendable(str(exc)) from exc
+            raise ConnectionError(f"request {op} to {self.url} failed: {exc!r}") from exc
+        except BaseException:
+            stream.close()  # cancelled or refused mid-request: its state is unknown
+            raise
+        stream.idle_since = time.monotonic()
+        self._streams.append(stream)
+        return reply, out
+
+    async def _stream(self) -> StreamConnection:
+        """An idle stream to reuse, or a new one."""
+        while self._streams:
+            stream = self._streams.pop()
+            if stream.reusable:
+                return stream
+            stream.close()
+        token, tls, local_addr = self._dial
+        try:
+            return await StreamConnection.open(self.url, token, tls, local_addr)
+        except ssl.SSLError:
+            raise
+        except OSError as exc:
+            raise _Unreachable(str(exc)) from exc
+
+    async def _read_reply(self, read_any: ReadAny,
+                          ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        reader = FrameReader(read_any, self.limits.max_body_bytes)
+        reply = await reader.header()
+        nbytes = tensor_spec(reply, self.limits, up_to=True)
+        if nbytes is None:
+            await reader.end()
+            return reply, None
+        return reply, await reader.tensor(nbytes, self.limits.dtype, self.buffers.take)
 
     def wire_bytes(self, vector: torch.Tensor | None) -> int:
         """Vectors travel as their raw bytes."""
         return 0 if vector is None else vector.nbytes
 
     async def close(self) -> None:
+        for stream in self._streams:
+            stream.close()
+        self._streams.clear()
         await self._session.close()
 
 
@@ -178,7 +265,7 @@ def dial_http(url: str, dial: Dial) -> HttpTransport:
     """The HTTP transport for a worker, as `asyncsync.engine.channel.connect` makes it
     (verifying an https server with the dial's TLS context, if it has one)."""
     return HttpTransport(url, dial.numel, link=dial.link, local_addr=dial.local_addr,
-                         token=dial.token, tls=dial.tls)
+                         token=dial.token, tls=dial.tls, channel=dial.channel)
 
 
 register_scheme("http", dial_http)

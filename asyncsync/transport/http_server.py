@@ -28,22 +28,15 @@ from torch import nn
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.metrics import JsonlLog
-from asyncsync.protocols.base import Protocol, Refused
+from asyncsync.protocols.base import Protocol
+from asyncsync.transport.answers import answer_frame
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
+from asyncsync.transport.frame_stream import PATH as STREAM_PATH
+from asyncsync.transport.frame_stream import serve_stream
 from asyncsync.transport.gc_tuning import tune_gc
 from asyncsync.transport.log_filters import PeerErrorFilter, RepeatFilter
-from asyncsync.transport.status import status_of
 from asyncsync.transport.tokens import BearerTokens, bearer_auth, expect_continue
-from asyncsync.wire import (
-    CONTENT_TYPE,
-    FrameReader,
-    Limits,
-    WireError,
-    encode_header,
-    frame_size,
-    tensor_chunks,
-    tensor_spec,
-)
+from asyncsync.wire import CONTENT_TYPE, Limits, frame_size, tensor_chunks
 
 LOG = logging.getLogger("asyncsync.server")
 HTTP_LOG = logging.getLogger("asyncsync.server.http")
@@ -55,52 +48,24 @@ HTTP_LOG.addFilter(RepeatFilter())
 HTTP_LOG.addFilter(PeerErrorFilter())
 
 
-def body_limit(limits: Limits, op: str) -> int:
-    """The largest body an op may have: a model-sized tensor for pushes and queries."""
-    return limits.max_body_bytes if op in ("push", "query") else Limits(0).max_body_bytes
-
-
 async def handle(request: web.Request) -> web.StreamResponse:
     """Answer one request; a client that leaves before its answer is one log line (its
     connection is gone, so what is returned is never sent)."""
-    try:
-        return await answer(request)
-    except ConnectionError as err:
-        HTTP_LOG.info("a client at %s left during its %s request: %s", request.remote,
-                      request.match_info["op"], err)
-        gone = web.Response(status=400, text="the client left")
-        gone.force_close()
-        return gone
-
-
-async def answer(request: web.Request) -> web.StreamResponse:
-    """Read the request's frame, let the core handle it and stream its reply."""
-    core = request.app[CORE]
     op = request.match_info["op"]
     try:
         if request.content_type != CONTENT_TYPE:
-            raise WireError(415, f"content type must be {CONTENT_TYPE}")
-        max_total = body_limit(request.app[LIMITS], op)
-        length = request.content_length
-        if length is not None and length > max_total:
-            raise WireError(413, f"body of {length} bytes exceeds the limit of {max_total}")
-        reader = FrameReader(request.content.readany, max_total)
-        header = await reader.header()
-        numel = core.tensor_numel(op, header)
-        limits = None if numel is None else Limits(numel)
-        nbytes = tensor_spec(header, limits)
-        if nbytes is None or limits is None:
-            await reader.end()
-            vector = None
-        else:
-            vector = await reader.tensor(nbytes, limits.dtype, core.buffers.take,
-                                         check_finite=True)
-        reply, reply_vector = await core.handle(op, header, vector, finite=reader.finite)
-    except WireError as err:
-        return web.Response(status=err.status, text=err.reason)
-    except Refused as refusal:
-        return web.Response(status=status_of(refusal), text=refusal.reason)
-    return await send_frame(request, encode_header(reply, reply_vector), reply_vector)
+            return web.Response(status=415, text=f"content type must be {CONTENT_TYPE}")
+        answer = await answer_frame(request.app[CORE], request.app[LIMITS], op,
+                                    request.content.readany, request.content_length)
+        if answer.status != 200:
+            return web.Response(status=answer.status, text=answer.reason)
+        return await send_frame(request, answer.head, answer.vector)
+    except ConnectionError as err:
+        HTTP_LOG.info("a client at %s left during its %s request: %s", request.remote, op,
+                      err)
+        gone = web.Response(status=400, text="the client left")
+        gone.force_close()
+        return gone
 
 
 async def send_frame(request: web.Request, head: bytes, vector: torch.Tensor | None,
@@ -125,8 +90,9 @@ async def not_found(request: web.Request) -> web.StreamResponse:
 
 def make_app(core: ServerCore, token: str | None = None,
              gate: ConnectionGate | None = None) -> web.Application:
-    """The application serving `core` under ``/v1/{op}``, behind the run's bearer token if
-    given, telling `gate` (if given) when each request starts and ends."""
+    """The application serving `core` under ``/v1/{op}`` and on upgraded streams
+    (`frame_stream`), behind the run's bearer token if given, telling `gate` (if given)
+    when each request starts and ends (a stream is one request)."""
     tokens = BearerTokens(token) if token else None
     middlewares = ([gate.track()] if gate is not None else []) + (
         [bearer_auth(tokens)] if tokens is not None else [])
@@ -135,6 +101,19 @@ def make_app(core: ServerCore, token: str | None = None,
     app[CORE] = core
     app[LIMITS] = limits
     expect = expect_continue(tokens)
+    idle_s = (gate.limits if gate is not None else ConnectionLimits()).keepalive_s
+    streams: set[asyncio.BaseTransport] = set()
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        return await serve_stream(request, core, limits, tokens, idle_s, streams)
+
+    async def close_streams(app: web.Application) -> None:
+        for transport in list(streams):  # their handlers end at once
+            transport.close()
+
+    app.on_shutdown.append(close_streams)
+
+    app.router.add_post(STREAM_PATH, stream, expect_handler=expect)
     app.router.add_post("/v1/{op}", handle, expect_handler=expect)
     app.router.add_route("*", "/{path:.*}", not_found, expect_handler=expect)
     return app

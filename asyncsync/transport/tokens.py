@@ -33,13 +33,15 @@ class BearerTokens:
         self._run = b"Bearer " + run_token.encode("utf-8", "surrogateescape")
         self._worker = f"Bearer {worker_token(run_token)}".encode()
 
-    def refusal(self, request: web.Request) -> web.Response | None:
-        """None when `request` may proceed, else the 401 or 403 to answer it with."""
+    def refusal(self, request: web.Request, op: str | None = None) -> web.Response | None:
+        """None when `request` may call `op` (default: its route's), else the 401 or 403
+        to answer it with."""
+        op = request.match_info.get("op") if op is None else op
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if hmac.compare_digest(given, self._run):
             return None
         if hmac.compare_digest(given, self._worker):
-            if request.match_info.get("op") not in ADMIN_OPS:
+            if op not in ADMIN_OPS:
                 return None
             return web.Response(status=403, text="this operation needs the run token; a "
                                                  "worker token cannot call it")

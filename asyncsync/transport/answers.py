@@ -1,0 +1,63 @@
+"""One request's answer, whichever channel carried it: read its frame under the op's limit,
+let the core handle it, and say what to send back (`answer_frame`).
+
+Both server channels use it: a POST to ``/v1/{op}`` (`http_server`) and a frame on an
+upgraded stream (`frame_stream`), so they validate, refuse and reply alike.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from asyncsync.engine.core import ServerCore
+from asyncsync.protocols.base import Refused
+from asyncsync.transport.status import status_of
+from asyncsync.wire import FrameReader, Limits, ReadAny, WireError, encode_header, tensor_spec
+
+
+class Answer(NamedTuple):
+    """A reply: status 200 with an encoded head and maybe a vector, or a 4xx and its
+    one-line reason."""
+
+    status: int
+    reason: str = ""
+    head: bytes = b""
+    vector: torch.Tensor | None = None
+
+
+def body_limit(limits: Limits, op: str) -> int:
+    """The largest body an op may have: a model-sized tensor for pushes and queries."""
+    return limits.max_body_bytes if op in ("push", "query") else Limits(0).max_body_bytes
+
+
+async def answer_frame(core: ServerCore, limits: Limits, op: str, read_any: ReadAny,
+                       length: int | None) -> Answer:
+    """Read one frame of `op` from `read_any` (which returns b"" at the frame's end; the
+    frame declared `length` bytes, None when unknown) and answer it.
+
+    The tensor is received into a warm vector of the core's pool and checked for NaN/Inf
+    as it arrives. Raises ConnectionError when the peer leaves mid-frame.
+    """
+    try:
+        max_total = body_limit(limits, op)
+        if length is not None and length > max_total:
+            raise WireError(413, f"body of {length} bytes exceeds the limit of {max_total}")
+        reader = FrameReader(read_any, max_total)
+        header = await reader.header()
+        numel = core.tensor_numel(op, header)
+        tensor_limits = None if numel is None else Limits(numel)
+        nbytes = tensor_spec(header, tensor_limits)
+        if nbytes is None or tensor_limits is None:
+            await reader.end()
+            vector = None
+        else:
+            vector = await reader.tensor(nbytes, tensor_limits.dtype, core.buffers.take,
+                                         check_finite=True)
+        reply, reply_vector = await core.handle(op, header, vector, finite=reader.finite)
+    except WireError as err:
+        return Answer(err.status, err.reason)
+    except Refused as refusal:
+        return Answer(status_of(refusal), refusal.reason)
+    return Answer(200, head=encode_header(reply, reply_vector), vector=reply_vector)

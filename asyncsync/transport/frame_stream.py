@@ -1,0 +1,250 @@
+"""The stream channel: one HTTP request upgrades a connection to a stream of frames.
+
+A worker's client opens a connection, sends ``POST /v1/stream`` with ``Connection:
+Upgrade`` and ``Upgrade: tcp`` (and its bearer token), and once answered ``101 Switching
+Protocols`` sends its requests on that connection one after another::
+
+    request:  uint8 op length L, uint64 body length B (big-endian), L bytes of op (ASCII),
+              B bytes: the same frame an HTTP POST to /v1/{op} carries
+    reply:    uint16 status, uint64 body length B, then B bytes: a frame (status 200) or
+              the one-line UTF-8 reason of a refusal (4xx)
+
+Why: an HTTP request costs aiohttp about 0.4 ms of Python on each end whatever its size
+(the request and response objects, routing, the middlewares, the head); on the stream
+the head is parsed once per connection (README "Benchmarks", floor).
+
+What stays as over HTTP: the upgrade passes the connection gate and the token check like
+any request (a worker token's stream may not call the run token's ops), every frame is
+read and answered by `answers.answer_frame` (the same limits, NaN check, refusals and
+reasons), and a frame the server could not read to its end (a malformed or oversized
+one) is answered and its connection closed, since the next frame's start is unknown. A
+stream that sends nothing for the gate's keep-alive time, between frames or inside one,
+is closed. The HTTP API serves every op as
+before; the stream is a faster way to the same handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import struct
+import time
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+from aiohttp import StreamReader, web
+from aiohttp.http_writer import StreamWriter
+
+from asyncsync.engine.core import ServerCore
+from asyncsync.transport.answers import answer_frame
+from asyncsync.transport.tokens import BearerTokens
+from asyncsync.wire import CHUNK_BYTES, Limits, ReadAny, tensor_chunks
+
+PATH = "/v1/stream"
+UPGRADE = "tcp"
+"""The ``Upgrade`` token (one aiohttp hands over raw; the stream is framed as above)."""
+REQUEST = struct.Struct(">BQ")
+REPLY = struct.Struct(">HQ")
+MAX_OP_BYTES = 32
+FEED_BYTES = 1 << 18
+"""Bytes the server buffers from a stream before it stops reading it (flow control)."""
+CLIENT_IDLE_S = 15.0
+"""A client reuses a stream idle at most this long (well under the server's keep-alive,
+so it never sends on a stream the server is closing)."""
+
+
+class _Feed:
+    """Hands an upgraded connection's bytes to a `StreamReader` (aiohttp's parser slot)."""
+
+    def __init__(self, reader: StreamReader) -> None:
+        self.reader = reader
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        self.reader.feed_data(data)
+        return False, b""
+
+    def feed_eof(self) -> None:
+        self.reader.feed_eof()
+
+
+def wants_stream(request: web.Request) -> bool:
+    """Whether `request` asks to upgrade to the stream channel."""
+    return (request.headers.get("Upgrade", "").strip().lower() == UPGRADE
+            and "upgrade" in request.headers.get("Connection", "").lower())
+
+
+async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
+                       tokens: BearerTokens | None, idle_s: float,
+                       live: set[asyncio.BaseTransport]) -> web.StreamResponse:
+    """Upgrade `request`'s connection and answer frames on it until the client closes it,
+    sends nothing for `idle_s` seconds, or sends a frame that cannot be read to its end.
+    Its transport is in `live` meanwhile (the server closes those when it shuts down)."""
+    if not wants_stream(request):
+        return web.Response(status=400, text=f"{PATH} needs the headers Connection: "
+                                             f"Upgrade and Upgrade: {UPGRADE}")
+    response = web.StreamResponse(status=101, headers={"Connection": "Upgrade",
+                                                       "Upgrade": UPGRADE})
+    response.force_close()
+    headers_writer = await response.prepare(request)
+    assert isinstance(headers_writer, StreamWriter)
+    headers_writer.send_headers()
+    loop = asyncio.get_running_loop()
+    feed = StreamReader(request.protocol, FEED_BYTES, loop=loop)
+    request.protocol.set_parser(_Feed(feed))  # type: ignore[arg-type]  # duck-typed slot
+    writer = StreamWriter(request.protocol, loop)
+    assert request.transport is not None  # prepared: the connection is open
+    live.add(request.transport)
+    try:
+        while await _answer_next(request, feed, writer, core, limits, tokens, idle_s):
+            pass
+    except ConnectionError:
+        pass  # the client left; nothing to answer
+    finally:
+        live.discard(request.transport)
+    return response
+
+
+async def _answer_next(request: web.Request, feed: StreamReader, writer: StreamWriter,
+                       core: ServerCore, limits: Limits, tokens: BearerTokens | None,
+                       idle_s: float) -> bool:
+    """Read and answer one frame; False when the stream is to be closed."""
+    try:
+        async with asyncio.timeout(idle_s):
+            op_bytes, length = REQUEST.unpack(await feed.readexactly(REQUEST.size))
+    except (asyncio.IncompleteReadError, TimeoutError):
+        return False
+    if not 0 < op_bytes <= MAX_OP_BYTES:
+        await _refuse(writer, 400, f"op name of {op_bytes} bytes (1 to {MAX_OP_BYTES})")
+        return False
+    try:
+        op = (await feed.readexactly(op_bytes)).decode("ascii")
+    except asyncio.IncompleteReadError:
+        return False
+    except UnicodeDecodeError:
+        await _refuse(writer, 400, "the op name is not ASCII")
+        return False
+    refusal = None if tokens is None else tokens.refusal(request, op)
+    if refusal is not None:
+        await _refuse(writer, refusal.status, refusal.text or "refused")
+        return False
+    remaining = length
+
+    async def read_any() -> bytes:
+        nonlocal remaining
+        if remaining == 0:
+            return b""
+        try:
+            async with asyncio.timeout(idle_s):
+                chunk = await feed.read(min(remaining, CHUNK_BYTES))
+        except TimeoutError as exc:
+            raise ConnectionError(f"no bytes of a {op} frame for {idle_s:g} s") from exc
+        remaining -= len(chunk)
+        return chunk
+
+    answer = await answer_frame(core, limits, op, read_any, length)
+    if answer.status != 200:
+        await _refuse(writer, answer.status, answer.reason)
+        return bool(remaining == 0)
+    size = len(answer.head) + (0 if answer.vector is None else answer.vector.nbytes)
+    await writer.write(REPLY.pack(200, size) + answer.head)
+    if answer.vector is not None:
+        for piece in tensor_chunks(answer.vector):
+            await writer.write(piece)
+    return True
+
+
+async def _refuse(writer: StreamWriter, status: int, reason: str) -> None:
+    text = reason.encode()
+    await writer.write(REPLY.pack(status, len(text)) + text)
+
+
+class StreamRefused(Exception):
+    """The server answered the upgrade with `status` (e.g. 401, 404, 503) and `reason`."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class StreamConnection:
+    """A client's upgraded connection: one request at a time (`send`, then `reply`)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_since = time.monotonic()
+
+    @classmethod
+    async def open(cls, url: str, token: str | None, tls: ssl.SSLContext | bool | None,
+                   local_addr: str | None) -> StreamConnection:
+        """Connect to the server at `url` and upgrade. Raises OSError (ssl.SSLError for a
+        failed handshake) when it cannot connect, and `StreamRefused` when the server
+        answers anything but 101."""
+        parts = urlsplit(url)
+        host = parts.hostname or "127.0.0.1"
+        https = parts.scheme == "https"
+        port = parts.port or (443 if https else 80)
+        context = (tls if isinstance(tls, ssl.SSLContext) else ssl.create_default_context()
+                   ) if https else None
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=context, local_addr=(local_addr, 0) if local_addr else None,
+            limit=1 << 16)
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        writer.write(f"POST {PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                     f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\n{auth}"
+                     "Content-Length: 0\r\n\r\n".encode("utf-8", "surrogateescape"))
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            if status == 101:
+                return cls(reader, writer)
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            reason = (await reader.readexactly(min(length, 1000))).decode("utf-8", "replace")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
+                IndexError) as exc:
+            writer.close()
+            raise ConnectionError(f"no upgrade from {url}: {exc!r}") from exc
+        writer.close()
+        raise StreamRefused(status, reason)
+
+    @property
+    def reusable(self) -> bool:
+        """Open, and idle briefly enough that the server keeps it."""
+        return (not self.writer.is_closing() and not self.reader.at_eof()
+                and time.monotonic() - self.idle_since < CLIENT_IDLE_S)
+
+    async def send(self, op: str, size: int,
+                   pieces: AsyncIterator[bytes | memoryview]) -> None:
+        """Send one request of `size` body bytes (the frame's `pieces`)."""
+        name = op.encode("ascii")
+        self.writer.write(REQUEST.pack(len(name), size) + name)
+        async for piece in pieces:
+            self.writer.write(piece)
+            await self.writer.drain()
+
+    async def reply(self) -> tuple[int, int]:
+        """The reply's status and body length (its body is read with `read_any`)."""
+        status, length = REPLY.unpack(await self.reader.readexactly(REPLY.size))
+        return status, length
+
+    def read_any(self, length: int) -> ReadAny:
+        """Reads the next `length` bytes in chunks, then b""; ConnectionError if the
+        stream ends first."""
+        remaining = length
+
+        async def read() -> bytes:
+            nonlocal remaining
+            if remaining == 0:
+                return b""
+            chunk = await self.reader.read(min(remaining, CHUNK_BYTES))
+            if not chunk:
+                raise ConnectionError("the server closed the stream mid-reply")
+            remaining -= len(chunk)
+            return chunk
+
+        return read
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,201 @@
+"""The stream channel (`asyncsync.transport.frame_stream`): the same answers as HTTP,
+hostile frames refused with the model untouched, tokens, idle streams, and the choice
+between the stream and a POST per request."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+from aiohttp import web
+
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.protocols.base import Forbidden, OutOfStep
+from asyncsync.recipe import resolve
+from asyncsync.schema import ConfigError
+from asyncsync.transport.connection_gate import ConnectionLimits
+from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
+from asyncsync.transport.http_client import HttpTransport
+from asyncsync.transport.http_server import ParameterServer
+from asyncsync.transport.tokens import worker_token
+from asyncsync.wire import PREFIX, decode_header, encode_header
+from tests.helpers import tiny_model
+from tests.test_http_hostile import RUN, SESSION, body, cases, push_header, raw_header
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def pieces(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def exchange(stream: StreamConnection, op: str, data: bytes) -> tuple[int, bytes]:
+    """One request on `stream`: the reply's status and body."""
+    await stream.send(op, len(data), pieces(data))
+    status, length = await stream.reply()
+    return status, await stream.reader.readexactly(length)
+
+
+async def join(stream: StreamConnection) -> None:
+    """Join as worker 0 and keep its session secret for `push_header`."""
+    status, reply = await exchange(stream, "join", body({"worker": 0, "run_id": RUN}))
+    assert status == 200
+    (size,) = PREFIX.unpack(reply[:PREFIX.size])
+    header = decode_header(reply[PREFIX.size:PREFIX.size + size])
+    SESSION["secret"] = header["meta"]["session"]
+
+
+async def test_every_bad_frame_is_refused_and_changes_nothing() -> None:
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN)) as server:
+        numel = server.core.store.numel
+        stream = await StreamConnection.open(server.url, None, None, None)
+        await join(stream)
+        before = server.core.store.w.clone()
+        checked = 0
+        for name, op, data, _, status, reason in cases(numel):
+            if name == "wrong content type":  # the stream has no content type
+                continue
+            stream = await StreamConnection.open(server.url, None, None, None)
+            got, text = await exchange(stream, op, data)
+            stream.close()
+            assert got == status, f"{name}: got {got} {text!r}"
+            assert reason in text.decode(), f"{name}: reason {text!r} lacks {reason!r}"
+            assert b"\n" not in text.strip(), name
+            assert server.core.store.version == 0, name
+            assert torch.equal(server.core.store.w, before), name
+            checked += 1
+        assert checked == len(cases(numel)) - 1
+        assert server.core.workers[0].nonfinite == 3  # the NaN and the two Inf pushes
+        stream = await StreamConnection.open(server.url, None, None, None)
+        got, _ = await exchange(stream, "push", body(push_header(), torch.full((numel,), 0.01)))
+        assert got == 200
+        assert server.core.store.version == 1
+
+
+async def test_a_refused_frame_read_whole_keeps_the_stream_one_refused_early_ends_it() -> None:
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN)) as server:
+        numel = server.core.store.numel
+        stream = await StreamConnection.open(server.url, None, None, None)
+        await join(stream)
+        good = torch.full((numel,), 0.01)
+        got, text = await exchange(stream, "push", body(push_header(base_version=5), good))
+        assert (got, b"ahead" in text) == (409, True)
+        got, _ = await exchange(stream, "push", body(push_header(), good))  # same stream
+        assert got == 200 and server.core.store.version == 1
+        data = body(push_header(base_version=1), good)[:-9]  # a short tensor, read whole
+        got, text = await exchange(stream, "push", data)
+        assert (got, b"truncated" in text) == (400, True)
+        head = raw_header(b"\xc1")  # refused before the declared tensor bytes arrive
+        await stream.send("push", len(head) + 4 * numel, pieces(head))
+        got, length = await stream.reply()
+        assert (got, b"malformed" in await stream.reader.readexactly(length)) == (400, True)
+        assert await stream.reader.read() == b""  # the next frame's start is unknown: closed
+        assert server.core.store.version == 1
+
+
+async def test_an_oversized_declared_body_is_refused_before_it_is_read() -> None:
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN)) as server:
+        stream = await StreamConnection.open(server.url, None, None, None)
+        await stream.send("push", 1 << 40, pieces(b""))
+        status, length = await stream.reply()
+        assert status == 413
+        assert b"exceeds" in await stream.reader.readexactly(length)
+        assert await stream.reader.read() == b""
+
+
+async def test_the_upgrade_needs_the_token_and_a_worker_token_cannot_stop() -> None:
+    token = "run-token"
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN),
+                               token=token) as server:
+        with pytest.raises(StreamRefused) as refused:
+            await StreamConnection.open(server.url, None, None, None)
+        assert refused.value.status == 401
+        with pytest.raises(StreamRefused):
+            await StreamConnection.open(server.url, "wrong", None, None)
+        worker = HttpTransport(server.url, server.core.store.numel,
+                               token=worker_token(token))
+        reply, _ = await worker.request("join", {"worker": 0, "run_id": RUN})
+        assert reply["version"] == 0
+        with pytest.raises(Forbidden, match="run token"):
+            await worker.request("stop", {"run_id": RUN})
+        assert not server.core.store.stopping
+        await worker.close()
+        admin = HttpTransport(server.url, server.core.store.numel, token=token)
+        await admin.request("stop", {"run_id": RUN})
+        assert server.core.store.stopping
+        await admin.close()
+
+
+@pytest.mark.parametrize("stall", ["between frames", "mid-frame"])
+async def test_an_idle_stream_is_closed_and_the_gate_forgets_it(stall: str) -> None:
+    limits = ConnectionLimits(keepalive_s=0.3)
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN),
+                               connections=limits) as server:
+        stream = await StreamConnection.open(server.url, None, None, None)
+        await join(stream)
+        assert server.gate.open == 1
+        if stall == "mid-frame":  # declares more than it sends
+            data = body(push_header(), torch.zeros(server.core.store.numel))
+            await stream.send("push", len(data), pieces(data[:100]))
+        assert await asyncio.wait_for(stream.reader.read(), 5) == b""
+        for _ in range(100):
+            if server.gate.open == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert server.gate.open == 0
+        assert server.core.store.version == 0
+
+
+async def test_requests_reuse_one_stream_and_answer_as_over_http() -> None:
+    replies = []
+    for channel in ("stream", "http"):
+        async with ParameterServer(tiny_model(), "asp", 1,
+                                   ServerSettings(run_id=RUN)) as server:
+            transport = HttpTransport(server.url, server.core.store.numel, channel=channel)
+            reply, vector = await transport.request("join", {"worker": 0, "run_id": RUN})
+            session = reply["meta"]["session"]
+            for _ in range(3):
+                reply, vector = await transport.request(
+                    "pull", {"worker": 0, "run_id": RUN, "session": session,
+                             "base_version": 0})
+                replies.append((reply["version"], vector))
+            assert len(transport._streams) == (1 if channel == "stream" else 0)
+            with pytest.raises(OutOfStep):  # a refusal comes back as the SDK's class
+                await transport.request("join", {"worker": 0, "run_id": RUN})
+            await transport.close()
+            assert server.gate.refused == 0
+    assert all(torch.equal(v, replies[0][1]) for _, v in replies)
+
+
+async def test_a_server_without_the_stream_is_asked_over_http() -> None:
+    async def join_only(request: web.Request) -> web.Response:
+        return web.Response(body=encode_header({"version": 7}, None),
+                            content_type="application/x-asyncsync")
+
+    app = web.Application()
+    app.router.add_post("/v1/join", join_only)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        transport = HttpTransport(f"http://127.0.0.1:{runner.addresses[0][1]}", 4)
+        reply, _ = await transport.request("join", {})
+        assert reply == {"version": 7}
+        assert transport.channel == "http"
+        await transport.close()
+    finally:
+        await runner.cleanup()
+
+
+def test_the_recipe_chooses_the_channel() -> None:
+    def channel(defaults: dict[str, object]) -> str:
+        return resolve({"defaults": defaults, "runs": [{"name": "a", "protocol": "bsp"}]},
+                       "r").runs[0].network.channel
+
+    assert channel({"network": {"channel": "http"}}) == "http"
+    assert channel({}) == "stream"
+    with pytest.raises(ConfigError, match="channel"):
+        channel({"network": {"channel": "carrier-pigeon"}})
