@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import ssl
 import struct
-import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 from aiohttp import StreamReader, web
 from aiohttp.http_writer import StreamWriter
 
+from asyncsync.clock import now
 from asyncsync.engine.core import ServerCore
 from asyncsync.transport.answers import answer_frame
 from asyncsync.transport.tokens import BearerTokens
@@ -173,7 +173,7 @@ class StreamConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.idle_since = time.monotonic()
+        self.idle_since = now()
 
     @classmethod
     async def open(cls, url: str, token: str | None, tls: ssl.SSLContext | bool | None,
@@ -213,7 +213,7 @@ class StreamConnection:
     def reusable(self) -> bool:
         """Open, and idle briefly enough that the server keeps it."""
         return (not self.writer.is_closing() and not self.reader.at_eof()
-                and time.monotonic() - self.idle_since < CLIENT_IDLE_S)
+                and now() - self.idle_since < CLIENT_IDLE_S)
 
     async def send(self, op: str, size: int,
                    pieces: AsyncIterator[bytes | memoryview]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import time
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +220,7 @@ class HttpTransport:
         except BaseException:
             stream.close()  # cancelled or refused mid-request: its state is unknown
             raise
-        stream.idle_since = time.monotonic()
+        stream.idle_since = now()
         self._streams.append(stream)
         return reply, out
 
