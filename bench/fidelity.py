@@ -106,13 +106,14 @@ def exchanges(logs: Path, run: str, latency_ms: float, mbps: float) -> str:
             f"local steps per push by rank {'/'.join(per_push)}")
 
 
-async def overhead_ms(numel: int, link: LinkSpec, repeats: int = 20) -> float:
+async def overhead_ms(numel: int, link: LinkSpec, channel: str, repeats: int = 20) -> float:
     """The software cost of one message on this host, as real paced mode pays it: the
-    median real time of a push and of a pull of `numel` floats over HTTP on loopback
-    through the recipe's emulated `link`, less what the link model charges for the
-    request (2 x latency + its bytes / bandwidth), halved (a request is two messages)."""
+    median real time of a push and of a pull of `numel` floats over HTTP on loopback (on
+    `channel`) through the recipe's emulated `link`, less what the link model charges for
+    the request (2 x latency + its bytes / bandwidth), halved (a request is two messages)."""
     proc, port, done = start_server(numel)
-    client = SessionClient(HttpTransport(f"http://127.0.0.1:{port}", numel, link=Link(link)))
+    client = SessionClient(HttpTransport(f"http://127.0.0.1:{port}", numel, link=Link(link),
+                                         channel=channel))
     reply, _ = await client.request("join", {"worker": 0, "run_id": RUN})
     client.session = str(reply["meta"]["session"])
     vector = torch.full((numel,), 1e-3)
@@ -135,11 +136,11 @@ async def overhead_ms(numel: int, link: LinkSpec, repeats: int = 20) -> float:
     return max(0.0, statistics.median(extra[2:]) * 1e3 / 2)
 
 
-def model_and_link(recipe_path: Path, overrides: list[str]) -> tuple[int, LinkSpec]:
-    """The recipe's model length and worker 0's link."""
+def model_and_link(recipe_path: Path, overrides: list[str]) -> tuple[int, LinkSpec, str]:
+    """The recipe's model length, worker 0's link and the channel."""
     spec = load_recipe(recipe_path, overrides).runs[0]
     numel = sum(p.numel() for p in run_model(spec, run_data(spec)).state_dict().values())
-    return numel, spec.network.link(0)
+    return numel, spec.network.link(0), spec.network.channel
 
 
 def ranking(summaries: list[dict[str, Any]]) -> list[str]:

@@ -38,11 +38,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def asyncsync_round_trips(numel: int, repeats: int, fused: bool) -> float:
-    """Median seconds of one push + pull of `numel` floats: two requests, or one fused
-    exchange (a push with ``then_pull``, as the barrier protocols send)."""
+async def asyncsync_round_trips(numel: int, repeats: int, fused: bool, channel: str) -> float:
+    """Median seconds of one push + pull of `numel` floats on `channel`: two requests, or
+    one fused exchange (a push with ``then_pull``, as the barrier protocols send)."""
     proc, port, done = start_server(numel)
-    client = await joined_client(port, numel, 0)
+    client = await joined_client(port, numel, 0, channel)
     vector = torch.full((numel,), 1e-3)
     times = []
     try:
@@ -163,12 +163,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to run (default: all)")
+    parser.add_argument("--channel", choices=("stream", "http"), default="stream",
+                        help="how the round trips' requests travel (default: stream)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if "trips" in args.parts:
-        round_trips(args.sizes, args.repeats)
+        round_trips(args.sizes, args.repeats, args.channel)
     numel = 47 * MB // 4
     if "lag" in args.parts:
         lag = asyncio.run(lag_under_load(numel, workers=8, rounds=3))
@@ -184,16 +186,17 @@ def main() -> None:
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def round_trips(sizes: list[int], repeats: int) -> None:
-    """Print the round-trip table (part 1 of the module docstring)."""
+def round_trips(sizes: list[int], repeats: int, channel: str) -> None:
+    """Print the round-trip table (part 1 of the module docstring) for `channel`."""
+    print(f"round trips on the {channel} channel")
     print(f"{'size':>7} {'push+pull GB/s':>15} {'exchange GB/s':>14} {'gloo GB/s':>10} "
           f"{'ratio':>6} {'exch. ratio':>11}")
     for size in sizes:
         numel = size * MB // 4
         runs = max(2, repeats * SMALL_REPEATS if size <= 1 else
                    repeats if size <= 47 else repeats // 2)
-        ours = asyncio.run(asyncsync_round_trips(numel, runs, fused=False))
-        fused = asyncio.run(asyncsync_round_trips(numel, runs, fused=True))
+        ours = asyncio.run(asyncsync_round_trips(numel, runs, False, channel))
+        fused = asyncio.run(asyncsync_round_trips(numel, runs, True, channel))
         gloo = gloo_round_trips(numel, runs)
         moved = 2 * numel * 4 / 1e9
         target = {1: "  (target >= 0.6)", 47: "  (target >= 0.5)"}.get(size, "")

@@ -83,7 +83,8 @@ STATUS_REPLY = (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\n"
 async def test_a_request_dropped_unanswered_is_resent_only_when_safe(op: str,
                                                                      resent: bool) -> None:
     """A server that closes the first connection after reading its request head, and
-    answers the next: status and heartbeats are resent, a push is not."""
+    answers the next: status and heartbeats are resent, a push is not (a POST each; the
+    stream channel's case is in tests/test_stream_channel.py)."""
     connections = itertools.count()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -95,7 +96,8 @@ async def test_a_request_dropped_unanswered_is_resent_only_when_safe(op: str,
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = HttpTransport(f"http://127.0.0.1:{port}", 0, timeout_s=WITHIN_S)
+    client = HttpTransport(f"http://127.0.0.1:{port}", 0, timeout_s=WITHIN_S,
+                           channel="http")
     try:
         if resent:
             reply, _ = await client.request(op, {})

@@ -5,6 +5,7 @@ between the stream and a POST per request."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,7 +17,12 @@ from asyncsync.protocols.base import Forbidden, OutOfStep
 from asyncsync.recipe import resolve
 from asyncsync.schema import ConfigError
 from asyncsync.transport.connection_gate import ConnectionLimits
-from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
+from asyncsync.transport.frame_stream import (
+    REPLY,
+    REQUEST,
+    StreamConnection,
+    StreamRefused,
+)
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.tokens import worker_token
@@ -169,13 +175,19 @@ async def test_requests_reuse_one_stream_and_answer_as_over_http() -> None:
     assert all(torch.equal(v, replies[0][1]) for _, v in replies)
 
 
-async def test_a_server_without_the_stream_is_asked_over_http() -> None:
-    async def join_only(request: web.Request) -> web.Response:
+@pytest.mark.parametrize("answer", [404, 415, 400])
+async def test_a_server_without_the_stream_is_asked_over_http(answer: int) -> None:
+    """A server that reads /v1/stream as an unknown path (404) or as an op (an older
+    asyncsync server: 415 or 400) gets each request as a POST."""
+
+    async def older_server(request: web.Request) -> web.Response:
+        if request.match_info.get("op", "join") != "join":
+            return web.Response(status=answer, text="not an op here")
         return web.Response(body=encode_header({"version": 7}, None),
                             content_type="application/x-asyncsync")
 
     app = web.Application()
-    app.router.add_post("/v1/join", join_only)
+    app.router.add_post("/v1/join" if answer == 404 else "/v1/{op}", older_server)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -188,6 +200,41 @@ async def test_a_server_without_the_stream_is_asked_over_http() -> None:
         await transport.close()
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize(("op", "resent"), [("status", True), ("heartbeat", True),
+                                            ("push", False)])
+async def test_a_request_dropped_mid_stream_is_resent_only_when_safe(op: str,
+                                                                   resent: bool) -> None:
+    """A server that upgrades, reads a request and closes the stream unanswered, then
+    answers on the next stream: status and heartbeats are resent, a push is not."""
+    streams = itertools.count()
+    reply = encode_header({"workers": 1}, None)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: tcp\r\n\r\n")
+        name_bytes, length = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+        await reader.readexactly(name_bytes + length)
+        if next(streams):
+            writer.write(REPLY.pack(200, len(reply)) + reply)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    client = HttpTransport(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", 0)
+    try:
+        if resent:
+            assert (await client.request(op, {}))[0] == {"workers": 1}
+        else:
+            with pytest.raises(ConnectionError):
+                await client.request(op, {})
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+    assert next(streams) == (2 if resent else 1)
 
 
 def test_the_recipe_chooses_the_channel() -> None:

@@ -49,6 +49,12 @@ class _Resendable(Exception):
     """The server closed the connection without an answer, and the op may be resent."""
 
 
+NO_STREAM = frozenset({400, 404, 405, 415})
+"""Answers to a stream upgrade from a server without the stream channel (an older
+asyncsync server reads ``/v1/stream`` as an op: 415 or 400; others 404 or 405), besides
+any status below 400 but 101; the client then posts each request."""
+
+
 class _Unreachable(Exception):
     """A stream could not be opened (the server is down or not listening yet)."""
 
@@ -135,7 +141,7 @@ class HttpTransport:
                     "a certificate for this host name, signed by the CA given with "
                     "--tls-ca (recipe key tls.ca) or by one the system trusts") from exc
             except StreamRefused as refused:
-                if refused.status in (404, 405):  # a server without the stream channel
+                if refused.status in NO_STREAM or refused.status < 400:
                     self.channel = "http"
                     continue
                 if refused.status != BUSY:
