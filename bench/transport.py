@@ -163,8 +163,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to run (default: all)")
-    parser.add_argument("--channel", choices=("stream", "http"), default="stream",
-                        help="how the round trips' requests travel (default: stream)")
+    parser.add_argument("--channel", choices=("auto", "stream", "http"), default="auto",
+                        help="how the round trips' requests travel (default: auto, as "
+                             "workers: the stream up to 1 MiB, a POST each above)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

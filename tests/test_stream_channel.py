@@ -12,6 +12,7 @@ import pytest
 import torch
 from aiohttp import web
 
+from asyncsync.engine.channel import STREAM_MAX_BYTES
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import Forbidden, OutOfStep
 from asyncsync.recipe import resolve
@@ -237,12 +238,23 @@ async def test_a_request_dropped_mid_stream_is_resent_only_when_safe(op: str,
     assert next(streams) == (2 if resent else 1)
 
 
+async def test_auto_streams_small_models_and_posts_large_ones() -> None:
+    small = HttpTransport("http://127.0.0.1:1", STREAM_MAX_BYTES // 4)
+    large = HttpTransport("http://127.0.0.1:1", STREAM_MAX_BYTES // 4 + 1)
+    forced = HttpTransport("http://127.0.0.1:1", STREAM_MAX_BYTES, channel="stream")
+    assert (small.channel, large.channel, forced.channel) == ("stream", "http", "stream")
+    with pytest.raises(ValueError, match="channel"):
+        HttpTransport("http://127.0.0.1:1", 4, channel="pigeon")
+    for transport in (small, large, forced):
+        await transport.close()
+
+
 def test_the_recipe_chooses_the_channel() -> None:
     def channel(defaults: dict[str, object]) -> str:
         return resolve({"defaults": defaults, "runs": [{"name": "a", "protocol": "bsp"}]},
                        "r").runs[0].network.channel
 
     assert channel({"network": {"channel": "http"}}) == "http"
-    assert channel({}) == "stream"
+    assert channel({}) == "auto"
     with pytest.raises(ConfigError, match="channel"):
         channel({"network": {"channel": "carrier-pigeon"}})

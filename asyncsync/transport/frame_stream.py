@@ -48,6 +48,8 @@ REPLY = struct.Struct(">HQ")
 MAX_OP_BYTES = 32
 FEED_BYTES = 1 << 18
 """Bytes the server buffers from a stream before it stops reading it (flow control)."""
+CLIENT_BUFFER_BYTES = 1 << 16
+"""A client's read buffer (asyncio's `StreamReader` limit; reading pauses at twice it)."""
 CLIENT_IDLE_S = 15.0
 """A client reuses a stream idle at most this long (well under the server's keep-alive,
 so it never sends on a stream the server is closing)."""
@@ -189,7 +191,7 @@ class StreamConnection:
                    ) if https else None
         reader, writer = await asyncio.open_connection(
             host, port, ssl=context, local_addr=(local_addr, 0) if local_addr else None,
-            limit=1 << 16)
+            limit=CLIENT_BUFFER_BYTES)
         auth = f"Authorization: Bearer {token}\r\n" if token else ""
         writer.write(f"POST {PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                      f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\n{auth}"
