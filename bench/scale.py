@@ -35,7 +35,7 @@ CLIENT_PROCESSES = 4
 
 
 def client_process(port: int, ranks: list[int], seconds: float, start: Any,
-                   counts: Any) -> None:
+                   counts: Any, channel: str) -> None:
     torch.set_num_threads(1)
 
     async def one(rank: int, client: SessionClient) -> tuple[int, int]:
@@ -54,7 +54,8 @@ def client_process(port: int, ranks: list[int], seconds: float, start: Any,
         return pushes, errors
 
     async def main() -> None:
-        clients = await asyncio.gather(*(joined_client(port, NUMEL, rank) for rank in ranks))
+        clients = await asyncio.gather(*(joined_client(port, NUMEL, rank, channel)
+                                         for rank in ranks))
         with counts.get_lock():
             counts[2] += len(clients)
         await asyncio.to_thread(start.wait)
@@ -67,14 +68,16 @@ def client_process(port: int, ranks: list[int], seconds: float, start: Any,
     asyncio.run(main())
 
 
-async def measure(workers: int, seconds: float) -> tuple[float, int, dict[str, float]]:
+async def measure(workers: int, seconds: float, channel: str,
+                  ) -> tuple[float, int, dict[str, float]]:
     proc, port, done = start_server(NUMEL, workers, connections=2 * workers + 16)
     ctx = mp.get_context("spawn")
     start = ctx.Event()
     counts = ctx.Array("l", 3)  # pushes, errors, sessions joined
     ranks = list(range(1, workers))
     clients = [ctx.Process(target=client_process,
-                           args=(port, ranks[i::CLIENT_PROCESSES], seconds, start, counts))
+                           args=(port, ranks[i::CLIENT_PROCESSES], seconds, start, counts,
+                                 channel))
                for i in range(CLIENT_PROCESSES)]
     for c in clients:
         c.start()
@@ -98,12 +101,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 16, 32, 64, 256, 1000])
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--channel", choices=("auto", "stream", "http"), default="auto",
+                        help="how the workers' requests travel (auto: the stream, this "
+                             "model being 40 kB)")
     args = parser.parse_args()
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'workers':>7} {'pushes/s':>9} {'errors':>6} {'lag p50 ms':>10} "
           f"{'lag p99 ms':>10} {'GCs':>5} {'GC max ms':>9}")
     for workers in args.workers:
-        rate, errors, lag = asyncio.run(measure(workers, args.seconds))
+        rate, errors, lag = asyncio.run(measure(workers, args.seconds, args.channel))
         print(f"{workers:>7} {rate:>9.0f} {errors:>6} {lag['p50_ms']:>10.1f} "
               f"{lag['p99_ms']:>10.1f} {lag['gc_count']:>5.0f} {lag['gc_max_ms']:>9.1f}",
               flush=True)
