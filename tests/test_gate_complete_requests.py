@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from asyncsync.transport.connection_gate import BUSY_REPLY, ConnectionGate, ConnectionLimits
+from asyncsync.transport.frame_stream import REPLY, REQUEST
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.wire import CONTENT_TYPE, encode_header
 
@@ -83,8 +85,7 @@ STATUS_REPLY = (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\n"
 async def test_a_request_dropped_unanswered_is_resent_only_when_safe(op: str,
                                                                      resent: bool) -> None:
     """A server that closes the first connection after reading its request head, and
-    answers the next: status and heartbeats are resent, a push is not (a POST each; the
-    stream channel's case is in tests/test_stream_channel.py)."""
+    answers the next: status and heartbeats are resent, a push is not (a POST each)."""
     connections = itertools.count()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -94,10 +95,43 @@ async def test_a_request_dropped_unanswered_is_resent_only_when_safe(op: str,
             await writer.drain()
         writer.close()
 
+    await check_resent_only_when_safe(serve, "http", op, resent)
+    assert next(connections) == (2 if resent else 1)
+
+
+@pytest.mark.parametrize(("op", "resent"), [("status", True), ("heartbeat", True),
+                                            ("push", False)])
+async def test_a_request_dropped_mid_stream_is_resent_only_when_safe(op: str,
+                                                                   resent: bool) -> None:
+    """The same on the stream channel: a server that upgrades, reads a request and closes
+    the stream unanswered, then answers on the next stream."""
+    streams = itertools.count()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: tcp\r\n\r\n")
+        name_bytes, length = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+        await reader.readexactly(name_bytes + length)
+        if next(streams):
+            writer.write(REPLY.pack(200, len(STATUS_BODY)) + STATUS_BODY)
+            await writer.drain()
+        writer.close()
+
+    await check_resent_only_when_safe(serve, "stream", op, resent)
+    assert next(streams) == (2 if resent else 1)
+
+
+async def check_resent_only_when_safe(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    channel: str, op: str, resent: bool,
+) -> None:
+    """Send `op` on `channel` to a server run by `serve`: it comes back answered when
+    `resent`, else as a ConnectionError."""
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = HttpTransport(f"http://127.0.0.1:{port}", 0, timeout_s=WITHIN_S,
-                           channel="http")
+                           channel=channel)
     try:
         if resent:
             reply, _ = await client.request(op, {})
@@ -109,4 +143,3 @@ async def test_a_request_dropped_unanswered_is_resent_only_when_safe(op: str,
         await client.close()
         server.close()
         await server.wait_closed()
-    assert next(connections) == (2 if resent else 1)

@@ -5,7 +5,6 @@ between the stream and a POST per request."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -18,12 +17,7 @@ from asyncsync.protocols.base import Forbidden, OutOfStep
 from asyncsync.recipe import resolve
 from asyncsync.schema import ConfigError
 from asyncsync.transport.connection_gate import ConnectionLimits
-from asyncsync.transport.frame_stream import (
-    REPLY,
-    REQUEST,
-    StreamConnection,
-    StreamRefused,
-)
+from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.tokens import worker_token
@@ -201,41 +195,6 @@ async def test_a_server_without_the_stream_is_asked_over_http(answer: int) -> No
         await transport.close()
     finally:
         await runner.cleanup()
-
-
-@pytest.mark.parametrize(("op", "resent"), [("status", True), ("heartbeat", True),
-                                            ("push", False)])
-async def test_a_request_dropped_mid_stream_is_resent_only_when_safe(op: str,
-                                                                   resent: bool) -> None:
-    """A server that upgrades, reads a request and closes the stream unanswered, then
-    answers on the next stream: status and heartbeats are resent, a push is not."""
-    streams = itertools.count()
-    reply = encode_header({"workers": 1}, None)
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
-                     b"Upgrade: tcp\r\n\r\n")
-        name_bytes, length = REQUEST.unpack(await reader.readexactly(REQUEST.size))
-        await reader.readexactly(name_bytes + length)
-        if next(streams):
-            writer.write(REPLY.pack(200, len(reply)) + reply)
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    client = HttpTransport(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", 0)
-    try:
-        if resent:
-            assert (await client.request(op, {}))[0] == {"workers": 1}
-        else:
-            with pytest.raises(ConnectionError):
-                await client.request(op, {})
-    finally:
-        await client.close()
-        server.close()
-        await server.wait_closed()
-    assert next(streams) == (2 if resent else 1)
 
 
 async def test_auto_streams_small_models_and_posts_large_ones() -> None:
