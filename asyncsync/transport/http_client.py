@@ -212,7 +212,7 @@ class HttpTransport:
             read_any = stream.read_any(length)
             if status != 200:
                 reason = b""
-                while len(reason) < length:
+                while len(reason) < min(length, 500):  # then the stream is dropped
                     reason += await read_any()
                 stream.close()
                 raise refusal_from(status, reason[:500].decode("utf-8", "replace"))
