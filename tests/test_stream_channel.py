@@ -17,7 +17,7 @@ from asyncsync.protocols.base import Forbidden, OutOfStep
 from asyncsync.recipe import resolve
 from asyncsync.schema import ConfigError
 from asyncsync.transport.connection_gate import ConnectionLimits
-from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
+from asyncsync.transport.frame_stream import REPLY, StreamConnection, StreamRefused
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.tokens import worker_token
@@ -217,3 +217,32 @@ def test_the_recipe_chooses_the_channel() -> None:
     assert channel({}) == "auto"
     with pytest.raises(ConfigError, match="channel"):
         channel({"network": {"channel": "carrier-pigeon"}})
+
+
+async def test_odd_upgrade_requests_get_no_5xx_and_change_nothing() -> None:
+    base = b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
+    requests = {
+        b"101": [base + b"Content-Length: 5\r\n\r\nhello",
+                 base + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
+        b"400": [b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+                 base.replace(b"Upgrade: tcp", b"Upgrade: websocket")
+                 + b"Content-Length: 0\r\n\r\n"],
+        b"404": [b"GET /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                 b"Upgrade: tcp\r\n\r\n"],
+    }
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN)) as server:
+        before = server.core.store.w.clone()
+        for status, raws in requests.items():
+            for raw in raws:
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(raw)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                assert head.split(b" ")[1] == status, raw
+                if status == b"101":  # a frame prefix with a 255-byte op: refused, closed
+                    writer.write(b"\xff" * 12)
+                    got, length = REPLY.unpack(await reader.readexactly(REPLY.size))
+                    assert got == 400 and b"op name" in await reader.readexactly(length)
+                    assert await asyncio.wait_for(reader.read(), 5) == b""
+                writer.close()
+        assert server.core.store.version == 0
+        assert torch.equal(server.core.store.w, before)

@@ -2,7 +2,8 @@
 
 A worker's client opens a connection, sends ``POST /v1/stream`` with ``Connection:
 Upgrade`` and ``Upgrade: tcp`` (and its bearer token), and once answered ``101 Switching
-Protocols`` sends its requests on that connection one after another::
+Protocols`` (not before: bytes sent with the upgrade's head are not part of the stream)
+sends its requests on that connection one after another::
 
     request:  uint8 op length L, uint64 body length B (big-endian), L bytes of op (ASCII),
               B bytes: the same frame an HTTP POST to /v1/{op} carries
@@ -103,6 +104,7 @@ async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
         pass  # the client left; nothing to answer
     finally:
         live.discard(request.transport)
+        request.protocol.force_close()  # aiohttp leaves an upgraded connection open
     return response
 
 
