@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -147,12 +148,7 @@ class HttpTransport:
                 if refused.status in NO_STREAM or refused.status < 400:
                     self.channel = "http"
                     continue
-                if refused.status != BUSY:
-                    raise refusal_from(refused.status, refused.reason) from refused
-                if now() + backoff > deadline:
-                    raise ConnectionError(f"cannot reach {self.url}: {refused}") from refused
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, 2.0)
+                raise refusal_from(refused.status, refused.reason) from refused
             except (aiohttp.ClientConnectorError, _ServerBusy, _Resendable,
                     _Unreachable) as exc:
                 if now() + backoff > deadline:
@@ -167,12 +163,7 @@ class HttpTransport:
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         if self.channel == "stream":
             return await self._stream_once(op, header, vector)
-        head = encode_header(header, vector)
-        size = frame_size(head, vector)
-        pieces = frame_pieces(head, vector)
-        if self.link is not None:
-            await self.link.one_way_delay()
-            pieces = self.link.paced_pieces(pieces)
+        size, pieces = await self._outgoing(header, vector)
         try:
             response = await self._session.post(f"{self.url}/v1/{op}", data=pieces,
                                                 headers={"Content-Length": str(size)})
@@ -198,14 +189,9 @@ class HttpTransport:
     async def _stream_once(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
-        head = encode_header(header, vector)
-        size = frame_size(head, vector)
-        pieces = frame_pieces(head, vector)
         stream = await self._stream()
         try:
-            if self.link is not None:
-                await self.link.one_way_delay()
-                pieces = self.link.paced_pieces(pieces)
+            size, pieces = await self._outgoing(header, vector)
             await stream.send(op, size, pieces)
             self.bytes_up += size
             status, length = await stream.reply()
@@ -233,6 +219,16 @@ class HttpTransport:
         self._streams.append(stream)
         return reply, out
 
+    async def _outgoing(self, header: dict[str, Any], vector: torch.Tensor | None,
+                        ) -> tuple[int, AsyncIterator[bytes | memoryview]]:
+        """A request's frame size and pieces, paced by the link (after its delay)."""
+        head = encode_header(header, vector)
+        pieces = frame_pieces(head, vector)
+        if self.link is not None:
+            await self.link.one_way_delay()
+            pieces = self.link.paced_pieces(pieces)
+        return frame_size(head, vector), pieces
+
     async def _stream(self) -> StreamConnection:
         """An idle stream to reuse, or a new one."""
         while self._streams:
@@ -247,6 +243,10 @@ class HttpTransport:
             raise
         except OSError as exc:
             raise _Unreachable(str(exc)) from exc
+        except StreamRefused as refused:
+            if refused.status == BUSY:
+                raise _ServerBusy(f"busy: {refused.reason[:200]}") from refused
+            raise
 
     async def _read_reply(self, read_any: ReadAny,
                           ) -> tuple[dict[str, Any], torch.Tensor | None]:
