@@ -158,6 +158,9 @@ def _compressed_spec(spec: dict[str, Any], codec: object, limits: Limits) -> int
 
 
 ReadAny = Callable[[], Awaitable[bytes]]
+ReadInto = Callable[[memoryview], Awaitable[int]]
+"""Fills a view with the stream's next bytes and says how many it wrote (fewer than the
+view holds only when the stream ended): lets a reader receive straight into a tensor."""
 Allocate = Callable[[int, torch.dtype], torch.Tensor]
 """Makes the tensor a body is read into: ``(numel, dtype) -> tensor`` (e.g. a pool's)."""
 CHECK_BYTES = 1 << 18
@@ -190,10 +193,13 @@ class _FiniteChecker:
 
 
 class FrameReader:
-    """Reads one frame from a byte stream that yields arbitrary chunks (b"" at EOF)."""
+    """Reads one frame from a byte stream that yields arbitrary chunks (b"" at EOF), and
+    the tensor with `read_into`, when the stream has it, without a copy of its own."""
 
-    def __init__(self, read_any: ReadAny, max_total: int) -> None:
+    def __init__(self, read_any: ReadAny, max_total: int,
+                 read_into: ReadInto | None = None) -> None:
         self._read_any = read_any
+        self._read_into = read_into
         self._pending = bytearray()
         self._total = 0
         self._max_total = max_total
@@ -243,6 +249,15 @@ class FrameReader:
         filled = min(len(self._pending), nbytes)
         view[:filled] = self._pending[:filled]
         del self._pending[:filled]
+        while filled < nbytes and self._read_into is not None:
+            if checker is not None:
+                checker.advance(filled)
+            want = min(nbytes - filled, CHUNK_BYTES if checker is None else CHECK_BYTES)
+            got = await self._read_into(view[filled : filled + want])
+            filled += got
+            self._total += got
+            if got < want:
+                raise WireError(400, f"truncated tensor: got {filled} of {nbytes} bytes")
         while filled < nbytes:
             if checker is not None:
                 checker.advance(filled)

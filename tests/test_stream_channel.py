@@ -17,7 +17,7 @@ from asyncsync.protocols.base import Forbidden, OutOfStep
 from asyncsync.recipe import resolve
 from asyncsync.schema import ConfigError
 from asyncsync.transport.connection_gate import ConnectionLimits
-from asyncsync.transport.frame_stream import REPLY, StreamConnection, StreamRefused
+from asyncsync.transport.frame_stream import REPLY, REQUEST, StreamConnection, StreamRefused
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.tokens import worker_token
@@ -36,7 +36,7 @@ async def exchange(stream: StreamConnection, op: str, data: bytes) -> tuple[int,
     """One request on `stream`: the reply's status and body."""
     await stream.send(op, len(data), pieces(data))
     status, length = await stream.reply()
-    return status, await stream.reader.readexactly(length)
+    return status, await stream.receiver.read_exactly(length)
 
 
 async def join(stream: StreamConnection) -> None:
@@ -91,8 +91,8 @@ async def test_a_refused_frame_read_whole_keeps_the_stream_one_refused_early_end
         head = raw_header(b"\xc1")  # refused before the declared tensor bytes arrive
         await stream.send("push", len(head) + 4 * numel, pieces(head))
         got, length = await stream.reply()
-        assert (got, b"malformed" in await stream.reader.readexactly(length)) == (400, True)
-        assert await stream.reader.read() == b""  # the next frame's start is unknown: closed
+        assert (got, b"malformed" in await stream.receiver.read_exactly(length)) == (400, True)
+        assert await stream.receiver.read_some(1) == b""  # next frame's start unknown: closed
         assert server.core.store.version == 1
 
 
@@ -102,8 +102,8 @@ async def test_an_oversized_declared_body_is_refused_before_it_is_read() -> None
         await stream.send("push", 1 << 40, pieces(b""))
         status, length = await stream.reply()
         assert status == 413
-        assert b"exceeds" in await stream.reader.readexactly(length)
-        assert await stream.reader.read() == b""
+        assert b"exceeds" in await stream.receiver.read_exactly(length)
+        assert await stream.receiver.read_some(1) == b""
 
 
 async def test_the_upgrade_needs_the_token_and_a_worker_token_cannot_stop() -> None:
@@ -140,7 +140,7 @@ async def test_an_idle_stream_is_closed_and_the_gate_forgets_it(stall: str) -> N
         if stall == "mid-frame":  # declares more than it sends
             data = body(push_header(), torch.zeros(server.core.store.numel))
             await stream.send("push", len(data), pieces(data[:100]))
-        assert await asyncio.wait_for(stream.reader.read(), 5) == b""
+        assert await asyncio.wait_for(stream.receiver.read_some(1), 5) == b""
         for _ in range(100):
             if server.gate.open == 0:
                 break
@@ -246,3 +246,46 @@ async def test_odd_upgrade_requests_get_no_5xx_and_change_nothing() -> None:
                 writer.close()
         assert server.core.store.version == 0
         assert torch.equal(server.core.store.w, before)
+
+
+def wide_model() -> torch.nn.Module:
+    """About 2.6 MB of parameters: a reply spans many socket reads and wire chunks."""
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(400, 1600), torch.nn.Linear(1600, 2))
+
+
+async def test_a_large_reply_is_received_whole_into_the_vector() -> None:
+    async with ParameterServer(wide_model(), "asp", 1, ServerSettings(run_id=RUN)) as server:
+        numel = server.core.store.numel
+        assert 4 * numel > 2 * (1 << 20)
+        transport = HttpTransport(server.url, numel, channel="stream")
+        reply, _ = await transport.request("join", {"worker": 0, "run_id": RUN})
+        header = {"worker": 0, "run_id": RUN, "session": reply["meta"]["session"],
+                  "base_version": 0}
+        for _ in range(2):  # the second reuses the stream and a warm vector
+            _, vector = await transport.request("pull", header)
+            assert vector is not None and torch.equal(vector, server.core.store.w)
+        assert len(transport._streams) == 1
+        await transport.close()
+
+
+async def test_a_reply_cut_short_raises_connection_error() -> None:
+    """A server that declares a reply and closes half way: the client raises, not hangs."""
+
+    async def half_reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: tcp\r\n"
+                     b"Connection: Upgrade\r\n\r\n")
+        await reader.readexactly(REQUEST.size)  # then the op and body, ignored
+        head = encode_header({"version": 0}, torch.zeros(100_000))
+        writer.write(REPLY.pack(200, len(head) + 400_000) + head + bytes(150_000))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(half_reply, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = HttpTransport(f"http://127.0.0.1:{port}", 100_000, channel="stream")
+    with pytest.raises(ConnectionError, match="pull"):
+        await asyncio.wait_for(transport.request("pull", {"worker": 0}), 10)
+    await transport.close()
+    server.close()

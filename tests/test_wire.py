@@ -141,3 +141,59 @@ async def test_without_the_check_finite_is_unknown() -> None:
     header = await reader.header()
     await reader.tensor(tensor_spec(header, Limits(4)) or 0, torch.float32)
     assert reader.finite is None
+
+
+class Source:
+    """A byte stream read in chunks of `chunk` or, with `read_into`, into a caller's view."""
+
+    def __init__(self, data: bytes, chunk: int = 7) -> None:
+        self.data = memoryview(data)
+        self.at = 0
+        self.chunk = chunk
+        self.into = 0  # bytes delivered by read_into
+
+    async def read_any(self) -> bytes:
+        piece = bytes(self.data[self.at : self.at + self.chunk])
+        self.at += len(piece)
+        return piece
+
+    async def read_into(self, view: memoryview) -> int:
+        got = len(self.data[self.at : self.at + len(view)])
+        view[:got] = self.data[self.at : self.at + got]
+        self.at += got
+        self.into += got
+        return got
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 16])
+async def test_read_into_receives_the_tensor_in_place(chunk: int) -> None:
+    vector = torch.linspace(-3.0, 3.0, 300_000)
+    source = Source(frame({"worker": 2}, vector), chunk)
+    reader = FrameReader(source.read_any, 1 << 22, source.read_into)
+    header = await reader.header()
+    out = await reader.tensor(tensor_spec(header, Limits(300_000)) or 0, torch.float32)
+    assert torch.equal(out, vector) and header["worker"] == 2
+    assert source.into >= vector.nbytes - chunk, "the tensor's bytes came by read_into"
+
+
+async def test_read_into_truncated_tensor_is_rejected() -> None:
+    source = Source(frame({}, torch.ones(100_000))[:-5])
+    reader = FrameReader(source.read_any, 1 << 22, source.read_into)
+    header = await reader.header()
+    with pytest.raises(WireError, match="truncated") as err:
+        await reader.tensor(tensor_spec(header, Limits(100_000)) or 0, torch.float32)
+    assert err.value.status == 400
+
+
+@pytest.mark.parametrize("bad_at", [None, 3, 150_000, 299_999])
+async def test_read_into_checks_finite(bad_at: int | None) -> None:
+    vector = torch.linspace(-1.0, 1.0, 300_000)
+    if bad_at is not None:
+        vector[bad_at] = float("nan")
+    source = Source(frame({}, vector))
+    reader = FrameReader(source.read_any, 1 << 22, source.read_into)
+    header = await reader.header()
+    out = await reader.tensor(tensor_spec(header, Limits(300_000)) or 0, torch.float32,
+                              check_finite=True)
+    assert torch.equal(out.isfinite(), vector.isfinite())
+    assert reader.finite is (bad_at is None)

@@ -39,7 +39,7 @@ from asyncsync.clock import now
 from asyncsync.engine.core import ServerCore
 from asyncsync.transport.answers import answer_frame
 from asyncsync.transport.tokens import BearerTokens
-from asyncsync.wire import CHUNK_BYTES, Limits, ReadAny, tensor_chunks
+from asyncsync.wire import CHUNK_BYTES, Limits, ReadAny, ReadInto, tensor_chunks
 
 PATH = "/v1/stream"
 UPGRADE = "tcp"
@@ -50,7 +50,8 @@ MAX_OP_BYTES = 32
 FEED_BYTES = 1 << 18
 """Bytes the server buffers from a stream before it stops reading it (flow control)."""
 CLIENT_BUFFER_BYTES = 1 << 16
-"""A client's read buffer (asyncio's `StreamReader` limit; reading pauses at twice it)."""
+"""A client's receive buffer for heads and small replies (a reply's tensor is received
+straight into its vector); reading pauses while more than this waits unread."""
 CLIENT_IDLE_S = 15.0
 """A client reuses a stream idle at most this long (well under the server's keep-alive,
 so it never sends on a stream the server is closing)."""
@@ -171,12 +172,135 @@ class StreamRefused(Exception):
         self.reason = reason
 
 
+class _Receiver(asyncio.BufferedProtocol):
+    """A client stream's end of the connection: receives into a small buffer, or, while a
+    reader waits on `read_into`, straight into the reader's view (a reply's tensor)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.ended = False
+        self._scratch = bytearray(CLIENT_BUFFER_BYTES)
+        self._pending = bytearray()
+        self._target: memoryview | None = None
+        self._filled = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        if self._target is not None:
+            return self._target[self._filled :]
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._target is not None:
+            self._filled += nbytes
+            if self._filled < len(self._target):
+                return
+            self._target = None
+        else:
+            self._pending += memoryview(self._scratch)[:nbytes]
+            if len(self._pending) > CLIENT_BUFFER_BYTES and self.transport is not None:
+                self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        self._target = None
+        self._wake()
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _more(self) -> None:
+        """Wait for bytes (or the end of the stream)."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _take(self, n: int) -> bytes:
+        out = bytes(self._pending[:n])
+        del self._pending[:n]
+        if len(self._pending) <= CLIENT_BUFFER_BYTES and self.transport is not None:
+            self.transport.resume_reading()
+        return out
+
+    async def drain(self) -> None:
+        if self._writable is not None:
+            await self._writable
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionError("the stream closed while sending")
+
+    async def read_until(self, separator: bytes, limit: int) -> bytes:
+        """The bytes up to and including `separator` (ConnectionError if the stream ends
+        or `limit` bytes pass first)."""
+        while (end := self._pending.find(separator)) < 0:
+            if self.ended or len(self._pending) > limit:
+                raise ConnectionError(f"no {separator!r} in {len(self._pending)} bytes")
+            await self._more()
+        return self._take(end + len(separator))
+
+    async def read_exactly(self, n: int) -> bytes:
+        """The next `n` bytes (`asyncio.IncompleteReadError` if the stream ends first)."""
+        while len(self._pending) < n:
+            if self.ended:
+                raise asyncio.IncompleteReadError(bytes(self._pending), n)
+            await self._more()
+        return self._take(n)
+
+    async def read_some(self, most: int) -> bytes:
+        """Up to `most` bytes, as soon as any came (b"" once the stream ended)."""
+        while not self._pending and not self.ended:
+            await self._more()
+        return self._take(most)
+
+    async def read_into(self, view: memoryview) -> int:
+        """Fill `view`, from what is buffered, then straight from the socket; fewer bytes
+        only when the stream ends."""
+        filled = min(len(self._pending), len(view))
+        view[:filled] = self._pending[:filled]
+        del self._pending[:filled]
+        if filled == len(view) or self.ended:
+            return filled
+        if self.transport is not None:
+            self.transport.resume_reading()
+        self._target, self._filled = view, filled
+        try:
+            while self._target is not None and not self.ended:
+                await self._more()
+            return self._filled
+        finally:
+            self._target = None
+
+
 class StreamConnection:
     """A client's upgraded connection: one request at a time (`send`, then `reply`)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, receiver: _Receiver) -> None:
+        assert receiver.transport is not None
+        self.receiver = receiver
+        self.transport = receiver.transport
         self.idle_since = now()
 
     @classmethod
@@ -191,64 +315,75 @@ class StreamConnection:
         port = parts.port or (443 if https else 80)
         context = (tls if isinstance(tls, ssl.SSLContext) else ssl.create_default_context()
                    ) if https else None
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=context, local_addr=(local_addr, 0) if local_addr else None,
-            limit=CLIENT_BUFFER_BYTES)
+        _, receiver = await asyncio.get_running_loop().create_connection(
+            _Receiver, host, port, ssl=context,
+            local_addr=(local_addr, 0) if local_addr else None)
+        assert receiver.transport is not None
+        transport = receiver.transport
         auth = f"Authorization: Bearer {token}\r\n" if token else ""
-        writer.write(f"POST {PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                     f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\n{auth}"
-                     "Content-Length: 0\r\n\r\n".encode("utf-8", "surrogateescape"))
+        transport.write(f"POST {PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                        f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\n{auth}"
+                        "Content-Length: 0\r\n\r\n".encode("utf-8", "surrogateescape"))
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = await receiver.read_until(b"\r\n\r\n", CLIENT_BUFFER_BYTES)
             status = int(head.split(b" ", 2)[1])
             if status == 101:
-                return cls(reader, writer)
+                return cls(receiver)
             length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                            if line.lower().startswith(b"content-length:")), 0)
-            reason = (await reader.readexactly(min(length, 1000))).decode("utf-8", "replace")
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
-                IndexError) as exc:
-            writer.close()
+            reason = (await receiver.read_exactly(min(length, 1000))
+                      ).decode("utf-8", "replace")
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError) as exc:
+            transport.close()
             raise ConnectionError(f"no upgrade from {url}: {exc!r}") from exc
-        writer.close()
+        transport.close()
         raise StreamRefused(status, reason)
 
     @property
     def reusable(self) -> bool:
         """Open, and idle briefly enough that the server keeps it."""
-        return (not self.writer.is_closing() and not self.reader.at_eof()
+        return (not self.transport.is_closing() and not self.receiver.ended
                 and now() - self.idle_since < CLIENT_IDLE_S)
 
     async def send(self, op: str, size: int,
                    pieces: AsyncIterator[bytes | memoryview]) -> None:
         """Send one request of `size` body bytes (the frame's `pieces`)."""
         name = op.encode("ascii")
-        self.writer.write(REQUEST.pack(len(name), size) + name)
+        self.transport.write(REQUEST.pack(len(name), size) + name)
         async for piece in pieces:
-            self.writer.write(piece)
-            await self.writer.drain()
+            self.transport.write(piece)
+            await self.receiver.drain()
 
     async def reply(self) -> tuple[int, int]:
-        """The reply's status and body length (its body is read with `read_any`)."""
-        status, length = REPLY.unpack(await self.reader.readexactly(REPLY.size))
+        """The reply's status and body length (its body is read with `readers`)."""
+        status, length = REPLY.unpack(await self.receiver.read_exactly(REPLY.size))
         return status, length
 
-    def read_any(self, length: int) -> ReadAny:
-        """Reads the next `length` bytes in chunks, then b""; ConnectionError if the
-        stream ends first."""
+    def readers(self, length: int) -> tuple[ReadAny, ReadInto]:
+        """Read the next `length` bytes: in chunks (then b"") or into a view; both raise
+        ConnectionError if the stream ends first."""
         remaining = length
 
-        async def read() -> bytes:
+        async def read_any() -> bytes:
             nonlocal remaining
             if remaining == 0:
                 return b""
-            chunk = await self.reader.read(min(remaining, CHUNK_BYTES))
+            chunk = await self.receiver.read_some(min(remaining, CHUNK_BYTES))
             if not chunk:
                 raise ConnectionError("the server closed the stream mid-reply")
             remaining -= len(chunk)
             return chunk
 
-        return read
+        async def read_into(view: memoryview) -> int:
+            nonlocal remaining
+            want = min(remaining, len(view))
+            got = await self.receiver.read_into(view[:want])
+            remaining -= got
+            if got < want:
+                raise ConnectionError("the server closed the stream mid-reply")
+            return got
+
+        return read_any, read_into
 
     def close(self) -> None:
-        self.writer.close()
+        self.transport.close()

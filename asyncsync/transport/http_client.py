@@ -28,6 +28,7 @@ from asyncsync.wire import (
     FrameReader,
     Limits,
     ReadAny,
+    ReadInto,
     encode_header,
     frame_pieces,
     frame_size,
@@ -195,17 +196,18 @@ class HttpTransport:
             await stream.send(op, size, pieces)
             self.bytes_up += size
             status, length = await stream.reply()
-            read_any = stream.read_any(length)
+            read_any, read_into = stream.readers(length)
             if status != 200:
                 reason = b""
                 while len(reason) < min(length, 500):  # then the stream is dropped
                     reason += await read_any()
                 stream.close()
                 raise refusal_from(status, reason[:500].decode("utf-8", "replace"))
-            if self.link is not None:
+            if self.link is not None:  # paced chunk by chunk, so received with copies
                 await self.link.one_way_delay()
-                read_any = self.link.paced_reader(read_any)
-            reply, out = await self._read_reply(read_any)
+                reply, out = await self._read_reply(self.link.paced_reader(read_any))
+            else:
+                reply, out = await self._read_reply(read_any, read_into)
             self.bytes_down += length
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             stream.close()
@@ -248,9 +250,9 @@ class HttpTransport:
                 raise _ServerBusy(f"busy: {refused.reason[:200]}") from refused
             raise
 
-    async def _read_reply(self, read_any: ReadAny,
+    async def _read_reply(self, read_any: ReadAny, read_into: ReadInto | None = None,
                           ) -> tuple[dict[str, Any], torch.Tensor | None]:
-        reader = FrameReader(read_any, self.limits.max_body_bytes)
+        reader = FrameReader(read_any, self.limits.max_body_bytes, read_into)
         reply = await reader.header()
         nbytes = tensor_spec(reply, self.limits, up_to=True)
         if nbytes is None:
