@@ -17,7 +17,14 @@ from asyncsync.protocols.base import Forbidden, OutOfStep
 from asyncsync.recipe import resolve
 from asyncsync.schema import ConfigError
 from asyncsync.transport.connection_gate import ConnectionLimits
-from asyncsync.transport.frame_stream import REPLY, REQUEST, StreamConnection, StreamRefused
+from asyncsync.transport.frame_stream import (
+    BUFFER_BYTES,
+    REPLY,
+    REQUEST,
+    StreamConnection,
+    StreamRefused,
+    _Receiver,
+)
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.tokens import worker_token
@@ -289,3 +296,47 @@ async def test_a_reply_cut_short_raises_connection_error() -> None:
         await asyncio.wait_for(transport.request("pull", {"worker": 0}), 10)
     await transport.close()
     server.close()
+
+
+class FakeTransport(asyncio.Transport):
+    """Records whether reading is paused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def deliver(receiver: _Receiver, data: bytes) -> None:
+    """What the event loop does with bytes from the socket."""
+    while data:
+        buffer = receiver.get_buffer(-1)
+        n = min(len(buffer), len(data))
+        buffer[:n] = data[:n]
+        receiver.buffer_updated(n)
+        data = data[n:]
+
+
+async def test_a_receiver_pauses_reading_when_full_and_resumes_when_it_waits() -> None:
+    """Reading pauses while more than BUFFER_BYTES wait unread; a reader that then wants
+    more resumes it, however the unread bytes were taken (here into a view)."""
+    receiver, transport = _Receiver(), FakeTransport()
+    receiver.connection_made(transport)
+    data = bytes(range(256)) * (BUFFER_BYTES // 128)
+    deliver(receiver, data)
+    assert not transport.reading
+    view = memoryview(bytearray(len(data)))
+    assert await receiver.read_into(view) == len(data) and view == data
+    more = asyncio.ensure_future(receiver.read_exactly(3))
+    await asyncio.sleep(0)
+    assert transport.reading, "a reader waits: reading must go on"
+    deliver(receiver, b"abc")
+    assert await asyncio.wait_for(more, 1) == b"abc"

@@ -14,7 +14,15 @@ import torch
 from asyncsync.engine.core import ServerCore
 from asyncsync.protocols.base import Refused
 from asyncsync.transport.status import status_of
-from asyncsync.wire import FrameReader, Limits, ReadAny, WireError, encode_header, tensor_spec
+from asyncsync.wire import (
+    FrameReader,
+    Limits,
+    ReadAny,
+    ReadInto,
+    WireError,
+    encode_header,
+    tensor_spec,
+)
 
 
 class Answer(NamedTuple):
@@ -33,9 +41,10 @@ def body_limit(limits: Limits, op: str) -> int:
 
 
 async def answer_frame(core: ServerCore, limits: Limits, op: str, read_any: ReadAny,
-                       length: int | None) -> Answer:
+                       length: int | None, read_into: ReadInto | None = None) -> Answer:
     """Read one frame of `op` from `read_any` (which returns b"" at the frame's end; the
-    frame declared `length` bytes, None when unknown) and answer it.
+    frame declared `length` bytes, None when unknown), its tensor with `read_into` when
+    given, and answer it.
 
     The tensor is received into a warm vector of the core's pool and checked for NaN/Inf
     as it arrives. Raises ConnectionError when the peer leaves mid-frame.
@@ -44,7 +53,7 @@ async def answer_frame(core: ServerCore, limits: Limits, op: str, read_any: Read
         max_total = body_limit(limits, op)
         if length is not None and length > max_total:
             raise WireError(413, f"body of {length} bytes exceeds the limit of {max_total}")
-        reader = FrameReader(read_any, max_total)
+        reader = FrameReader(read_any, max_total, read_into)
         header = await reader.header()
         numel = core.tensor_numel(op, header)
         tensor_limits = None if numel is None else Limits(numel)

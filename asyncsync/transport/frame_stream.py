@@ -29,17 +29,17 @@ from __future__ import annotations
 import asyncio
 import ssl
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
-from aiohttp import StreamReader, web
+from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
 from asyncsync.clock import now
 from asyncsync.engine.core import ServerCore
 from asyncsync.transport.answers import answer_frame
 from asyncsync.transport.tokens import BearerTokens
-from asyncsync.wire import CHUNK_BYTES, Limits, ReadAny, ReadInto, tensor_chunks
+from asyncsync.wire import CHUNK_BYTES, Limits, tensor_chunks
 
 PATH = "/v1/stream"
 UPGRADE = "tcp"
@@ -47,28 +47,12 @@ UPGRADE = "tcp"
 REQUEST = struct.Struct(">BQ")
 REPLY = struct.Struct(">HQ")
 MAX_OP_BYTES = 32
-FEED_BYTES = 1 << 18
-"""Bytes the server buffers from a stream before it stops reading it (flow control)."""
-CLIENT_BUFFER_BYTES = 1 << 16
-"""A client's receive buffer for heads and small replies (a reply's tensor is received
+BUFFER_BYTES = 1 << 16
+"""Each end's receive buffer for heads and small frames (a frame's tensor is received
 straight into its vector); reading pauses while more than this waits unread."""
 CLIENT_IDLE_S = 15.0
 """A client reuses a stream idle at most this long (well under the server's keep-alive,
 so it never sends on a stream the server is closing)."""
-
-
-class _Feed:
-    """Hands an upgraded connection's bytes to a `StreamReader` (aiohttp's parser slot)."""
-
-    def __init__(self, reader: StreamReader) -> None:
-        self.reader = reader
-
-    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
-        self.reader.feed_data(data)
-        return False, b""
-
-    def feed_eof(self) -> None:
-        self.reader.feed_eof()
 
 
 def wants_stream(request: web.Request) -> bool:
@@ -82,7 +66,13 @@ async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
                        live: set[asyncio.BaseTransport]) -> web.StreamResponse:
     """Upgrade `request`'s connection and answer frames on it until the client closes it,
     sends nothing for `idle_s` seconds, or sends a frame that cannot be read to its end.
-    Its transport is in `live` meanwhile (the server closes those when it shuts down)."""
+    Its transport is in `live` meanwhile (the server closes those when it shuts down).
+
+    After the 101 the connection's transport is handed from its protocol (the gate's,
+    around aiohttp's) to a `_Receiver`, so a frame's tensor is received straight into its
+    vector, and back before the handler returns; a connection lost meanwhile is reported
+    to that protocol.
+    """
     if not wants_stream(request):
         return web.Response(status=400, text=f"{PATH} needs the headers Connection: "
                                              f"Upgrade and Upgrade: {UPGRADE}")
@@ -91,76 +81,66 @@ async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
     response.force_close()
     headers_writer = await response.prepare(request)
     assert isinstance(headers_writer, StreamWriter)
+    transport = request.transport
+    assert transport is not None and isinstance(transport, asyncio.Transport)
+    owner = transport.get_protocol()  # the connection gate's, which wraps aiohttp's
+    receiver = _Receiver(idle_s, on_lost=owner.connection_lost)
+    transport.set_protocol(receiver)
+    receiver.connection_made(transport)
     headers_writer.send_headers()
-    loop = asyncio.get_running_loop()
-    feed = StreamReader(request.protocol, FEED_BYTES, loop=loop)
-    request.protocol.set_parser(_Feed(feed))  # type: ignore[arg-type]  # duck-typed slot
-    writer = StreamWriter(request.protocol, loop)
-    assert request.transport is not None  # prepared: the connection is open
-    live.add(request.transport)
+    live.add(transport)
     try:
-        while await _answer_next(request, feed, writer, core, limits, tokens, idle_s):
+        while await _answer_next(request, receiver, core, limits, tokens):
             pass
     except ConnectionError:
         pass  # the client left; nothing to answer
     finally:
-        live.discard(request.transport)
+        live.discard(transport)
+        if not (receiver.lost or transport.is_closing()):  # else the receiver forwards
+            transport.set_protocol(owner)                   # the loss when it comes
         request.protocol.force_close()  # aiohttp leaves an upgraded connection open
     return response
 
 
-async def _answer_next(request: web.Request, feed: StreamReader, writer: StreamWriter,
-                       core: ServerCore, limits: Limits, tokens: BearerTokens | None,
-                       idle_s: float) -> bool:
+async def _answer_next(request: web.Request, receiver: _Receiver, core: ServerCore,
+                       limits: Limits, tokens: BearerTokens | None) -> bool:
     """Read and answer one frame; False when the stream is to be closed."""
     try:
-        async with asyncio.timeout(idle_s):
-            op_bytes, length = REQUEST.unpack(await feed.readexactly(REQUEST.size))
-    except (asyncio.IncompleteReadError, TimeoutError):
+        op_bytes, length = REQUEST.unpack(await receiver.read_exactly(REQUEST.size))
+    except (asyncio.IncompleteReadError, ConnectionError):  # closed, or idle
         return False
     if not 0 < op_bytes <= MAX_OP_BYTES:
-        await _refuse(writer, 400, f"op name of {op_bytes} bytes (1 to {MAX_OP_BYTES})")
+        await _refuse(receiver, 400, f"op name of {op_bytes} bytes (1 to {MAX_OP_BYTES})")
         return False
     try:
-        op = (await feed.readexactly(op_bytes)).decode("ascii")
-    except asyncio.IncompleteReadError:
+        op = (await receiver.read_exactly(op_bytes)).decode("ascii")
+    except (asyncio.IncompleteReadError, ConnectionError):
         return False
     except UnicodeDecodeError:
-        await _refuse(writer, 400, "the op name is not ASCII")
+        await _refuse(receiver, 400, "the op name is not ASCII")
         return False
     refusal = None if tokens is None else tokens.refusal(request, op)
     if refusal is not None:
-        await _refuse(writer, refusal.status, refusal.text or "refused")
+        await _refuse(receiver, refusal.status, refusal.text or "refused")
         return False
-    remaining = length
-
-    async def read_any() -> bytes:
-        nonlocal remaining
-        if remaining == 0:
-            return b""
-        try:
-            async with asyncio.timeout(idle_s):
-                chunk = await feed.read(min(remaining, CHUNK_BYTES))
-        except TimeoutError as exc:
-            raise ConnectionError(f"no bytes of a {op} frame for {idle_s:g} s") from exc
-        remaining -= len(chunk)
-        return chunk
-
-    answer = await answer_frame(core, limits, op, read_any, length)
+    frame = receiver.frame(length)
+    answer = await answer_frame(core, limits, op, frame.read_any, length, frame.read_into)
     if answer.status != 200:
-        await _refuse(writer, answer.status, answer.reason)
-        return bool(remaining == 0)
+        await _refuse(receiver, answer.status, answer.reason)
+        return bool(frame.remaining == 0)
     size = len(answer.head) + (0 if answer.vector is None else answer.vector.nbytes)
-    await writer.write(REPLY.pack(200, size) + answer.head)
+    receiver.write(REPLY.pack(200, size) + answer.head)
     if answer.vector is not None:
         for piece in tensor_chunks(answer.vector):
-            await writer.write(piece)
+            receiver.write(piece)
+            await receiver.drain()
     return True
 
 
-async def _refuse(writer: StreamWriter, status: int, reason: str) -> None:
+async def _refuse(receiver: _Receiver, status: int, reason: str) -> None:
     text = reason.encode()
-    await writer.write(REPLY.pack(status, len(text)) + text)
+    receiver.write(REPLY.pack(status, len(text)) + text)
+    await receiver.drain()
 
 
 class StreamRefused(Exception):
@@ -173,38 +153,55 @@ class StreamRefused(Exception):
 
 
 class _Receiver(asyncio.BufferedProtocol):
-    """A client stream's end of the connection: receives into a small buffer, or, while a
-    reader waits on `read_into`, straight into the reader's view (a reply's tensor)."""
+    """One end of a stream: receives into a small buffer, or, while a reader waits on
+    `read_into`, straight into the reader's view (a frame's tensor); writes with flow
+    control.
 
-    def __init__(self) -> None:
+    Args:
+        idle_s: a read that gets no byte for this long raises ConnectionError (None: waits).
+        on_lost: told when the connection is lost (the server's aiohttp handler).
+    """
+
+    def __init__(self, idle_s: float | None = None,
+                 on_lost: Callable[[Exception | None], None] | None = None) -> None:
+        self.idle_s = idle_s
+        self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
         self.ended = False
-        self._scratch = bytearray(CLIENT_BUFFER_BYTES)
+        self.lost = False
+        self.received = 0
+        self._paused = False  # reading paused: more than BUFFER_BYTES wait unread
+        self._scratch = memoryview(bytearray(BUFFER_BYTES))
+        # (a view: asyncio's TLS reader fills `buf[offset:]`, a copy of a bytearray's)
         self._pending = bytearray()
         self._target: memoryview | None = None
         self._filled = 0
         self._waiter: asyncio.Future[None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._writable: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
-    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+    def get_buffer(self, sizehint: int) -> memoryview:
         if self._target is not None:
             return self._target[self._filled :]
         return self._scratch
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.received += nbytes
         if self._target is not None:
             self._filled += nbytes
             if self._filled < len(self._target):
                 return
             self._target = None
         else:
-            self._pending += memoryview(self._scratch)[:nbytes]
-            if len(self._pending) > CLIENT_BUFFER_BYTES and self.transport is not None:
+            self._pending += self._scratch[:nbytes]
+            if len(self._pending) > BUFFER_BYTES and not self._paused:
+                assert self.transport is not None
                 self.transport.pause_reading()
+                self._paused = True
         self._wake()
 
     def eof_received(self) -> bool:
@@ -213,11 +210,13 @@ class _Receiver(asyncio.BufferedProtocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.ended = True
+        self.ended = self.lost = True
         self._target = None
         self._wake()
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
+        if self.on_lost is not None:
+            self.on_lost(exc)
 
     def pause_writing(self) -> None:
         self._writable = asyncio.get_running_loop().create_future()
@@ -227,30 +226,53 @@ class _Receiver(asyncio.BufferedProtocol):
             self._writable.set_result(None)
         self._writable = None
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def _more(self) -> None:
-        """Wait for bytes (or the end of the stream)."""
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    def _take(self, n: int) -> bytes:
-        out = bytes(self._pending[:n])
-        del self._pending[:n]
-        if len(self._pending) <= CLIENT_BUFFER_BYTES and self.transport is not None:
-            self.transport.resume_reading()
-        return out
+    def write(self, data: bytes | memoryview) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
 
     async def drain(self) -> None:
+        """Wait while the transport's send buffer is full; ConnectionError once closed."""
         if self._writable is not None:
             await self._writable
         if self.transport is None or self.transport.is_closing():
             raise ConnectionError("the stream closed while sending")
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _check_idle(self, seen: int) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if self.received == seen:
+            waiter.set_exception(ConnectionError(f"no bytes for {self.idle_s:g} s"))
+        else:
+            self._arm_idle()
+
+    def _arm_idle(self) -> None:
+        if self.idle_s is not None:
+            self._idle_timer = asyncio.get_running_loop().call_later(
+                self.idle_s, self._check_idle, self.received)
+
+    async def _more(self) -> None:
+        """Wait for bytes, the stream's end, or (ConnectionError) `idle_s` without bytes."""
+        if self._paused and self.transport is not None:  # the reader wants more now
+            self.transport.resume_reading()
+            self._paused = False
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._arm_idle()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+
+    def _take(self, n: int) -> bytes:
+        out = bytes(self._pending[:n])
+        del self._pending[:n]
+        return out
 
     async def read_until(self, separator: bytes, limit: int) -> bytes:
         """The bytes up to and including `separator` (ConnectionError if the stream ends
@@ -283,8 +305,6 @@ class _Receiver(asyncio.BufferedProtocol):
         del self._pending[:filled]
         if filled == len(view) or self.ended:
             return filled
-        if self.transport is not None:
-            self.transport.resume_reading()
         self._target, self._filled = view, filled
         try:
             while self._target is not None and not self.ended:
@@ -292,6 +312,36 @@ class _Receiver(asyncio.BufferedProtocol):
             return self._filled
         finally:
             self._target = None
+
+    def frame(self, length: int) -> _Frame:
+        """The next `length` bytes, as a frame's readers."""
+        return _Frame(self, length)
+
+
+class _Frame:
+    """Reads a frame's `remaining` bytes off a `_Receiver`, in chunks (then b"") or into
+    a view; both raise ConnectionError if the stream ends first."""
+
+    def __init__(self, receiver: _Receiver, length: int) -> None:
+        self.receiver = receiver
+        self.remaining = length
+
+    async def read_any(self) -> bytes:
+        if self.remaining == 0:
+            return b""
+        chunk = await self.receiver.read_some(min(self.remaining, CHUNK_BYTES))
+        if not chunk:
+            raise ConnectionError("the stream ended mid-frame")
+        self.remaining -= len(chunk)
+        return chunk
+
+    async def read_into(self, view: memoryview) -> int:
+        want = min(self.remaining, len(view))
+        got = await self.receiver.read_into(view[:want])
+        self.remaining -= got
+        if got < want:
+            raise ConnectionError("the stream ended mid-frame")
+        return got
 
 
 class StreamConnection:
@@ -325,7 +375,7 @@ class StreamConnection:
                         f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\n{auth}"
                         "Content-Length: 0\r\n\r\n".encode("utf-8", "surrogateescape"))
         try:
-            head = await receiver.read_until(b"\r\n\r\n", CLIENT_BUFFER_BYTES)
+            head = await receiver.read_until(b"\r\n\r\n", BUFFER_BYTES)
             status = int(head.split(b" ", 2)[1])
             if status == 101:
                 return cls(receiver)
@@ -359,31 +409,9 @@ class StreamConnection:
         status, length = REPLY.unpack(await self.receiver.read_exactly(REPLY.size))
         return status, length
 
-    def readers(self, length: int) -> tuple[ReadAny, ReadInto]:
-        """Read the next `length` bytes: in chunks (then b"") or into a view; both raise
-        ConnectionError if the stream ends first."""
-        remaining = length
-
-        async def read_any() -> bytes:
-            nonlocal remaining
-            if remaining == 0:
-                return b""
-            chunk = await self.receiver.read_some(min(remaining, CHUNK_BYTES))
-            if not chunk:
-                raise ConnectionError("the server closed the stream mid-reply")
-            remaining -= len(chunk)
-            return chunk
-
-        async def read_into(view: memoryview) -> int:
-            nonlocal remaining
-            want = min(remaining, len(view))
-            got = await self.receiver.read_into(view[:want])
-            remaining -= got
-            if got < want:
-                raise ConnectionError("the server closed the stream mid-reply")
-            return got
-
-        return read_any, read_into
+    def reply_body(self, length: int) -> _Frame:
+        """The reply's `length` body bytes, as readers (`read_any`, `read_into`)."""
+        return self.receiver.frame(length)
 
     def close(self) -> None:
         self.transport.close()

@@ -196,18 +196,18 @@ class HttpTransport:
             await stream.send(op, size, pieces)
             self.bytes_up += size
             status, length = await stream.reply()
-            read_any, read_into = stream.readers(length)
+            body = stream.reply_body(length)
             if status != 200:
                 reason = b""
                 while len(reason) < min(length, 500):  # then the stream is dropped
-                    reason += await read_any()
+                    reason += await body.read_any()
                 stream.close()
                 raise refusal_from(status, reason[:500].decode("utf-8", "replace"))
             if self.link is not None:  # paced chunk by chunk, so received with copies
                 await self.link.one_way_delay()
-                reply, out = await self._read_reply(self.link.paced_reader(read_any))
+                reply, out = await self._read_reply(self.link.paced_reader(body.read_any))
             else:
-                reply, out = await self._read_reply(read_any, read_into)
+                reply, out = await self._read_reply(body.read_any, body.read_into)
             self.bytes_down += length
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             stream.close()
