@@ -202,11 +202,10 @@ class NetworkSpec:
                                   "compression = \"topk\": the share of entries pushed")
     error_feedback: bool = option(True, help="lossy compression: carry what a push left out "
                                              "into the next push of its kind")
-    channel: str = option("auto", lambda v: v in CHANNELS,
+    channel: str = option("stream", lambda v: v in CHANNELS,
                           f"must be one of {', '.join(CHANNELS)}",
                           "real clock: workers' requests as frames on an upgraded connection "
-                          "(stream), as one HTTP POST each (http), or auto: stream for "
-                          "models up to 1 MiB")
+                          "(stream) or as one HTTP POST each (http)")
 
     def __post_init__(self) -> None:
         if self.topk_fraction != TOPK_FRACTION and self.compression != "topk":

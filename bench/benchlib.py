@@ -176,8 +176,8 @@ class SessionClient:
 
 
 async def joined_client(port: int, numel: int, rank: int,
-                        channel: str = "auto") -> SessionClient:
-    """Worker `rank`, joined, its requests on `channel` (``auto``, ``stream``, ``http``)."""
+                        channel: str = "stream") -> SessionClient:
+    """Worker `rank`, joined, its requests on `channel` (``stream`` or ``http``)."""
     client = SessionClient(HttpTransport(f"http://127.0.0.1:{port}", numel, channel=channel))
     reply, _ = await client.request("join", {"worker": rank, "run_id": RUN})
     client.session = str(reply["meta"]["session"])

@@ -6,7 +6,7 @@ Both train the same cnn on the same synthetic data with the same batch and SGD s
 one torch thread each. The asyncsync side is a real `ParameterServer` (HTTP on loopback,
 separate process) and one `Worker`: each step computes a gradient, pushes it, the server
 applies the SGD step, and the worker pulls and adopts the new model; once with requests
-on the stream channel (what ``auto``, the default, picks for this 0.55 MB model), once
+on the stream channel (the default), once
 with an HTTP POST each. Prints steps/s of each and their ratio to the plain loop's
 (target: at least 0.85).
 """

@@ -101,9 +101,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 16, 32, 64, 256, 1000])
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--channel", choices=("auto", "stream", "http"), default="auto",
-                        help="how the workers' requests travel (auto: the stream, this "
-                             "model being 40 kB)")
+    parser.add_argument("--channel", choices=("stream", "http"), default="stream",
+                        help="how the workers' requests travel (default: the stream)")
     args = parser.parse_args()
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'workers':>7} {'pushes/s':>9} {'errors':>6} {'lag p50 ms':>10} "

@@ -99,11 +99,11 @@ def gloo_round_trips(numel: int, repeats: int) -> float:
     return float(result.value)
 
 
-def pusher(port: int, numel: int, rank: int, rounds: int, start: Any) -> None:
+def pusher(port: int, numel: int, rank: int, rounds: int, start: Any, channel: str) -> None:
     torch.set_num_threads(1)
 
     async def main() -> None:
-        client = await joined_client(port, numel, rank)
+        client = await joined_client(port, numel, rank, channel)
         vector = torch.full((numel,), 1e-3)
         start.wait()
         for _ in range(rounds):
@@ -113,16 +113,17 @@ def pusher(port: int, numel: int, rank: int, rounds: int, start: Any) -> None:
     asyncio.run(main())
 
 
-async def lag_under_load(numel: int, workers: int, rounds: int) -> dict[str, float]:
+async def lag_under_load(numel: int, workers: int, rounds: int, channel: str,
+                         ) -> dict[str, float]:
     """Loop lag while `workers` processes push `numel` floats at once, `rounds` times."""
     proc, port, done = start_server(numel, workers)
     ctx = mp.get_context("spawn")
     start = ctx.Event()
-    pushers = [ctx.Process(target=pusher, args=(port, numel, rank + 1, rounds, start))
+    pushers = [ctx.Process(target=pusher, args=(port, numel, rank + 1, rounds, start, channel))
                for rank in range(workers - 1)]
     for p in pushers:
         p.start()
-    control = await joined_client(port, numel, 0)  # worker 0 drives the instrumentation
+    control = await joined_client(port, numel, 0, channel)  # worker 0 drives the probe
     try:
         await instrument(control, "record")
         start.set()
@@ -139,10 +140,10 @@ async def lag_under_load(numel: int, workers: int, rounds: int) -> dict[str, flo
     return lag
 
 
-async def peak_memory(numel: int) -> float:
+async def peak_memory(numel: int, channel: str) -> float:
     """Extra server memory during one push, as a multiple of the model size."""
     proc, port, done = start_server(numel)
-    client = await joined_client(port, numel, 0)
+    client = await joined_client(port, numel, 0, channel)
     vector = torch.full((numel,), 1e-3)
     try:
         await client.request("push", push_header(0), vector)  # warm up
@@ -163,9 +164,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which measurements to run (default: all)")
-    parser.add_argument("--channel", choices=("auto", "stream", "http"), default="auto",
-                        help="how the round trips' requests travel (default: auto, as "
-                             "workers: the stream up to 1 MiB, a POST each above)")
+    parser.add_argument("--channel", choices=("stream", "http"), default="stream",
+                        help="how the requests travel (default: the stream, as workers')")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -174,14 +174,14 @@ def main() -> None:
         round_trips(args.sizes, args.repeats, args.channel)
     numel = 47 * MB // 4
     if "lag" in args.parts:
-        lag = asyncio.run(lag_under_load(numel, workers=8, rounds=3))
+        lag = asyncio.run(lag_under_load(numel, workers=8, rounds=3, channel=args.channel))
         print(f"server loop lag with 8 concurrent 47 MB pushes: p50 {lag['p50_ms']:.1f} ms, "
               f"p99 {lag['p99_ms']:.1f} ms (target p99 < 20 ms); the loop's own work explains "
               f"at most p99 {lag['own_p99_ms']:.1f} ms of it (thread CPU time in the period); "
               f"{lag['gc_count']:.0f} garbage collections, the longest "
               f"{lag['gc_max_ms']:.1f} ms of CPU")
     if "memory" in args.parts:
-        ratio = asyncio.run(peak_memory(numel))
+        ratio = asyncio.run(peak_memory(numel, args.channel))
         print(f"server peak extra memory during one 47 MB push: {ratio:.2f}x the model size "
               f"(counting the model itself: {ratio + 1:.2f}x; target <= 2x)")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

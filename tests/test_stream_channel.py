@@ -11,7 +11,6 @@ import pytest
 import torch
 from aiohttp import web
 
-from asyncsync.engine.channel import STREAM_MAX_BYTES
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import Forbidden, OutOfStep
 from asyncsync.recipe import resolve
@@ -204,14 +203,13 @@ async def test_a_server_without_the_stream_is_asked_over_http(answer: int) -> No
         await runner.cleanup()
 
 
-async def test_auto_streams_small_models_and_posts_large_ones() -> None:
-    small = HttpTransport("http://127.0.0.1:1", STREAM_MAX_BYTES // 4)
-    large = HttpTransport("http://127.0.0.1:1", STREAM_MAX_BYTES // 4 + 1)
-    forced = HttpTransport("http://127.0.0.1:1", STREAM_MAX_BYTES, channel="stream")
-    assert (small.channel, large.channel, forced.channel) == ("stream", "http", "stream")
+async def test_the_stream_is_the_default_and_a_post_each_can_be_chosen() -> None:
+    default = HttpTransport("http://127.0.0.1:1", 12_000_000)
+    posting = HttpTransport("http://127.0.0.1:1", 12_000_000, channel="http")
+    assert (default.channel, posting.channel) == ("stream", "http")
     with pytest.raises(ValueError, match="channel"):
-        HttpTransport("http://127.0.0.1:1", 4, channel="pigeon")
-    for transport in (small, large, forced):
+        HttpTransport("http://127.0.0.1:1", 4, channel="auto")
+    for transport in (default, posting):
         await transport.close()
 
 
@@ -221,7 +219,7 @@ def test_the_recipe_chooses_the_channel() -> None:
                        "r").runs[0].network.channel
 
     assert channel({"network": {"channel": "http"}}) == "http"
-    assert channel({}) == "auto"
+    assert channel({}) == "stream"
     with pytest.raises(ConfigError, match="channel"):
         channel({"network": {"channel": "carrier-pigeon"}})
 

@@ -49,13 +49,10 @@ class Transport(Protocol):
         ...
 
 
-CHANNELS = ("auto", "stream", "http")
+CHANNELS = ("stream", "http")
 """How a worker's requests travel to a server over HTTP: as frames on an upgraded
-connection (``stream``), as one POST each (``http``), or (``auto``, the default) on the
-stream for models up to `STREAM_MAX_BYTES` and by POST above."""
-STREAM_MAX_BYTES = 1 << 20
-"""``auto`` streams models up to this size (1 MiB): measured faster than a POST each at
-4 kB, 0.55 MB and 1 MB, slower at 4, 10 and 47 MB (README "Benchmarks")."""
+connection (``stream``, the default: measured faster than a POST each from 4 kB to 47 MB,
+README "Benchmarks"), or as one POST each (``http``)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ class Dial:
     local_addr: str | None = None
     token: str | None = None
     tls: ssl.SSLContext | None = None
-    channel: str = "auto"
+    channel: str = "stream"
 
 
 TransportFactory = Callable[[str, Dial], Transport]

@@ -315,7 +315,7 @@ class Worker:
                 protocol: str | Protocol = "bsp", *, link: Link | None = None,
                 local_addr: str | None = None, token: str | None = None,
                 tls: ssl.SSLContext | None = None, slowdown: float | ComputeProfile = 1.0,
-                channel: str = "auto", **options: Any) -> Worker:
+                channel: str = "stream", **options: Any) -> Worker:
         """A worker of the server at `url` (e.g. ``http://127.0.0.1:8470``).
 
         Args:
@@ -324,8 +324,8 @@ class Worker:
             token: the server's bearer token.
             tls: the context that verifies an https server (None: the system's store).
             slowdown: a factor (>= 1) or a compute profile (`asyncsync.hetero.compute`).
-            channel: ``auto``, ``stream`` (frames on upgraded connections) or ``http`` (a
-                POST per request); see `asyncsync.engine.channel.CHANNELS`.
+            channel: ``stream`` (frames on upgraded connections) or ``http`` (a POST per
+                request); see `asyncsync.engine.channel.CHANNELS`.
             options: the keyword arguments of `Worker` (all but `seam`).
         """
         profile = StaticSlowdown(slowdown) if isinstance(slowdown, int | float) else slowdown

@@ -1,5 +1,5 @@
-"""HTTP client transport: upgraded streams (`frame_stream`) or one long-lived
-`aiohttp.ClientSession` posting a request per op; by default the stream for small models.
+"""HTTP client transport: upgraded streams (`frame_stream`, the default) or one long-lived
+`aiohttp.ClientSession` posting a request per op.
 
 Over https the server's certificate is verified against the system's trust store, or with
 the context the worker's `Dial` carries (e.g. `client_tls`, trusting a private CA).
@@ -18,7 +18,7 @@ import torch
 
 from asyncsync.buffers import VectorPool
 from asyncsync.clock import now
-from asyncsync.engine.channel import CHANNELS, STREAM_MAX_BYTES, Dial, register_scheme
+from asyncsync.engine.channel import CHANNELS, Dial, register_scheme
 from asyncsync.hetero.network import Link
 from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
 from asyncsync.transport.gc_tuning import tune_gc
@@ -89,21 +89,18 @@ class HttpTransport:
         token: sent as ``Authorization: Bearer <token>`` when given.
         tls: the context to verify an https server with (default: the system's store).
         channel: ``stream`` (frames on upgraded connections, one per request in flight;
-            a server without the stream endpoint is then asked over HTTP), ``http`` (a
-            POST per request) or ``auto`` (``stream`` for models up to
-            `STREAM_MAX_BYTES`, else ``http``).
+            a server without the stream endpoint is then asked over HTTP) or ``http`` (a
+            POST per request).
     """
 
     def __init__(self, url: str, numel: int, timeout_s: float = 600.0,
                  link: Link | None = None, local_addr: str | None = None,
                  connect_timeout_s: float = 60.0, token: str | None = None,
-                 tls: ssl.SSLContext | None = None, channel: str = "auto") -> None:
+                 tls: ssl.SSLContext | None = None, channel: str = "stream") -> None:
         if channel not in CHANNELS:
             raise ValueError(f"channel must be one of {', '.join(CHANNELS)}, got {channel!r}")
         tune_gc()
         self.limits = Limits(numel)
-        if channel == "auto":
-            channel = "stream" if self.limits.tensor_bytes <= STREAM_MAX_BYTES else "http"
         self.channel = channel
         self._streams: list[StreamConnection] = []
         self._dial = (token, tls, local_addr)
