@@ -270,7 +270,8 @@ class _Receiver(asyncio.BufferedProtocol):
                 self._idle_timer.cancel()
 
     def _take(self, n: int) -> bytes:
-        out = bytes(self._pending[:n])
+        with memoryview(self._pending) as pending:  # one copy, not a slice's and then bytes'
+            out = bytes(pending[:n])
         del self._pending[:n]
         return out
 
@@ -301,7 +302,8 @@ class _Receiver(asyncio.BufferedProtocol):
         """Fill `view`, from what is buffered, then straight from the socket; fewer bytes
         only when the stream ends."""
         filled = min(len(self._pending), len(view))
-        view[:filled] = self._pending[:filled]
+        with memoryview(self._pending) as pending:
+            view[:filled] = pending[:filled]
         del self._pending[:filled]
         if filled == len(view) or self.ended:
             return filled
@@ -399,13 +401,13 @@ class StreamConnection:
                    pieces: AsyncIterator[bytes | memoryview]) -> None:
         """Send one request of `size` body bytes (the frame's `pieces`)."""
         name = op.encode("ascii")
-        self.transport.write(REQUEST.pack(len(name), size) + name)
+        self.receiver.write(REQUEST.pack(len(name), size) + name)
         async for piece in pieces:
-            self.transport.write(piece)
+            self.receiver.write(piece)
             await self.receiver.drain()
 
     async def reply(self) -> tuple[int, int]:
-        """The reply's status and body length (its body is read with `readers`)."""
+        """The reply's status and body length (its body is read with `reply_body`)."""
         status, length = REPLY.unpack(await self.receiver.read_exactly(REPLY.size))
         return status, length
 
