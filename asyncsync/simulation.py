@@ -48,12 +48,16 @@ from asyncsync.models import TimingModel
 from asyncsync.protocols.base import Protocol, get_protocol
 from asyncsync.recipe import TIMING_MODEL, RunSpec
 from asyncsync.trainer import BatchSource, Trainer
-from asyncsync.transport.gc_tuning import tune_gc
+from asyncsync.transport.gc_tuning import tune_gc, young_threshold
 from asyncsync.transport.local import LocalTransport
 
 StatusSink = Callable[[dict[str, Any]], None]
 CALIBRATION_STEPS = 7
 TIMING_CLASSES = 10
+YOUNG_PER_WORKER = 20
+"""Allocations per simulated worker between young collections (`young_threshold`):
+measured at 10,000 asp workers, 20 left the collector 1.2 s of a 30 s run, as little as
+none at all."""
 SHARED_LOG_ABOVE = 64
 """Runs of more workers write every worker's records to one `WORKERS_LOG` (a rank field in
 each) rather than a ``worker-<rank>.jsonl`` each: 100,000 workers would be 100,000 files."""
@@ -139,8 +143,9 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     cost = RealCost()
     began = wall()
     try:
-        virtual_s = loop.run_until_complete(
-            _run(spec, run_dir, run_id, times, status, cost))
+        with young_threshold(YOUNG_PER_WORKER * spec.workers):
+            virtual_s = loop.run_until_complete(
+                _run(spec, run_dir, run_id, times, status, cost))
     finally:
         loop.close()
     real_s = wall() - began
