@@ -28,9 +28,14 @@ class JsonlLog:
 
     def write(self, record: dict[str, Any], flush: bool = False) -> None:
         """Append a record; `flush` forces it to disk now (events a crash must not lose)."""
+        if self._file is not None:
+            self.write_line(json.dumps(record, separators=(",", ":")), flush)
+
+    def write_line(self, line: str, flush: bool = False) -> None:
+        """Append one record already encoded (a JSON object, without the newline)."""
         if self._file is None:
             return
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.write(line + "\n")
         moment = now()
         if flush or moment - self._last_flush >= self._flush_s:
             self._file.flush()
@@ -51,9 +56,14 @@ class RankLog(JsonlLog):
         super().__init__(None)
         self._shared = shared
         self._rank = rank
+        self._head = json.dumps({RANK: rank}, separators=(",", ":"))[:-1] + ","
 
     def write(self, record: dict[str, Any], flush: bool = False) -> None:
-        self._shared.write({RANK: self._rank, **record}, flush)
+        if record and RANK not in record:  # the rank's field, then the record's own
+            line = self._head + json.dumps(record, separators=(",", ":"))[1:]
+            self._shared.write_line(line, flush)
+        else:
+            self._shared.write({RANK: self._rank, **record}, flush)
 
     def close(self) -> None:
         """The shared file stays open for the other workers."""

@@ -75,7 +75,8 @@ class ClosedFormGradient(Protocol):
     def cross_entropy_gradient(self, inputs: torch.Tensor, targets: torch.Tensor,
                                grad: torch.Tensor) -> torch.Tensor:
         """Write the gradient of the mean cross-entropy into `grad` (the flat gradient,
-        zeroed) and return the loss, as autograd would."""
+        zeroed) and return the loss, as autograd would (the module's training mode is not
+        set: such a module has no layer that reads it)."""
         ...
 
 
@@ -132,12 +133,12 @@ class Trainer:
         inputs = inputs.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
         self.params.grad.zero_()
-        self.params.module.train()
-        if self._closed_form is not None:
+        if self._closed_form is not None:  # no layer whose training mode matters
             with torch.no_grad():
                 loss = self._closed_form.cross_entropy_gradient(inputs, targets,
                                                                 self.params.grad)
             return Computed(float(loss), len(targets))
+        self.params.module.train()
         loss = self.loss_fn(self.params.module(inputs), targets)
         torch.autograd.backward(loss)
         return Computed(float(loss.detach()), len(targets))

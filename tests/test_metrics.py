@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
-from asyncsync.metrics import IntervalUnion, JsonlLog, WorkerMetrics
+from asyncsync.logschema import RANK
+from asyncsync.metrics import IntervalUnion, JsonlLog, RankLog, WorkerMetrics
 
 
 def test_overlapping_requests_count_their_waiting_once() -> None:
@@ -56,3 +59,18 @@ def test_the_union_of_overlapping_and_out_of_order_intervals_is_exact() -> None:
         union.add(*interval)
         assert union.measure() == pytest.approx(exact_union(intervals))
     assert all(b < c for (_, b), (c, _) in zip(union.pieces, union.pieces[1:], strict=False))
+
+
+def test_a_rank_log_writes_the_rank_first_then_the_record_as_json_would(
+        tmp_path: Path) -> None:
+    """The shared log's lines are ``json.dumps({RANK: rank, **record})`` (compact), whether
+    the rank's field is spliced in front of the encoded record or the record carries one."""
+    records = [{"event": "compute", "t": 0.1, "loss": 2.30258, "name": "é\n\"x\""},
+               {"event": "final", "steps": 3, RANK: 99}, {}]
+    shared = JsonlLog(tmp_path / "workers.jsonl")
+    log = RankLog(shared, 7)
+    for record in records:
+        log.write(record)
+    shared.close()
+    expected = [json.dumps({RANK: 7, **record}, separators=(",", ":")) for record in records]
+    assert (tmp_path / "workers.jsonl").read_text().splitlines() == expected
