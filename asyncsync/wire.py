@@ -103,7 +103,7 @@ async def frame_pieces(
             yield piece
 
 
-def decode_header(raw: bytes) -> dict[str, Any]:
+def decode_header(raw: bytes | memoryview) -> dict[str, Any]:
     """Unpack a header; anything but a str-keyed map is a 400."""
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)

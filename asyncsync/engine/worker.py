@@ -188,11 +188,13 @@ class WorkerContext:
                        ) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Send one message with this worker's identity and stats; account its time (logged
         as `label`, the operation by default)."""
-        header = {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
-                  "stats": self._metrics.snapshot(), "session": self._session}
         start = self._metrics.now()
         began = now()
-        reply, out = await self._transport.request(op, header, vector)
+        # The header is built in the call, so the transport holds its only reference and
+        # may drop it once encoded (100,000 simulated workers each have one in flight).
+        reply, out = await self._transport.request(
+            op, {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
+                 "stats": self._metrics.snapshot(), "session": self._session}, vector)
         held = float(reply.get("meta", {}).get(HELD, 0.0))
         self._metrics.transferred(label or op, start, now() - began, held,
                                   self._transport.wire_bytes(vector),

@@ -49,11 +49,13 @@ class LocalTransport:
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         head = encode_header(header, vector)
+        del header  # the caller's only reference (the worker's): the encoding stands for it
         up = len(head) + self.wire_bytes(vector)
         self.bytes_up += up
         await self._carry(up, incoming=True)
         try:
-            decoded = decode_header(head[PREFIX.size :])
+            decoded = decode_header(memoryview(head)[PREFIX.size :])
+            del head  # not held while the server holds the request (e.g. at a barrier)
             numel = self.core.tensor_numel(op, decoded)
             tensor_spec(decoded, None if numel is None else Limits(numel))
             sent = None if vector is None else vector.clone()
@@ -66,7 +68,8 @@ class LocalTransport:
         down = len(reply_head) + self.wire_bytes(out)
         self.bytes_down += down
         await self._carry(down, incoming=False)
-        return decode_header(reply_head[PREFIX.size :]), None if out is None else out.clone()
+        return (decode_header(memoryview(reply_head)[PREFIX.size :]),
+                None if out is None else out.clone())
 
     def wire_bytes(self, vector: torch.Tensor | None) -> int:
         """The bytes a message's vector is charged (scaled by `payload_scale`)."""
