@@ -124,6 +124,13 @@ class IntervalUnion:
         if end <= start:
             return
         starts, ends = self._starts, self._ends
+        if not ends or start > ends[-1]:  # after every piece (most adds): no scans
+            starts.append(start)
+            ends.append(end)
+            self.kept += end - start
+            if len(starts) > self.KEEP:
+                self._fold()
+            return
         last = len(starts)  # pieces first..last-1 overlap [start, end]
         while last and starts[last - 1] > end:
             last -= 1
@@ -141,6 +148,12 @@ class IntervalUnion:
             starts[first], ends[first] = start, end
             del starts[first + 1 : last], ends[first + 1 : last]
         self.kept += end - start
+        if len(starts) > self.KEEP:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Fold the oldest pieces into the total until `KEEP` are left."""
+        starts, ends = self._starts, self._ends
         while len(starts) > self.KEEP:
             a, b = starts.pop(0), ends.pop(0)
             self.folded += b - a

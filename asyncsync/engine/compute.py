@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from asyncsync.clock import Stopwatch, now
+from asyncsync.clock import Stopwatch, now, sleep
 from asyncsync.hetero.compute import ComputeProfile, StepCost, step_seconds
 
 T = TypeVar("T")
@@ -156,7 +156,7 @@ class VirtualWorkerSeam:
     async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
         result = fn(*args)
         seconds = step_seconds(self.profile, self.run_time.elapsed(), self.cost, batch)
-        await asyncio.sleep(seconds)
+        await sleep(seconds)
         return Charged(result, seconds, seconds / self.cost.base_s(batch))
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from asyncsync.clock import now
+from asyncsync.clock import now, sleep
 from asyncsync.compression import COMPRESSED_KINDS, Compressor
 from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam
@@ -427,7 +427,7 @@ class Worker:
     async def _heartbeats(self) -> None:
         """Tell the server this worker is alive, also while it computes or waits."""
         while True:
-            await asyncio.sleep(self.heartbeat_s)
+            await sleep(self.heartbeat_s)
             reply, _ = await self.transport.request("heartbeat", self.ctx.heartbeat_header())
             if reply.get("stop"):
                 return

@@ -10,12 +10,12 @@ request goes out and again before its reply is read, so every request costs at l
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from asyncsync.clock import now as clock_now
+from asyncsync.clock import sleep
 from asyncsync.wire import ReadAny
 
 
@@ -82,7 +82,7 @@ async def sleep_until(moment: float) -> None:
     """Sleep until `moment` on the one clock (at once if it has passed)."""
     delay = moment - clock_now()
     if delay > 0:
-        await asyncio.sleep(delay)
+        await sleep(delay)
 
 
 class ServerLink:
@@ -112,7 +112,7 @@ class Link:
         if self._random is not None:
             delay += self._random.uniform(0.0, self.spec.jitter_ms)
         if delay > 0:
-            await asyncio.sleep(delay / 1000)
+            await sleep(delay / 1000)
 
     def paced_pieces(
         self, pieces: AsyncIterator[bytes | memoryview]
