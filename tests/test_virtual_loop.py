@@ -21,7 +21,7 @@ from asyncsync.clock import VirtualTimeLoop, sleep
 class StockHeapLoop(VirtualTimeLoop):
     """The virtual loop with asyncio's own `call_at` and `_run_once` (a heap of handles)."""
 
-    call_at = asyncio.SelectorEventLoop.call_at  # type: ignore[assignment]
+    call_at = asyncio.SelectorEventLoop.call_at
     _run_once = asyncio.SelectorEventLoop._run_once  # type: ignore[attr-defined]
 
 
