@@ -441,3 +441,14 @@ def test_a_join_reply_holds_for_the_time_the_start_barrier_held_it() -> None:
     finally:
         loop.close()
     assert held == [pytest.approx(2.0), 0.0]
+
+
+def test_a_barriers_history_holds_a_bounded_number_of_worker_entries() -> None:
+    """256 commits of a 100,000-worker barrier would name 25.6 million contributions: the
+    store and the round barrier keep fewer records as the run names more workers."""
+    from asyncsync.protocols.bsp import BspParams, BspServer
+
+    for workers, kept in [(3, 256), (4096, 256), (100_000, 10), (10_000_000, 8)]:
+        store = ParameterStore(torch.zeros(4), workers, FlatSGD(0.1), seam=InlineServerSeam())
+        rule = BspServer(BspParams(), store)
+        assert (store.commits.maxlen, rule.rounds.maxlen) == (kept, kept), workers

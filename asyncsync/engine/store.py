@@ -25,7 +25,6 @@ from asyncsync.clock import Stopwatch
 from asyncsync.engine.compute import ServerSeam, ThreadedServerSeam
 from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import (
-    HISTORY,
     NotInRun,
     Reply,
     RunStopped,
@@ -33,6 +32,7 @@ from asyncsync.protocols.base import (
     Unacceptable,
     all_finite,
     unchanged_if_refused,
+    wide_history,
 )
 from asyncsync.protocols.ports import Contributions
 
@@ -102,7 +102,8 @@ class ParameterStore:
     Attributes:
         live: the ranks in the run now (joined, not left or lost); barriers count these.
         held: the ranks whose requests `wait_for` holds now.
-        commits: the most recent commits (at most `HISTORY`); `version` counts them all.
+        commits: the most recent commits (at most `wide_history(workers)`: a barrier's
+            names every worker); `version` counts them all.
         held_s: seconds each worker's requests were held in `wait_for`.
         buffers: the pool of model-sized vectors (pushes are received into it).
         run_time: the run's clock (seconds since the run started).
@@ -122,7 +123,7 @@ class ParameterStore:
         self._lock = RuleLock()
         self.lock: asyncio.Lock = self._lock
         self.stopping = False
-        self.commits: deque[Commit] = deque(maxlen=HISTORY)
+        self.commits: deque[Commit] = deque(maxlen=wide_history(workers))
         self.staleness = StalenessStats()
         self.live: set[int] = set()
         self.held: set[int] = set()

@@ -78,12 +78,21 @@ __all__ = [
     "NotInRun", "OutOfStep", "P", "Params", "Protocol", "Pull", "Push", "Refused", "Reply",
     "RunStopped", "ServerRule", "StepResult", "Store", "Unacceptable", "WorkerLoop",
     "all_finite", "brief", "check_fields", "get_protocol", "option", "register", "require",
-    "require_count", "unchanged_if_refused",
+    "require_count", "unchanged_if_refused", "wide_history",
 ]
 
 HISTORY = 256
 """How many recent records (commits, rounds, pushes) a store or rule keeps for inspection;
 older ones are only counted, so memory does not grow with the length of a run."""
+HISTORY_ENTRIES = 1 << 20
+"""How many per-worker entries the records that name every worker (a barrier round's
+commit and steps) may hold in all: 256 rounds of 100,000 workers would be 2.5 GB."""
+
+
+def wide_history(workers: int) -> int:
+    """How many records naming every one of `workers` to keep: `HISTORY`, or fewer (at
+    least 8) when they would hold more than `HISTORY_ENTRIES` entries."""
+    return max(8, min(HISTORY, HISTORY_ENTRIES // max(workers, 1)))
 
 
 class CheckpointError(ValueError):

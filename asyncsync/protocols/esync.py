@@ -34,7 +34,6 @@ from typing import Any
 import torch
 
 from asyncsync.protocols.base import (
-    HISTORY,
     BadRequest,
     Protocol,
     Push,
@@ -43,6 +42,7 @@ from asyncsync.protocols.base import (
     option,
     register,
     require_count,
+    wide_history,
 )
 from asyncsync.protocols.ports import Context, Store
 from asyncsync.protocols.rounds import RoundServer
@@ -77,7 +77,8 @@ class EsyncServer(RoundServer[EsyncParams]):
     one, so nobody is ready before its first local step; the round waits for its delta.
 
     Attributes:
-        history: the most recent finished rounds (at most `HISTORY`), in order.
+        history: the most recent finished rounds (at most `wide_history(workers)`), in
+            order.
     """
 
     push_kinds = frozenset({"delta"})
@@ -85,7 +86,7 @@ class EsyncServer(RoundServer[EsyncParams]):
     def __init__(self, params: EsyncParams, store: Store) -> None:
         super().__init__(params, store)
         self.eps = params.eps
-        self.history: deque[EsyncRound] = deque(maxlen=HISTORY)
+        self.history: deque[EsyncRound] = deque(maxlen=wide_history(store.workers))
         workers = store.workers
         self._step_s: list[float | None] = [None] * workers
         self._step_began: list[float | None] = [None] * workers  # None: at the barrier

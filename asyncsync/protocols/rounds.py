@@ -57,7 +57,6 @@ from typing import Any, ClassVar
 import torch
 
 from asyncsync.protocols.base import (
-    HISTORY,
     BadRequest,
     OutOfStep,
     P,
@@ -70,6 +69,7 @@ from asyncsync.protocols.base import (
     check_fields,
     option,
     unchanged_if_refused,
+    wide_history,
 )
 from asyncsync.protocols.ports import Contributions, Store
 
@@ -143,7 +143,7 @@ class RoundServer(ServerRule[P]):
         bounds: the fragments' ``(start, stop)`` slices.
         pending: each fragment's open round: its pushes by worker, in arrival order.
         closed: how many rounds each fragment has closed (the open round's number).
-        rounds: the most recent closed rounds (at most `HISTORY`).
+        rounds: the most recent closed rounds (at most `wide_history(workers)`).
         cutoff: when a round may close early (from the parameters when they derive from
             `Cutoff`, else never); late: late pushes dropped, per worker.
     """
@@ -155,7 +155,7 @@ class RoundServer(ServerRule[P]):
         self.bounds = self.fragments()
         self.pending: list[dict[int, Push]] = [{} for _ in self.bounds]
         self.closed = [0] * len(self.bounds)
-        self.rounds: deque[RoundRecord] = deque(maxlen=HISTORY)
+        self.rounds: deque[RoundRecord] = deque(maxlen=wide_history(store.workers))
         self.cutoff = params if isinstance(params, Cutoff) else Cutoff()
         if self.cutoff.backup_workers >= store.workers:
             raise ValueError(f"backup_workers: must be < workers ({store.workers}), "
