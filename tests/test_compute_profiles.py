@@ -4,8 +4,10 @@ worker's compute seam, recipe tables."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,3 +282,34 @@ async def test_seam_run_time_starts_with_the_run() -> None:
     first, second = profile.times
     assert 0.0 <= first < 0.3
     assert second >= first + 0.3 - 1e-3
+
+
+def test_deferred_work_rides_on_the_next_hand_off_to_the_compute_thread() -> None:
+    """An adoption deferred by the seam runs on the compute thread before the next job, in
+    that job's hand-off (one submission, not two), and close() runs what is left."""
+    seam = ThreadedWorkerSeam(StaticSlowdown(1.0))
+    submitted = []
+    submit = seam._pool.submit
+
+    def counting(fn: Any, *args: Any) -> Any:
+        submitted.append(fn)
+        return submit(fn, *args)
+
+    seam._pool.submit = counting  # type: ignore[method-assign]
+    order: list[tuple[str, str]] = []
+
+    def note(what: str) -> None:
+        order.append((what, threading.current_thread().name))
+
+    async def main() -> None:
+        seam.defer(note, "adopt")
+        seam.defer(note, "adopt again")
+        await seam.math(note, "math")
+        seam.defer(note, "last adopt")
+
+    asyncio.run(main())
+    assert [what for what, _ in order] == ["adopt", "adopt again", "math"]
+    assert len(submitted) == 1
+    assert all(thread.startswith("asyncsync-compute") for _, thread in order)
+    seam.close()
+    assert order[-1][0] == "last adopt" and len(submitted) == 2

@@ -127,7 +127,7 @@ class WorkerContext:
         await self._seam.math(self._trainer.mix_toward, target, weight, start, stop)
 
     async def adopt(self, vector: torch.Tensor, version: int) -> None:
-        await self._seam.math(self._trainer.load, vector)
+        self._seam.defer(self._trainer.load, vector)  # before the next computation
         self.version = version
 
     async def compute(self, fn: Callable[..., T], *args: Any) -> T:

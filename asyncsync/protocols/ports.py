@@ -136,7 +136,9 @@ class Context(Protocol):
         ...
 
     async def adopt(self, vector: torch.Tensor, version: int) -> None:
-        """Make `vector` (global version `version`) the local model."""
+        """Make `vector` (global version `version`) the local model. The copy may be made
+        with the next computation (every verb here and `compute` see it done): write into
+        `vector` afterwards only through `compute`."""
         ...
 
     async def compute(self, fn: Callable[..., T], *args: Any) -> T:
