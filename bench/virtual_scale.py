@@ -1,9 +1,8 @@
 """Virtual time at scale: how many workers one process simulates, and what it costs.
 
 - 256 workers of the mlp on the synthetic task (real torch math per step), bsp and asp,
-  ``base_step_s = 0.05``, 30 virtual seconds, lr 0.01 (at the default 0.05, asp's
-  gradients, 255 versions stale on average, diverge and a worker's non-finite push
-  fails the run).
+  ``base_step_s = 0.05``, 30 virtual seconds, lr 0.01 (asp's gradients are 255 versions
+  stale on average: some pushes still come out non-finite, and are refused and counted).
 - Timing-only mode (``model.name = "timing"``) with a 47 MB model, bsp and asp, at 100 and
   1,000 workers (``--timing-workers``), 60 virtual seconds, 1 Gbit/s links, slowdowns
   1 / 1 / 2 / 4 repeated over the ranks.
