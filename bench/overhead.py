@@ -100,8 +100,9 @@ def main() -> None:
                                                                         "comm")}
         print(f"asyncsync bsp, 1 worker, {channel} channel: {steps:.1f} steps/s, "
               f"ratio {steps / reference:.2f} (target >= 0.85); per step {ms['wall']:.2f} "
-              f"ms: compute {ms['compute']:.2f}, exchange {ms['comm']:.2f}, the rest "
-              f"{ms['wall'] - ms['compute'] - ms['comm']:.2f} (adopting, the loop)")
+              f"ms: compute {ms['compute']:.2f} (adopting the last model included), exchange "
+              f"{ms['comm']:.2f}, the rest {ms['wall'] - ms['compute'] - ms['comm']:.2f} "
+              "(the loop)")
 
 
 if __name__ == "__main__":
