@@ -30,6 +30,9 @@ KEEP = 4
 """Free buffers kept per size and dtype (more are released to the allocator)."""
 TRACK = 32
 """Lent buffers watched per size and dtype; older ones are left to the garbage collector."""
+WARM_BYTES = 16 * 1024
+"""Smaller buffers are made new at every take: four pages are no page faults worth saving,
+and the pool's bookkeeping cost more than a timing-only run's whole stand-in step."""
 
 _use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -67,6 +70,10 @@ class VectorPool:
     def take(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A 1-D CPU tensor of `numel` elements of `dtype` with arbitrary contents, the
         caller's until it drops every reference to it."""
+        if numel * dtype.itemsize < WARM_BYTES:
+            with self._lock:
+                self.allocated += 1
+            return torch.empty(numel, dtype=dtype)
         key = (numel, dtype)
         with self._lock:
             self._reclaim(key)

@@ -96,10 +96,6 @@ class DeviceCopies(Protocol):
         ...
 
 
-WARM_FROM = 4096
-"""Vectors of fewer elements (16 KiB of float32: four pages) are gathered into new memory."""
-
-
 class PlainCopies:
     """Blocking copies through torch's defaults, as the trainer always made them (on a CPU
     device: one copy for `gather`, none for `read`, none for `stage` without `out`)."""
@@ -109,14 +105,10 @@ class PlainCopies:
         self.buffers = VectorPool()
 
     def gather(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
-        """On a CPU device the result is a warm vector of `buffers` (`asyncsync.buffers`),
-        or a new one below `WARM_FROM` elements (no page faults to save there, and the
-        pool's bookkeeping cost a timing-only run's stand-in more than its step)."""
+        """On a CPU device the result is a warm vector of `buffers` (`asyncsync.buffers`)."""
         host = [part.to("cpu") for part in parts]
-        numel = sum(part.numel() for part in host)
-        if numel < WARM_FROM:
-            return torch.cat(host)
-        return torch.cat(host, out=self.buffers.take(numel, host[0].dtype))
+        out = self.buffers.take(sum(part.numel() for part in host), host[0].dtype)
+        return torch.cat(host, out=out)
 
     def read(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to("cpu")

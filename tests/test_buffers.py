@@ -12,7 +12,7 @@ from asyncsync.protocols.base import NoParams, Protocol, Push, ServerRule, Worke
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 
-NUMEL = 1000
+NUMEL = 5000  # 20 kB of float32: above `WARM_BYTES`, so pooled
 
 
 def scribble(pool: VectorPool, times: int) -> None:
