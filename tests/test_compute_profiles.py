@@ -313,3 +313,77 @@ def test_deferred_work_rides_on_the_next_hand_off_to_the_compute_thread() -> Non
     assert all(thread.startswith("asyncsync-compute") for _, thread in order)
     seam.close()
     assert order[-1][0] == "last adopt" and len(submitted) == 2
+
+
+async def test_a_short_step_holds_the_loop_only_when_nothing_else_is_under_way(
+        clock: FakeClock) -> None:
+    """A watched seam runs a step on the event loop's thread when the last step was short,
+    no message is under way (including one a task started just before the step) and the
+    compute thread is idle; otherwise on the compute thread, in order after its job."""
+    seam = ThreadedWorkerSeam(StaticSlowdown(1.0), inline_below_s=0.01)
+    under_way = [0]
+    seam.watch(lambda: under_way[0] > 0)
+    ran_on: list[str] = []
+
+    def step_of(seconds: float) -> Callable[[], str]:
+        work = clock.work(seconds)
+
+        def step() -> str:
+            ran_on.append(threading.current_thread().name)
+            return work()
+
+        return step
+
+    loop_thread = threading.current_thread().name
+
+    async def request_started_just_before() -> None:
+        under_way[0] += 1  # a request begins in the task's first step
+        await asyncio.sleep(0.05)
+        under_way[0] -= 1
+
+    gate = threading.Event()
+    try:
+        await seam.step(step_of(0.001))  # no step measured yet: the thread
+        await seam.step(step_of(0.001))  # short, nothing under way: the loop
+        under_way[0] = 1
+        await seam.step(step_of(0.001))  # a message under way: the thread
+        under_way[0] = 0
+        await seam.step(step_of(0.001))
+        task = asyncio.create_task(request_started_just_before())
+        await seam.step(step_of(0.001))  # the task starts first, then counts
+        await task
+        await seam.step(step_of(0.001))
+        job = asyncio.create_task(seam.math(gate.wait))  # the thread busy with a job
+        await asyncio.sleep(0)
+        stepping = asyncio.create_task(seam.step(step_of(0.001)))
+        await asyncio.sleep(0.02)
+        assert not stepping.done()  # queued behind the job, not run beside it
+        gate.set()
+        await job
+        await stepping
+        await seam.step(step_of(0.02))  # a long step (on the loop: the last was short)
+        await seam.step(step_of(0.001))  # after a long one: the thread
+    finally:
+        gate.set()
+        seam.close()
+    thread = "asyncsync-compute"
+    assert [name.startswith(thread) for name in ran_on] == [
+        True, False, True, False, True, False, True, False, True]
+    assert all(name == loop_thread for name in ran_on if not name.startswith(thread))
+
+
+async def test_an_unwatched_seam_always_computes_in_its_thread(clock: FakeClock) -> None:
+    seam = ThreadedWorkerSeam(StaticSlowdown(1.0))
+    names: list[str] = []
+
+    def step() -> None:
+        names.append(threading.current_thread().name)
+
+    try:
+        for _ in range(3):
+            await seam.step(step)
+    finally:
+        seam.close()
+    assert all(name.startswith("asyncsync-compute") for name in names)
+    with pytest.raises(ValueError, match="inline_below_s"):
+        ThreadedWorkerSeam(StaticSlowdown(1.0), inline_below_s=-1.0)

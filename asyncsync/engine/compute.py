@@ -2,7 +2,8 @@
 
 A worker's seam runs its trainer's work and charges it time; a server's seam runs vector
 math and evaluation. Real mode (here): a worker computes in one dedicated thread, so the
-event loop keeps moving bytes meanwhile, and its emulated slowness is padding slept on
+event loop keeps moving bytes meanwhile (a short step with nothing else on the loop runs
+on the loop itself, `ThreadedWorkerSeam`), and its emulated slowness is padding slept on
 the loop after each real step (counted as computation); the server runs small models'
 vector math inline and large ones, and every evaluation, in threads. Virtual mode: the
 same math runs inline (it costs no virtual time). A paced step (virtual mode always, real
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
+import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from asyncsync.clock import Stopwatch, now, sleep
@@ -25,6 +28,29 @@ T = TypeVar("T")
 INLINE_NUMEL = 1 << 18
 """Models up to this many elements (1 MB) do their server vector math on the event loop:
 it takes tens of microseconds, less than the hop to a thread and back."""
+INLINE_STEP_S = 0.02
+"""A worker's step whose last run took less than this may run on the event loop's own
+thread (see `ThreadedWorkerSeam`): the two thread hand-offs it saves cost about 0.2 ms, and
+the loop is held no longer than a loop-lag budget allows."""
+_TENANTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = (
+    weakref.WeakKeyDictionary())
+
+
+def enter_loop() -> None:
+    """Count a node (a worker's run, a listening server) on the running event loop until
+    `leave_loop`: a worker's step holds the loop only while it is the loop's one node."""
+    loop = asyncio.get_running_loop()
+    _TENANTS[loop] = _TENANTS.get(loop, 0) + 1
+
+
+def leave_loop() -> None:
+    loop = asyncio.get_running_loop()
+    _TENANTS[loop] -= 1
+
+
+def sole_node() -> bool:
+    """Whether at most one node runs on the running event loop."""
+    return _TENANTS.get(asyncio.get_running_loop(), 0) <= 1
 
 
 class Charged(NamedTuple):
@@ -61,6 +87,11 @@ class WorkerSeam(Protocol):
         can tell it from running now."""
         ...
 
+    def watch(self, busy: Callable[[], bool]) -> None:
+        """`busy()` tells whether the worker has a message under way (its bytes must keep
+        moving while a step computes)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -84,23 +115,52 @@ class ThreadedWorkerSeam:
     Without a `cost`, a step is its real computation padded by the profile; with one
     (paced mode), it lasts `step_seconds` whatever the computation took, unless the
     computation alone is longer (an overrun: counted, not padded).
+
+    A step runs on the event loop's own thread instead when holding the loop costs
+    nothing: the worker is watched (`watch`) and has no message under way, it is the only
+    node on the loop (`enter_loop`: no other worker and no server shares it), the compute
+    thread has no job, and the last step took under `inline_below_s` (checked after the
+    tasks made ready before the step have started, so a background exchange started just
+    before it counts). Then nothing on the loop has bytes to move, and the step saves the
+    two hand-offs to the thread and back (wake-ups of idle threads, about 0.2 ms a step
+    with `bench/overhead.py`'s cnn, a step of ~5 ms). A heartbeat's reply, or a task
+    sleeping on a timer, waits at most that one short step. Vector math (`math`) always
+    runs on the thread.
     """
 
     def __init__(self, profile: ComputeProfile, name: str = "asyncsync-compute",
-                 cost: StepCost | None = None) -> None:
+                 cost: StepCost | None = None, inline_below_s: float = INLINE_STEP_S) -> None:
+        if inline_below_s < 0:
+            raise ValueError(f"inline_below_s must be >= 0, got {inline_below_s}")
         self.profile = profile
         self.cost = cost
+        self.inline_below_s = inline_below_s
         self.overruns = 0
         self.run_time = Stopwatch()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
         self._deferred: list[Callable[[], object]] = []
+        self._busy: Callable[[], bool] | None = None
+        self._last_job: Future[Any] | None = None  # the thread runs jobs in order
+        self._last_step_s = math.inf
 
     def start(self) -> None:
         self.run_time.start()
 
+    def watch(self, busy: Callable[[], bool]) -> None:
+        self._busy = busy
+
     async def math(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._after_deferred(fn), *args)
+        job = self._pool.submit(self._after_deferred(fn), *args)
+        self._last_job = job
+        return await asyncio.wrap_future(job)
+
+    async def _may_hold_loop(self) -> bool:
+        """Whether the next step may run on the event loop's thread (see the class)."""
+        if self._busy is None or self._last_step_s >= self.inline_below_s:
+            return False
+        await asyncio.sleep(0)  # a task made ready before this step starts its request
+        return not (self._busy() or not sole_node()
+                    or (self._last_job is not None and not self._last_job.done()))
 
     def defer(self, fn: Callable[..., object], *args: Any) -> None:
         """Deferred work rides on the next job's hand-off to the compute thread: adopting
@@ -124,8 +184,12 @@ class ThreadedWorkerSeam:
 
     async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
         began = now()
-        result = await self.math(fn, *args)
+        if await self._may_hold_loop():
+            result = self._after_deferred(fn)(*args)
+        else:
+            result = await self.math(fn, *args)
         real = now() - began
+        self._last_step_s = real
         t = self.run_time.elapsed()
         if self.cost is None:
             pad = self.profile.padding(t, real)
@@ -188,6 +252,9 @@ class VirtualWorkerSeam:
     def defer(self, fn: Callable[..., object], *args: Any) -> None:
         """Inline math costs no hand-off: done at once."""
         fn(*args)
+
+    def watch(self, busy: Callable[[], bool]) -> None:
+        """Steps take no real time on the loop: nothing to watch."""
 
     async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
         result = fn(*args)

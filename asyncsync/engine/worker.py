@@ -22,7 +22,13 @@ from torch import nn
 from asyncsync.clock import now, sleep
 from asyncsync.compression import COMPRESSED_KINDS, Compressor
 from asyncsync.engine.channel import Dial, Transport, connect
-from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam
+from asyncsync.engine.compute import (
+    Charged,
+    ThreadedWorkerSeam,
+    WorkerSeam,
+    enter_loop,
+    leave_loop,
+)
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link
 from asyncsync.logschema import HELD, Kind, record
@@ -69,6 +75,8 @@ class WorkerContext:
         self._max_steps = max_steps
         self._session = ""  # the secret of this worker's session, from its join reply
         self._compressor = compressor  # encodes gradient and delta pushes (None: float32)
+        self._requests = 0  # under way (a step may hold the event loop only when none is)
+        seam.watch(lambda: self._requests > 0)
 
     # ---- computation -------------------------------------------------------------------
     async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
@@ -190,11 +198,17 @@ class WorkerContext:
         as `label`, the operation by default)."""
         start = self._metrics.now()
         began = now()
-        # The header is built in the call, so the transport holds its only reference and
-        # may drop it once encoded (100,000 simulated workers each have one in flight).
-        reply, out = await self._transport.request(
-            op, {**header, "worker": self.rank, "run_id": self.run_id, "meta": meta or {},
-                 "stats": self._metrics.snapshot(), "session": self._session}, vector)
+        self._requests += 1
+        try:
+            # The header is built in the call, so the transport holds its only reference
+            # and may drop it once encoded (100,000 simulated workers each have one in
+            # flight).
+            reply, out = await self._transport.request(
+                op, {**header, "worker": self.rank, "run_id": self.run_id,
+                     "meta": meta or {}, "stats": self._metrics.snapshot(),
+                     "session": self._session}, vector)
+        finally:
+            self._requests -= 1
         held = float(reply.get("meta", {}).get(HELD, 0.0))
         self._metrics.transferred(label or op, start, now() - began, held,
                                   self._transport.wire_bytes(vector),
@@ -348,6 +362,7 @@ class Worker:
         pushes never end this worker.
         """
         rejoins = refused = 0
+        enter_loop()
         try:
             await self._join()
             self.metrics.start()
@@ -382,6 +397,7 @@ class Worker:
             self.metrics.log.close()
             self.seam.close()
             await self.transport.close()
+            leave_loop()
         return final
 
     async def _join(self) -> None:

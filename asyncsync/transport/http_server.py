@@ -25,6 +25,7 @@ import torch
 from aiohttp import web
 from torch import nn
 
+from asyncsync.engine.compute import enter_loop, leave_loop
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.metrics import JsonlLog
@@ -196,6 +197,7 @@ class ParameterServer:
             backlog=self.gate.backlog, ssl=self.tls,
             ssl_handshake_timeout=limits.header_timeout_s if self.tls else None)
         self.port = self._listener.sockets[0].getsockname()[1]
+        enter_loop()  # a worker on this loop no longer holds it for a step
         return self.url
 
     async def stop(self) -> None:
@@ -221,6 +223,7 @@ class ParameterServer:
         if self._listener is not None:
             await self._listener.wait_closed()
             self._listener = None
+            leave_loop()
         await self.core.close()
 
     async def __aenter__(self) -> ParameterServer:
