@@ -111,13 +111,15 @@ def main() -> None:
         runs = finals[channel]
         steps = sum(final["steps"] for final in runs)
         ms = {key: sum(final[f"{key}_s"] for final in runs) / steps * 1e3
-              for key in ("wall", "compute", "comm")}
+              for key in ("wall", "compute", "comm", "held")}
+        rest = ms["wall"] - ms["compute"] - ms["comm"] - ms["held"]
         print(f"asyncsync bsp, 1 worker, {channel} channel: ratio to the plain loop "
               + " / ".join(f"{r:.2f}" for r in ratios[channel])
               + f", median {statistics.median(ratios[channel]):.2f} (target >= 0.85); "
               f"per step {ms['wall']:.2f} ms: compute {ms['compute']:.2f} (adopting the "
-              f"last model included), exchange {ms['comm']:.2f}, the rest "
-              f"{ms['wall'] - ms['compute'] - ms['comm']:.2f} (the loop)")
+              f"last model included), exchange {ms['comm'] + ms['held']:.2f} (of which the "
+              f"server held it {ms['held']:.2f}: the rule, here the SGD step), the rest "
+              f"{rest:.2f} (the loop)")
 
 
 if __name__ == "__main__":
