@@ -1,6 +1,6 @@
 """Overhead benchmark: one worker under bsp through asyncsync vs a plain PyTorch loop.
 
-Run: ``.venv/bin/python bench/overhead.py`` (about 1.5 minutes on 2 cores).
+Run: ``.venv/bin/python bench/overhead.py`` (about 2 minutes on 2 cores).
 
 Both train the same cnn on the same synthetic data with the same batch and SGD settings,
 one torch thread each. The asyncsync side is a real `ParameterServer` (HTTP on loopback,
