@@ -169,6 +169,17 @@ class Trainer:
         return self.copies.gather([self.params.grad[:n].detach(),
                                    self.params.flat[n:].detach()])
 
+    def gradient_vector(self) -> torch.Tensor:
+        """The last gradient as `gradient_copy` lays it out, without a copy on a CPU device
+        (the trainer's own gradient vector, its buffer slots filled with the buffers'
+        values): valid until the next computation. A copy on other devices."""
+        if self.device.type != "cpu":
+            return self.gradient_copy()
+        n = self.params.num_params
+        with torch.no_grad():
+            self.params.grad[n:].copy_(self.params.flat[n:])
+        return self.params.grad.detach()
+
     def vector_copy(self) -> torch.Tensor:
         """A CPU copy of the current flat vector."""
         return self.copies.gather([self.params.flat.detach()])

@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from asyncsync.device_copies import STAGING_BUFFERS, Pairs, PlainCopies, StagedCopies
+from asyncsync.engine.core import build_core
+from asyncsync.engine.worker import Worker
 from asyncsync.trainer import Trainer
+from asyncsync.transport.local import LocalTransport
 from tests.helpers import batches_of, tiny_data
 
 
@@ -204,3 +207,27 @@ def test_the_cpu_path_is_plain_and_asks_for_no_pinned_memory_or_streams(
     assert trainer.copies.read(flat) is flat  # no copy where today's code made none
     assert trainer.copies.stage(vector) is vector
     assert trainer.copies.gather([flat]).data_ptr() != flat.data_ptr()
+
+
+async def test_a_gradient_without_copy_is_the_trainers_own_vector_laid_out_as_the_copy(
+        ) -> None:
+    """`ctx.gradient(copy=False)` (bsp, asp, lbbsp) hands out the trainer's gradient vector
+    itself on a CPU device, its buffer slots holding the BatchNorm statistics exactly as the
+    copy does; the default is a vector of its own."""
+    x, y = tiny_data()
+    worker = Worker(0, LocalTransport(build_core(bn_model(), "bsp", 1)), bn_model(),
+                    batches_of(x, y, 0), "bsp", device="cpu")
+    trainer = worker.trainer
+    try:
+        _, copied = await worker.ctx.gradient(16)
+        assert copied.untyped_storage().data_ptr() != trainer.params.grad.data_ptr()
+        assert torch.equal(copied, trainer.gradient_copy())
+        _, shared = await worker.ctx.gradient(16, copy=False)
+        expected = trainer.gradient_copy()
+        assert shared.data_ptr() == trainer.params.grad.data_ptr()
+        n = trainer.params.num_params
+        assert n < trainer.numel  # the BatchNorm statistics follow the parameters
+        assert torch.equal(shared, expected)
+        assert torch.equal(shared[n:], trainer.flat[n:])
+    finally:
+        worker.seam.close()

@@ -98,7 +98,8 @@ class FakeContext:
             raise RunStopped
 
     # ---- computation -------------------------------------------------------------------
-    async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
+    async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
+                       ) -> tuple[StepResult, torch.Tensor]:
         """The gradient of a step that adds 1 (at lr 1): -1 everywhere; not a local step."""
         self._stop_if_spent()
         await asyncio.sleep(0.001)

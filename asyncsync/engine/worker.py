@@ -79,12 +79,13 @@ class WorkerContext:
         seam.watch(lambda: self._requests > 0)
 
     # ---- computation -------------------------------------------------------------------
-    async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
+    async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
+                       ) -> tuple[StepResult, torch.Tensor]:
         trainer = self._trainer
 
         def work() -> tuple[Computed, torch.Tensor]:
             result = trainer.gradient(batch_size or self.batch_size)
-            return result, trainer.gradient_copy()
+            return result, trainer.gradient_copy() if copy else trainer.gradient_vector()
 
         self._check_budget()
         start = self._metrics.now()

@@ -83,7 +83,7 @@ class AspWorker(WorkerLoop[AspParams]):
         while True:
             vector, version, _ = await ctx.pull()
             await ctx.adopt(vector, version)
-            result, grad = await ctx.gradient()
+            result, grad = await ctx.gradient(copy=False)  # sent before the next step
             await ctx.push("gradient", grad, steps=1, samples=result.samples)
 
 

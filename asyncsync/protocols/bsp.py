@@ -61,7 +61,7 @@ class BspWorker(WorkerLoop[BspParams]):
 
     async def run(self, ctx: Context) -> None:
         while True:
-            result, grad = await ctx.gradient()
+            result, grad = await ctx.gradient(copy=False)  # sent before the next step
             vector, version, _ = await ctx.push_and_pull("gradient", grad, 1, result.samples)
             await ctx.adopt(vector, version)
 

@@ -223,7 +223,7 @@ class LbbspWorker(WorkerLoop[LbbspParams]):
         assigned = (await ctx.query({})).get("batch_size")
         batch = self.params.first_batch(ctx.batch_size) if assigned is None else int(assigned)
         while True:
-            result, grad = await ctx.gradient(batch_size=batch)
+            result, grad = await ctx.gradient(batch_size=batch, copy=False)
             vector, version, meta = await ctx.push_and_pull(
                 "gradient", grad, steps=1, samples=result.samples,
                 meta={"compute_s": result.compute_s})

@@ -103,8 +103,15 @@ class Context(Protocol):
     batch_size: int
     lr: float
 
-    async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
-        """One batch's gradient as a vector (buffer slots carry the buffers' values)."""
+    async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
+                       ) -> tuple[StepResult, torch.Tensor]:
+        """One batch's gradient as a vector (buffer slots carry the buffers' values).
+
+        With ``copy=False`` the vector may be the trainer's own gradient storage (on a CPU
+        device: no copy, ~0.1 ms a step for a 0.5 MB model): valid only until the next
+        computation, so push it and await that request before computing again (bsp, asp
+        and lbbsp do); a loop that computes while the push is in flight keeps the copy.
+        """
         ...
 
     async def steps(self, count: int = 1, batch_size: int | None = None,

@@ -159,8 +159,9 @@ class FakeContext:
             grad += proximal[1] * (self.local - proximal[0])
         return grad
 
-    async def gradient(self, batch_size: int | None = None) -> tuple[StepResult, torch.Tensor]:
-        grad = self._step(None, None)
+    async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
+                       ) -> tuple[StepResult, torch.Tensor]:
+        grad = self._step(None, None)  # always a new tensor
         return StepResult(float(self.local.norm()), batch_size or self.batch_size,
                           self.step_s), grad
 
