@@ -14,7 +14,8 @@ simulated exchanges (a worker's request that moves a model: push, pull or fused 
 per real second and the host's microseconds per exchange (both over the run, its set-up
 left out: building 100,000 workers takes minutes of its own), their ratio to the smallest
 worker count of the same protocol (issue 23: within 1.5x from 100 to 10,000 workers),
-and peak memory over the baseline, in all and per worker.
+and peak memory over the baseline, in all and per worker. ``--runs bsp asp ssp`` adds
+ssp (staleness 3), whose slowest live clock is kept incrementally.
 
 Run: ``.venv/bin/python bench/virtual_scale.py [--timing-workers 100 1000 10000]``.
 """
@@ -51,6 +52,9 @@ protocol = "bsp"
 [[runs]]
 name = "asp"
 protocol = "asp"
+[[runs]]
+name = "ssp"
+protocol = "ssp"
 """
 
 
@@ -115,7 +119,8 @@ def main() -> None:
     parser.add_argument("--mlp-virtual-s", type=float, default=30)
     parser.add_argument("--timing-workers", type=int, nargs="*", default=[100, 1000])
     parser.add_argument("--timing-virtual-s", type=float, default=60)
-    parser.add_argument("--runs", nargs="*", default=["bsp", "asp"], choices=["bsp", "asp"])
+    parser.add_argument("--runs", nargs="*", default=["bsp", "asp"],
+                        choices=["bsp", "asp", "ssp"])
     parser.add_argument("--skip-mlp", action="store_true")
     args = parser.parse_args()
     base = measure("", "")["peak_mb"]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import random
+from collections.abc import Iterable, Iterator
 
 import pytest
+import torch
 
-from asyncsync.engine.store import Commit
-from asyncsync.protocols.ssp import SspParams
+from asyncsync.engine.store import Commit, ParameterStore
+from asyncsync.optim import FlatSGD
+from asyncsync.protocols.messages import OutOfStep, Push
+from asyncsync.protocols.ports import LiveSet
+from asyncsync.protocols.ssp import SspParams, SspServer
 from asyncsync.schema import ConfigError, from_mapping
 from tests.helpers import run_http, run_local
 
@@ -65,3 +70,89 @@ async def test_ssp_over_http() -> None:
     assert max(clock_gaps(core.store.commits, 3)) <= 2
     assert all(f["steps"] > 5 and f["bytes_up"] > 0 for f in finals)
     assert core.evals and core.evals[-1].accuracy > 0.5
+
+
+class CountingLive(LiveSet):
+    """A live set that counts how often it is walked."""
+
+    walks = 0
+
+    def __iter__(self) -> Iterator[int]:
+        CountingLive.walks += 1
+        return super().__iter__()
+
+
+async def test_the_slowest_clock_follows_pushes_leaves_and_joins() -> None:
+    """Random pushes (some by a worker just dropped), leaves and rejoins of 12 workers
+    under s = 2: after each, every worker's gap is its clock minus the smallest live
+    clock, both kept by this test."""
+    workers, bound = 12, 2
+    store = ParameterStore(torch.zeros(4), workers, FlatSGD(1.0))
+    store.live.update(range(workers))
+    rule = SspServer(SspParams(bound), store)
+    clocks, live = [0] * workers, set(range(workers))
+    draw = random.Random(5)
+    refusals = 0
+    for _ in range(3000):
+        worker, action = draw.randrange(workers), draw.random()
+        if worker not in live and action < 0.5:  # a push under way when it was dropped
+            if clocks[worker] - min(clocks[j] for j in live) <= bound:
+                await rule.on_push(Push(worker, store.version, "gradient", torch.zeros(4), 1, 16))
+                clocks[worker] += 1
+        elif worker not in live:
+            store.live.add(worker)  # as the engine readmits it, then the rule's hook;
+            rule.gap(worker)  # a held pull may check its gap before the hook runs
+            await rule.on_join(worker)
+            live.add(worker)
+            clocks[worker] = min(clocks[j] for j in live if j != worker)
+        elif action < 0.02 and len(live) > 1:
+            store.live.discard(worker)
+            await rule.on_leave(worker)
+            live.discard(worker)
+        else:
+            push = Push(worker, store.version, "gradient", torch.zeros(4), 1, 16)
+            if clocks[worker] - min(clocks[j] for j in live) > bound:
+                with pytest.raises(OutOfStep):
+                    await rule.on_push(push)
+                refusals += 1
+            else:
+                await rule.on_push(push)
+                clocks[worker] += 1
+        slowest = min(clocks[j] for j in live)
+        assert [rule.gap(j) for j in range(workers)] == [c - slowest for c in clocks]
+    assert refusals > 100 and store.version > 1000
+
+
+async def test_a_push_does_not_walk_the_live_workers() -> None:
+    """2,000 workers push one round each: the live set is walked once, to count them, not
+    once per push or per check (it was: O(workers) per push)."""
+    workers = 2000
+    store = ParameterStore(torch.zeros(4), workers, FlatSGD(1.0))
+    store.live = CountingLive(range(workers))
+    rule = SspServer(SspParams(1), store)
+    CountingLive.walks = 0
+    for worker in range(workers):
+        await rule.on_push(Push(worker, store.version, "gradient", torch.zeros(4), 1, 16))
+        assert rule.gap(worker) == (1 if worker < workers - 1 else 0)  # the last catches up
+    assert rule.slowest() == 1 and CountingLive.walks == 1
+    store.live.discard(0)  # the live set changed: counted again, once
+    assert rule.slowest() == 1 and rule.gap(1) == 0 and CountingLive.walks == 2
+
+
+def test_the_live_set_counts_every_change() -> None:
+    live = LiveSet([1, 2])
+    live.add(3)
+    live.discard(3)
+    live.remove(2)
+    live.update([4, 5])
+    live.difference_update([5])
+    live.intersection_update([1, 4])
+    live.symmetric_difference_update([6])
+    assert live == {1, 4, 6} and live.changes == 7
+    live |= {7}
+    live -= {7}
+    live &= {1, 4}
+    live ^= {3}
+    live.pop()
+    live.clear()
+    assert not live and live.changes == 13

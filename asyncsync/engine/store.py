@@ -34,7 +34,7 @@ from asyncsync.protocols.base import (
     unchanged_if_refused,
     wide_history,
 )
-from asyncsync.protocols.ports import Contributions
+from asyncsync.protocols.ports import Contributions, LiveSet
 
 T = TypeVar("T")
 
@@ -125,11 +125,15 @@ class ParameterStore:
         self.stopping = False
         self.commits: deque[Commit] = deque(maxlen=wide_history(workers))
         self.staleness = StalenessStats()
-        self.live: set[int] = set()
+        self.live = LiveSet()
         self.held: set[int] = set()
         self.held_s: dict[int, float] = {}
         self.run_time = Stopwatch()
         self._changed = asyncio.Event()
+
+    @property
+    def membership(self) -> int:
+        return self.live.changes
 
     def keep_state_of(self, rule: ServerRule) -> None:
         """Make a `Refused` raised under the lock put `rule`'s state back (`RuleLock`)."""

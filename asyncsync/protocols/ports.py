@@ -8,9 +8,9 @@ done with ``store.wait_for`` or asyncio primitives, never with a sleep on the wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import torch
 
@@ -19,6 +19,67 @@ from asyncsync.protocols.messages import Reply
 T = TypeVar("T")
 Contributions = list[tuple[int, int]]
 """``(worker, base_version)`` of each update that makes a commit."""
+
+
+class LiveSet(set[int]):
+    """The ranks in a run, counting its own changes (`changes`, a store's `membership`):
+    every method that may change a set bumps it, whether or not the contents moved."""
+
+    def __init__(self, ranks: Iterable[int] = ()) -> None:
+        super().__init__(ranks)
+        self.changes = 0
+
+    def add(self, rank: int) -> None:
+        super().add(rank)
+        self.changes += 1
+
+    def discard(self, rank: object) -> None:
+        super().discard(rank)
+        self.changes += 1
+
+    def remove(self, rank: int) -> None:
+        super().remove(rank)
+        self.changes += 1
+
+    def pop(self) -> int:
+        self.changes += 1
+        return super().pop()
+
+    def clear(self) -> None:
+        super().clear()
+        self.changes += 1
+
+    def update(self, *others: Iterable[int]) -> None:
+        super().update(*others)
+        self.changes += 1
+
+    def difference_update(self, *others: Iterable[Any]) -> None:
+        super().difference_update(*others)
+        self.changes += 1
+
+    def intersection_update(self, *others: Iterable[Any]) -> None:
+        super().intersection_update(*others)
+        self.changes += 1
+
+    def symmetric_difference_update(self, other: Iterable[int]) -> None:
+        super().symmetric_difference_update(other)
+        self.changes += 1
+
+    def __ior__(self, other: Set[int]) -> Self:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def __iand__(self, other: Set[object]) -> Self:
+        self.intersection_update(other)
+        return self
+
+    def __isub__(self, other: Set[object]) -> Self:
+        self.difference_update(other)
+        return self
+
+    def __ixor__(self, other: Set[int]) -> Self:  # type: ignore[override,misc]
+        self.symmetric_difference_update(other)
+        return self
 
 
 @dataclass(frozen=True)
@@ -51,6 +112,12 @@ class Store(Protocol):
 
     @property
     def live(self) -> Set[int]: ...
+
+    @property
+    def membership(self) -> int:
+        """A count that changes whenever `live` does: what a rule derives from `live`
+        (say, the slowest live clock) stays valid while this count stays the same."""
+        ...
 
     def now(self) -> float:
         """Seconds on the run's clock (virtual in virtual mode)."""

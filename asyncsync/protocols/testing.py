@@ -20,7 +20,7 @@ import torch
 
 from asyncsync.protocols.base import ServerRule
 from asyncsync.protocols.messages import NotInRun, Pull, Push, Reply, RunStopped
-from asyncsync.protocols.ports import Context, Contributions, StepResult, Store
+from asyncsync.protocols.ports import Context, Contributions, LiveSet, StepResult, Store
 
 T = TypeVar("T")
 
@@ -52,12 +52,16 @@ class FakeStore:
         self.clock = 0.0
         self.stopping = False
         self.commits: list[Commit] = []
-        self._live = set(range(workers) if live is None else live)
+        self._live = LiveSet(range(workers) if live is None else live)
         self._changed = asyncio.Event()
 
     @property
     def live(self) -> Set[int]:
         return self._live
+
+    @property
+    def membership(self) -> int:
+        return self._live.changes
 
     def now(self) -> float:
         return self.clock
