@@ -13,8 +13,8 @@ by nobody and holds nobody back). A push from a worker whose clock is beyond the
 did not pass the pull gate) is refused as out of step.
 
 ``min_j c_j`` is kept as a count of live workers per clock value, updated in O(1) per push
-and rebuilt (O(n)) only when the live set changes (``store.membership``), so a push and
-each held pull's check cost the same at 100,000 workers as at 10.
+and rebuilt (O(n)) only when the live set changes (``store.membership``): a push and
+each held pull's check do not grow with the number of workers.
 
 Reference: Q. Ho, J. Cipar, H. Cui, J. K. Kim, S. Lee, P. B. Gibbons, G. A. Gibson,
 G. R. Ganger, E. P. Xing, "More Effective Distributed ML via a Stale Synchronous Parallel
