@@ -22,6 +22,7 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,12 +71,13 @@ def serve(seconds: float, port: Any) -> None:
     asyncio.run(main())
 
 
-async def asyncsync_loop(seconds: float, channel: str) -> dict[str, Any]:
-    """The final record of one bsp worker against a server process, its requests on
-    `channel`."""
+async def asyncsync_loop(seconds: float, channel: str,
+                         server: Callable[..., None] = serve, *extra: Any) -> dict[str, Any]:
+    """The final record of one bsp worker against a server process (`server(seconds,
+    port, *extra)`), its requests on `channel`."""
     ctx = mp.get_context("spawn")
     port = ctx.Value("i", 0)
-    proc = ctx.Process(target=serve, args=(seconds, port))
+    proc = ctx.Process(target=server, args=(seconds, port, *extra))
     proc.start()
     while port.value == 0:
         await asyncio.sleep(0.05)

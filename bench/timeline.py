@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import statistics
 import tempfile
 import time
@@ -23,13 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from overhead import BATCH, LR, serve
+from overhead import asyncsync_loop, serve
 
 from asyncsync import wire
-from asyncsync.data import BatchSampler, synthetic
 from asyncsync.engine import core
-from asyncsync.engine.worker import Worker
-from asyncsync.models import build_model
 from asyncsync.transport import frame_stream, http_client
 
 Marks = list[tuple[str, float]]
@@ -80,19 +76,7 @@ async def noted_worker(seconds: float, out: str) -> Marks:
     note_calls(http_client.HttpTransport, "_stream_once", marks, "start", "returned")
     note_calls(frame_stream.StreamConnection, "send", marks, None, "writes done")
     note_calls(frame_stream.StreamConnection, "reply", marks, None, "reply head read")
-    context = mp.get_context("spawn")
-    port = context.Value("i", 0)
-    server = context.Process(target=noted_server, args=(seconds, port, out))
-    server.start()
-    while port.value == 0:
-        await asyncio.sleep(0.05)
-    data = synthetic(seed=0)
-    model = build_model("cnn", data.input_shape, data.num_classes, {})
-    sampler = BatchSampler(data, torch.arange(len(data.train_y)), seed=0)
-    worker = Worker.connect(0, f"http://127.0.0.1:{port.value}", model, sampler.next, "bsp",
-                            lr=LR, batch_size=BATCH, device="cpu", channel="stream")
-    await worker.run()
-    await asyncio.to_thread(server.join)
+    await asyncsync_loop(seconds, "stream", noted_server, out)
     return marks
 
 
