@@ -159,8 +159,8 @@ class ThreadedWorkerSeam:
         if self._busy is None or self._last_step_s >= self.inline_below_s:
             return False
         await asyncio.sleep(0)  # a task made ready before this step starts its request
-        return not (self._busy() or not sole_node()
-                    or (self._last_job is not None and not self._last_job.done()))
+        thread_idle = self._last_job is None or self._last_job.done()
+        return not self._busy() and sole_node() and thread_idle
 
     def defer(self, fn: Callable[..., object], *args: Any) -> None:
         """Deferred work rides on the next job's hand-off to the compute thread: adopting
