@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from asyncsync import _moved
+
 if TYPE_CHECKING:
     from asyncsync.engine.core import ServerCore, build_core
     from asyncsync.engine.settings import ServerSettings
@@ -26,8 +28,9 @@ if TYPE_CHECKING:
         WorkerLoop,
         get_protocol,
     )
-    from asyncsync.recipe import Recipe, RunSpec, load_recipe
-    from asyncsync.runner import run_recipe
+    from asyncsync.study.recipe import Recipe, load_recipe
+    from asyncsync.study.runner import run_recipe
+    from asyncsync.study.specs import RunSpec
     from asyncsync.transport.http_server import ParameterServer
     from asyncsync.transport.local import LocalTransport
 
@@ -35,8 +38,8 @@ _EXPORTS = {
     "LocalTransport": "asyncsync.transport.local",
     "ParameterServer": "asyncsync.transport.http_server",
     "Protocol": "asyncsync.protocols.base",
-    "Recipe": "asyncsync.recipe",
-    "RunSpec": "asyncsync.recipe",
+    "Recipe": "asyncsync.study.recipe",
+    "RunSpec": "asyncsync.study.specs",
     "RunStopped": "asyncsync.protocols.base",
     "ServerCore": "asyncsync.engine.core",
     "ServerRule": "asyncsync.protocols.base",
@@ -46,8 +49,8 @@ _EXPORTS = {
     "WorkerLoop": "asyncsync.protocols.base",
     "build_core": "asyncsync.engine.core",
     "get_protocol": "asyncsync.protocols.base",
-    "load_recipe": "asyncsync.recipe",
-    "run_recipe": "asyncsync.runner",
+    "load_recipe": "asyncsync.study.recipe",
+    "run_recipe": "asyncsync.study.runner",
 }
 
 __all__ = [
@@ -69,6 +72,8 @@ __all__ = [
     "load_recipe",
     "run_recipe",
 ]
+
+_moved.install()
 
 
 def __getattr__(name: str) -> Any:

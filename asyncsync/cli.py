@@ -17,24 +17,18 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from asyncsync.comparison import is_baseline
-from asyncsync.data import DATASETS, DatasetMissing
-from asyncsync.describe import check_table, devices_table, print_protocols, step_time_table
 from asyncsync.engine.checkpoint import CheckpointError
-from asyncsync.launch import DEFAULT_PORT, from_environ
-from asyncsync.recipe import TOKEN_ENV, Recipe, RunSpec, load_recipe
-from asyncsync.report import (
-    LogError,
-    find_reports,
-    make_console,
-    pool_problem,
-    publish,
-    recipe_baseline,
-    report_summary,
-)
-from asyncsync.runlogs import label
+from asyncsync.results.comparison import is_baseline
+from asyncsync.results.report import make_console, publish, report_summary
+from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
+from asyncsync.runlog.reading import label
 from asyncsync.schema import ConfigError
+from asyncsync.study.describe import check_table, devices_table, print_protocols, step_time_table
+from asyncsync.study.launch import DEFAULT_PORT, from_environ
+from asyncsync.study.recipe import Recipe, load_recipe
+from asyncsync.study.specs import TOKEN_ENV, RunSpec
 from asyncsync.tracking import export_runs, parse_track
+from asyncsync.training.data import DATASETS, DatasetMissing
 from asyncsync.transport.http_client import TlsFailure
 
 
@@ -209,7 +203,7 @@ def _node_spec(recipe: Recipe, args: argparse.Namespace) -> RunSpec:
 
 
 async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
-    from asyncsync.assembly import build_server, checkpoint_file
+    from asyncsync.study.assembly import build_server, checkpoint_file
 
     recipe = load_recipe(args.recipe)
     spec = _node_spec(recipe, args)
@@ -248,7 +242,7 @@ def _on_signals(handler: Callable[[], None]) -> None:
 
 
 async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
-    from asyncsync.assembly import build_worker
+    from asyncsync.study.assembly import build_worker
 
     recipe = load_recipe(args.recipe)
     spec = _node_spec(recipe, args)
@@ -341,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     console = make_console()
     try:
         if args.command == "run":
-            from asyncsync.executors import SlurmOptions
-            from asyncsync.runner import run_recipe_file
+            from asyncsync.study.executors import SlurmOptions
+            from asyncsync.study.runner import run_recipe_file
 
             clock = [f'clock="{args.clock}"'] if args.clock else []
             slurm = SlurmOptions(args.slurm_partition, args.slurm_time, args.slurm_cpus,
@@ -356,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                                         wait=not args.no_wait)
             return 1 if any("error" in s for s in summaries) else 0
         if args.command == "simulate":
-            from asyncsync.executors import run_folder, serve, status_printer
+            from asyncsync.study.executors import run_folder, serve, status_printer
 
             torch.set_num_threads(1)
             if args.serve:
@@ -367,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             status = status_printer() if args.status else None
             return 0 if run_folder(str(args.run_dir), args.calibrated_s, status) else 1
         if args.command == "check":
-            from asyncsync.runner import check_data
+            from asyncsync.study.run_one import check_data
 
             recipe = load_recipe(args.recipe, args.overrides)
             console.print(check_table(recipe))
@@ -389,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             return _report(args, console)
         elif args.command == "data":
-            from asyncsync.prepare import prepare_dataset
+            from asyncsync.study.prepare import prepare_dataset
 
             console.print(escape(prepare_dataset(args.name, args.root, system_dir=args.source,
                                                  download=not args.no_download)),

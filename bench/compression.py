@@ -25,8 +25,8 @@ from typing import Any
 
 from benchlib import cli_run
 
-from asyncsync.logschema import KEY, Kind
-from asyncsync.runlogs import worker_logs
+from asyncsync.runlog.reading import worker_logs
+from asyncsync.runlog.schema import KEY, Kind
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "compression.toml"
 QUICK = ["stop.time_s=10", "stop.target_accuracy=0.6"]

@@ -38,12 +38,12 @@ from typing import Any
 import torch
 from benchlib import RUN, SessionClient, push_header, start_server
 
-from asyncsync.assembly import run_data, run_model
 from asyncsync.hetero.network import Link, LinkSpec
-from asyncsync.logschema import HELD, KEY, Kind
-from asyncsync.recipe import load_recipe
-from asyncsync.runlogs import worker_logs
-from asyncsync.runner import run_recipe
+from asyncsync.runlog.reading import worker_logs
+from asyncsync.runlog.schema import HELD, KEY, Kind
+from asyncsync.study.assembly import run_data, run_model
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.runner import run_recipe
 from asyncsync.transport.http_client import HttpTransport
 
 RECIPE = """

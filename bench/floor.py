@@ -9,7 +9,7 @@ receives one of the same size back (0.55 MB: the cnn's model, as one bsp step do
 1. raw: a 4-byte length then the bytes over an asyncio connection, received straight
    into a preallocated buffer (`asyncio.BufferedProtocol`) and echoed (no HTTP): the floor;
 2. aiohttp: a bare aiohttp app echoing the body (``request.read()``), aiohttp's client;
-3. framing: the same app reading and answering `asyncsync.wire` frames into pooled
+3. framing: the same app reading and answering `asyncsync.wire.frames` frames into pooled
    tensors, driven by `HttpTransport`;
 4. server: a real `ParameterServer` (tokens off, connection gate, the core's validation
    and session checks, NaN/Inf check) with the benchmark sink rule: a fused push + pull;
@@ -42,11 +42,11 @@ import torch
 from aiohttp import ClientSession, web
 from benchlib import RUN, SINK, SessionClient, push_header
 
-from asyncsync.buffers import VectorPool
 from asyncsync.engine.settings import ServerSettings
+from asyncsync.training.buffers import VectorPool
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer, send_frame
-from asyncsync.wire import (
+from asyncsync.wire.frames import (
     PREFIX,
     FrameReader,
     Limits,

@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from asyncsync.data import BatchSampler, synthetic
-from asyncsync.device_copies import CudaStreams, Event, Pairs, StagedCopies
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.hetero.partition import partition
-from asyncsync.models import build_model
+from asyncsync.training.data import BatchSampler, synthetic
+from asyncsync.training.device_copies import CudaStreams, Event, Pairs, StagedCopies
+from asyncsync.training.models import build_model
 from asyncsync.transport.http_server import ParameterServer
 
 PROTOCOLS = ("nbsync", "bsp")

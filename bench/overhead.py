@@ -28,10 +28,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from asyncsync.data import BatchSampler, synthetic
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
-from asyncsync.models import build_model
+from asyncsync.training.data import BatchSampler, synthetic
+from asyncsync.training.models import build_model
 from asyncsync.transport.http_server import ParameterServer
 
 BATCH = 32

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from asyncsync.simulation import REAL_TIME_FIELDS
+from asyncsync.study.simulation import REAL_TIME_FIELDS
 
 ROOT = Path(__file__).parent.parent
 RECIPE = ROOT / "recipes" / "at_scale" / "wbsp.toml"

@@ -34,9 +34,9 @@ import torch
 from benchlib import cli_run
 from transport import gloo_round_trips
 
-from asyncsync.logschema import HELD, KEY, Kind
-from asyncsync.models import mlp
-from asyncsync.runlogs import read_jsonl
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import HELD, KEY, Kind
+from asyncsync.training.models import mlp
 
 HIDDEN = 3000
 INPUT_SHAPE = (1, 32, 32)  # the synthetic task's images

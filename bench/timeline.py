@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from overhead import asyncsync_loop, serve
 
-from asyncsync import wire
 from asyncsync.engine import core
 from asyncsync.transport import frame_stream, http_client
+from asyncsync.wire import frames as wire
 
 Marks = list[tuple[str, float]]
 

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncsync.logschema import KEY, Kind
-from asyncsync.recipe import RunSpec, load_recipe
-from asyncsync.runlogs import read_jsonl, worker_logs
-from asyncsync.simulation import simulate
+from asyncsync.runlog.reading import read_jsonl, worker_logs
+from asyncsync.runlog.schema import KEY, Kind
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import simulate
+from asyncsync.study.specs import RunSpec
 
 RECIPE = """
 name = "bench-virtual"

@@ -70,10 +70,10 @@ def recipe(workers: int, timing: bool, virtual_s: float) -> str:
 
 def child(text: str, run: str, out: Any) -> None:
     """Simulate one run of `text` (or nothing, for ``run == ""``); report facts and peak RSS."""
-    from asyncsync.logschema import KEY, TRANSFERS, Kind
-    from asyncsync.recipe import load_recipe
-    from asyncsync.runlogs import iter_jsonl, worker_records
-    from asyncsync.simulation import simulate
+    from asyncsync.runlog.reading import iter_jsonl, worker_records
+    from asyncsync.runlog.schema import KEY, TRANSFERS, Kind
+    from asyncsync.study.recipe import load_recipe
+    from asyncsync.study.simulation import simulate
 
     facts: dict[str, Any] = {}
     if run:

@@ -18,8 +18,8 @@ from asyncsync.engine.store import Commit
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import StepDelay
 from asyncsync.hetero.network import LinkSpec
-from asyncsync.simulation import run_virtual
-from asyncsync.trainer import BatchSource
+from asyncsync.study.simulation import run_virtual
+from asyncsync.training.trainer import BatchSource
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
 
@@ -62,7 +62,7 @@ async def run_local(
     lr: float = 0.1,
     batch_size: int = 16,
 ) -> tuple[ServerCore, list[dict[str, Any]]]:
-    """`asyncsync.simulation.run_virtual` of the tiny model, steps of `STEP_S`, the whole
+    """`asyncsync.study.simulation.run_virtual` of the tiny model, steps of `STEP_S`, the whole
     commit history kept, in a thread (so async tests can call it)."""
     x, y = tiny_data()
 

@@ -8,16 +8,16 @@ import aiohttp
 import pytest
 import torch
 
-from asyncsync.assembly import WORKER_TOKEN_ENV, run_worker_token
 from asyncsync.cli import main
 from asyncsync.engine.channel import RequestRejected
-from asyncsync.nodes import node_env
 from asyncsync.protocols.base import Forbidden
-from asyncsync.recipe import TOKEN_ENV, RunSpec
+from asyncsync.study.assembly import WORKER_TOKEN_ENV, run_worker_token
+from asyncsync.study.nodes import node_env
+from asyncsync.study.specs import TOKEN_ENV, RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer, is_loopback
 from asyncsync.transport.tokens import worker_token
-from asyncsync.wire import CONTENT_TYPE, encode_header
+from asyncsync.wire.frames import CONTENT_TYPE, encode_header
 from tests.helpers import tiny_model
 
 JOIN = {"worker": 0, "run_id": "run"}

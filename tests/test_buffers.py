@@ -6,9 +6,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from asyncsync.buffers import VectorPool
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import NoParams, Protocol, Push, ServerRule, WorkerLoop
+from asyncsync.training.buffers import VectorPool
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync import runner
 from asyncsync.cli import main
-from asyncsync.recipe import RunSpec
-from asyncsync.report import summarize_run
+from asyncsync.results.report import summarize_run
+from asyncsync.study import run_one
+from asyncsync.study.specs import RunSpec
 from tests.test_report import fake_run
 
 ROOT = Path(__file__).parent.parent
@@ -194,7 +194,7 @@ def test_ctrl_c_prints_interrupted_the_finished_runs_and_the_log_path(
             await asyncio.sleep(60)
         return summarize_run(run_dir)
 
-    monkeypatch.setattr(runner, "_run_one", fake_run_one)
+    monkeypatch.setattr(run_one, "_run_one", fake_run_one)
     code, out = run_main(capsys, "run", QUICKSTART, "--logs", str(tmp_path / "logs"),
                          "--plain")
     assert code == 130

@@ -12,17 +12,17 @@ import pytest
 import torch
 
 from asyncsync.clock import VirtualTimeLoop
-from asyncsync.compression import INT8_CHUNK, Compressor, decode, encode, payload_bytes
 from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import FixedStepCost, StepDelay
 from asyncsync.protocols.base import BadRequest, Unacceptable
-from asyncsync.recipe import load_recipe
 from asyncsync.schema import ConfigError
+from asyncsync.study.recipe import load_recipe
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
+from asyncsync.wire.codecs import INT8_CHUNK, Compressor, decode, encode, payload_bytes
 from tests.helpers import STEP_S, batches_of, run_workers
 
 NUMEL = 3 * INT8_CHUNK + 100  # several int8 chunks, the last one partial

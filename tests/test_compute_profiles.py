@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from asyncsync.assembly import build_worker
 from asyncsync.engine import compute
 from asyncsync.engine.compute import ThreadedWorkerSeam, VirtualWorkerSeam
 from asyncsync.hetero.compute import (
@@ -27,8 +26,9 @@ from asyncsync.hetero.compute import (
     build_profile,
     step_seconds,
 )
-from asyncsync.recipe import ComputeSpec, DataSpec, ModelSpec, RunSpec
 from asyncsync.schema import ConfigError, from_mapping
+from asyncsync.study.assembly import build_worker
+from asyncsync.study.specs import ComputeSpec, DataSpec, ModelSpec, RunSpec
 
 
 def assert_pads_by_factor(profile: ComputeProfile, times: list[float]) -> None:

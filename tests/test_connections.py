@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from asyncsync.clock import now
-from asyncsync.recipe import TOKEN_ENV
+from asyncsync.study.specs import TOKEN_ENV
 from asyncsync.transport.connection_gate import ConnectionLimits
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
-from asyncsync.wire import CONTENT_TYPE, encode_header
+from asyncsync.wire.frames import CONTENT_TYPE, encode_header
 from tests.helpers import tiny_model
 
 HALF_HEAD = b"POST /v1/status HTTP/1.1\r\nHost: x\r\nContent-Ty"

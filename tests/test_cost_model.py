@@ -87,7 +87,7 @@ def test_operations_are_counted_and_charged_at_the_devices_overhead() -> None:
 def test_the_cnn_on_one_cpu_core_costs_what_this_project_measured_on_its_host() -> None:
     # The cnn's local step at batch 32 on the synthetic 1x32x32 task took 11-14 ms on the
     # project's 2-core host (README, issue 27): the cpu-core profile lands in that range.
-    from asyncsync.models import build_model
+    from asyncsync.training.models import build_model
 
     flops = count_step_flops(build_model("cnn", (1, 32, 32), 10, {}), (1, 32, 32), 32)
     core = device("cpu-core")

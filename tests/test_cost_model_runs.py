@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from asyncsync.logschema import KEY, Kind
-from asyncsync.recipe import load_recipe
-from asyncsync.runlogs import read_jsonl
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import KEY, Kind
 from asyncsync.schema import ConfigError
-from asyncsync.simulation import REAL_TIME_FIELDS, simulate
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import REAL_TIME_FIELDS, simulate
 
 MLP = """
 name = "cost"

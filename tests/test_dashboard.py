@@ -8,9 +8,9 @@ from typing import Any
 
 from rich.console import Console
 
-from asyncsync.dashboard import Dashboard, link_label
 from asyncsync.hetero.network import LinkSpec
-from asyncsync.recipe import load_recipe
+from asyncsync.study.dashboard import Dashboard, link_label
+from asyncsync.study.recipe import load_recipe
 
 RECIPES = Path(__file__).parent.parent / "recipes"
 

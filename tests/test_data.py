@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from asyncsync.data import DatasetMissing, load_dataset
 from asyncsync.hetero.partition import partition
-from asyncsync.models import build_model
-from asyncsync.trainer import FlatModule
+from asyncsync.training.data import DatasetMissing, load_dataset
+from asyncsync.training.models import build_model
+from asyncsync.training.trainer import FlatModule
 
 LABELS = torch.arange(2000) % 10
 
@@ -116,7 +116,7 @@ def test_resnet18_for_small_images_and_user_models() -> None:
     assert flat.flat.numel() > flat.num_params  # BatchNorm statistics live in the vector
     model.eval()
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
-    custom = build_model("asyncsync.models:mlp", (1, 4, 4), 3, {"hidden": 8})
+    custom = build_model("asyncsync.training.models:mlp", (1, 4, 4), 3, {"hidden": 8})
     assert custom(torch.zeros(1, 1, 4, 4)).shape == (1, 3)
     with pytest.raises(ValueError, match="cannot be imported"):
         build_model("no.such.module:thing", (1, 4, 4), 3, {})

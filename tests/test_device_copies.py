@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from asyncsync.device_copies import STAGING_BUFFERS, Pairs, PlainCopies, StagedCopies
 from asyncsync.engine.core import build_core
 from asyncsync.engine.worker import Worker
-from asyncsync.trainer import Trainer
+from asyncsync.training.device_copies import STAGING_BUFFERS, Pairs, PlainCopies, StagedCopies
+from asyncsync.training.trainer import Trainer
 from asyncsync.transport.local import LocalTransport
 from tests.helpers import batches_of, tiny_data
 

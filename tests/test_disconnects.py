@@ -13,7 +13,7 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import HTTP_LOG, ParameterServer
 from asyncsync.transport.log_filters import PeerErrorFilter, RepeatFilter
-from asyncsync.wire import CONTENT_TYPE, encode_header
+from asyncsync.wire.frames import CONTENT_TYPE, encode_header
 from tests.helpers import tiny_model
 
 RUN = "disconnects"

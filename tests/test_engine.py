@@ -17,13 +17,13 @@ from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
-from asyncsync.logschema import KEY, Kind
-from asyncsync.metrics import JsonlLog
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import BadRequest, Forbidden, NotInRun, OutOfStep, Unacceptable
 from asyncsync.protocols.rounds import average
 from asyncsync.protocols.wbsp import WbspParams
-from asyncsync.runlogs import read_jsonl
+from asyncsync.runlog.metrics import JsonlLog
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import KEY, Kind
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import keep_every_commit, tiny_model
 
 RUN = "run"

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncsync.logschema import KEY, Kind
-from asyncsync.wire import CONTENT_TYPE, encode_header
+from asyncsync.runlog.schema import KEY, Kind
+from asyncsync.wire.frames import CONTENT_TYPE, encode_header
 
 RECIPE = """
 [defaults]

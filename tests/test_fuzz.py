@@ -11,7 +11,7 @@ import torch
 
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.http_server import ParameterServer
-from asyncsync.wire import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
+from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
 
 TOKEN = "fuzz-token"

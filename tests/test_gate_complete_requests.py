@@ -13,7 +13,7 @@ import pytest
 from asyncsync.transport.connection_gate import BUSY_REPLY, ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import REPLY, REQUEST
 from asyncsync.transport.http_client import HttpTransport
-from asyncsync.wire import CONTENT_TYPE, encode_header
+from asyncsync.wire.frames import CONTENT_TYPE, encode_header
 
 WITHIN_S = 60.0
 """How long anything the test waits for may take (generous: it takes milliseconds)."""

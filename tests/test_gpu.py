@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from asyncsync.device_copies import StagedCopies
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
 from asyncsync.protocols.base import Protocol, Push, RunStopped, ServerRule, WorkerLoop
 from asyncsync.protocols.ports import Context
-from asyncsync.trainer import Trainer
+from asyncsync.training.device_copies import StagedCopies
+from asyncsync.training.trainer import Trainer
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
 from tests.helpers import batches_of

@@ -15,16 +15,16 @@ import pytest
 import torch
 
 import asyncsync.engine.core as core_module
-from asyncsync.compression import INT8_CHUNK
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import BadRequest, OutOfStep, Push
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
 from asyncsync.protocols.dssync import DsSyncParams, DsSyncServer
+from asyncsync.training.optim import FlatSGD
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.tokens import worker_token
-from asyncsync.wire import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
+from asyncsync.wire.codecs import INT8_CHUNK
+from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
 
 RUN = "hostile"
@@ -150,7 +150,7 @@ def topk_payload(indices: list[int], values: list[float]) -> torch.Tensor:
 
 
 def compressed_cases(numel: int) -> list[tuple[str, str, bytes, str, int, str]]:
-    """Malformed compressed pushes (see asyncsync.compression)."""
+    """Malformed compressed pushes (see asyncsync.wire.codecs)."""
     good_topk = {"name": "topk", "numel": numel, "k": 2}
     chunks = -(-numel // INT8_CHUNK)
     nan_scales = torch.cat([torch.full((chunks,), math.nan).view(torch.uint8),

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from asyncsync.logschema import KEY
-from asyncsync.recipe import load_recipe
-from asyncsync.runner import run_recipe
+from asyncsync.runlog.schema import KEY
 from asyncsync.schema import ConfigError
-from asyncsync.simulation import simulate
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.runner import run_recipe
+from asyncsync.study.simulation import simulate
 
 RECIPE = """
 name = "life"

@@ -12,7 +12,6 @@ import torch
 
 from asyncsync.engine.store import ParameterStore
 from asyncsync.engine.worker import RunStopped
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import NoParams, OutOfStep, Pull, Push, Refused, ServerRule
 from asyncsync.protocols.bsp import BspParams, BspServer
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
@@ -33,6 +32,7 @@ from asyncsync.protocols.streaming_diloco import (
     StreamingDilocoWorker,
 )
 from asyncsync.protocols.wbsp import WbspParams, WbspServer
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import ranks, run_crash_and_rejoin
 from tests.test_protocol_diloco import FakeContext
 

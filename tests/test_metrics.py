@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.logschema import RANK
-from asyncsync.metrics import IntervalUnion, JsonlLog, RankLog, WorkerMetrics
+from asyncsync.runlog.metrics import IntervalUnion, JsonlLog, RankLog, WorkerMetrics
+from asyncsync.runlog.schema import RANK
 
 
 def test_overlapping_requests_count_their_waiting_once() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.launch import from_environ
-from asyncsync.logschema import KEY, Kind
+from asyncsync.runlog.schema import KEY, Kind
+from asyncsync.study.launch import from_environ
 
 RECIPE = """
 [defaults]

@@ -9,12 +9,12 @@ import time
 import pytest
 import torch
 
-from asyncsync.assembly import build_worker, worker_link
 from asyncsync.clock import VirtualTimeLoop
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.hetero import network
 from asyncsync.hetero.network import Link, LinkSpec
-from asyncsync.recipe import ModelSpec, NetworkSpec, RunSpec
+from asyncsync.study.assembly import build_worker, worker_link
+from asyncsync.study.specs import ModelSpec, NetworkSpec, RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from tests.helpers import tiny_model

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync import runner
 from asyncsync.cli import main
-from asyncsync.executors import shared_problem
-from asyncsync.simulation import REAL_TIME_FIELDS
+from asyncsync.study import runner
+from asyncsync.study.executors import shared_problem
+from asyncsync.study.simulation import REAL_TIME_FIELDS
 
 ROOT = Path(__file__).parent.parent
 
@@ -134,7 +134,7 @@ def test_a_run_that_raises_is_a_failed_row_and_the_others_finish(tmp_path: Path)
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(
-        "import asyncsync.simulation as simulation\n"
+        "import asyncsync.study.simulation as simulation\n"
         "real = simulation.simulate\n"
         "def simulate(spec, *args, **kwargs):\n"
         "    if spec.name == 'asp':\n"

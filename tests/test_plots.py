@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from asyncsync import plots
-from asyncsync.comparison import interval
-from asyncsync.logschema import KEY, Kind
-from asyncsync.report import comparison_table
+from asyncsync.results import plots
+from asyncsync.results.comparison import interval
+from asyncsync.results.report import comparison_table
+from asyncsync.runlog.schema import KEY, Kind
 
 pytest.importorskip("matplotlib")
 

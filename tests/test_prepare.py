@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asyncsync.data import DatasetMissing, load_dataset
-from asyncsync.prepare import IDX_COUNTS, SYSTEM_PACKAGES, prepare_dataset
 from asyncsync.schema import ConfigError
+from asyncsync.study.prepare import IDX_COUNTS, SYSTEM_PACKAGES, prepare_dataset
+from asyncsync.training.data import DatasetMissing, load_dataset
 from tests.test_cli import one_error, run_main
 
 SMALL = {"train": 12, "t10k": 4}

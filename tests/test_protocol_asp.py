@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.asp import AspParams, AspServer
 from asyncsync.protocols.base import Push
 from asyncsync.schema import ConfigError, from_mapping
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import run_local
 
 LR = 0.5

@@ -13,10 +13,10 @@ import torch
 from asyncsync.clock import VirtualTimeLoop
 from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.bsp import BspParams, BspServer
 from asyncsync.schema import ConfigError, from_mapping
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import ranks, run_local
 
 T = TypeVar("T")

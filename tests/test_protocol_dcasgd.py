@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Pull, Push
 from asyncsync.protocols.dcasgd import DcasgdParams, DcasgdServer
 from asyncsync.schema import ConfigError, from_mapping
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import ranks, run_local
 
 LR = 0.5

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Pull, Push, RunStopped, WorkerLoop
 from asyncsync.protocols.easgd import (
     EasgdAsyncServer,
@@ -22,6 +21,7 @@ from asyncsync.protocols.easgd import (
     EasgdWorker,
 )
 from asyncsync.schema import ConfigError, from_mapping
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import ranks, run_local
 from tests.test_protocol_diloco import FakeContext
 

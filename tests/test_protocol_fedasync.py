@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Push
 from asyncsync.protocols.fedasync import FedAsyncParams, FedAsyncServer
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import run_http, run_local
 
 

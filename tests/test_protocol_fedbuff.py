@@ -11,9 +11,9 @@ import torch
 
 from asyncsync.engine.store import ParameterStore
 from asyncsync.hetero.network import LinkSpec
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Push
 from asyncsync.protocols.fedbuff import FedBuffParams, FedBuffServer
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import ranks, run_crash_and_rejoin, run_local
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import Push, Refused, ServerRule, Unacceptable
 from asyncsync.protocols.fedavg import FedAvgParams, FedAvgServer
 from asyncsync.protocols.fednova import FedNovaParams, FedNovaServer
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import run_local
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from asyncsync.protocols.base import Push
 from asyncsync.protocols.fedavg import FedAvgParams
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer
-from asyncsync.trainer import Trainer
+from asyncsync.training.trainer import Trainer
 from tests.helpers import run_local
 
 

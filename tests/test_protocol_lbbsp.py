@@ -18,10 +18,10 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import StaticSlowdown
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import BadRequest, OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.lbbsp import LbbspParams, LbbspServer, apportion
-from asyncsync.trainer import BatchSource, FlatModule
+from asyncsync.training.optim import FlatSGD
+from asyncsync.training.trainer import BatchSource, FlatModule
 from asyncsync.transport.local import LocalTransport
 from tests.helpers import run_http, run_workers, tiny_data, tiny_model
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from asyncsync.engine.store import ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import run_http, run_local
 
 

@@ -15,7 +15,7 @@ from asyncsync.engine.worker import WorkerContext
 from asyncsync.protocols.base import Context, Protocol
 from asyncsync.protocols.nbsync import NbsyncParams, NbsyncServer, NbsyncWorker
 from asyncsync.protocols.ports import StepResult
-from asyncsync.simulation import run_virtual
+from asyncsync.study.simulation import run_virtual
 from tests.helpers import (
     SLOW_LINK,
     SLOW_LINK_DELAYS,

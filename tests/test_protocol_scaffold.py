@@ -25,11 +25,11 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import FixedStepCost, StepDelay
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import BadRequest, OutOfStep, Pull, Push, Refused
 from asyncsync.protocols.fedavg import FedAvgParams
 from asyncsync.protocols.scaffold import ScaffoldParams, ScaffoldServer
-from asyncsync.trainer import BatchSource, LossFn, Trainer
+from asyncsync.training.optim import FlatSGD
+from asyncsync.training.trainer import BatchSource, LossFn, Trainer
 from asyncsync.transport.local import LocalTransport
 from tests.helpers import ranks, run_local, run_workers
 

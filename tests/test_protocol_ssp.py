@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from asyncsync.engine.store import Commit, ParameterStore
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.messages import OutOfStep, Push
 from asyncsync.protocols.ports import LiveSet
 from asyncsync.protocols.ssp import SspParams, SspServer
 from asyncsync.schema import ConfigError, from_mapping
+from asyncsync.training.optim import FlatSGD
 from tests.helpers import run_http, run_local
 
 

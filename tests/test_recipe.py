@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.recipe import load_recipe
 from asyncsync.schema import ConfigError
+from asyncsync.study.recipe import load_recipe
 
 QUICKSTART = Path(__file__).parent.parent / "recipes" / "quickstart.toml"
 

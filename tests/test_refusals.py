@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from asyncsync.clock import VirtualTimeLoop
-from asyncsync.compression import Compressor, decode
 from asyncsync.engine.checkpoint import CheckpointError
 from asyncsync.engine.compute import InlineServerSeam, VirtualWorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
@@ -31,6 +30,7 @@ from asyncsync.protocols.scaffold import ScaffoldParams
 from asyncsync.protocols.streaming_diloco import StreamingDilocoParams
 from asyncsync.protocols.wbsp import WbspParams
 from asyncsync.transport.local import LocalTransport
+from asyncsync.wire.codecs import Compressor, decode
 from tests.helpers import STEP_S, batches_of, tiny_data, tiny_model
 
 HUGE = 1e20
@@ -329,7 +329,7 @@ def test_the_public_registry_is_complete_in_a_fresh_interpreter() -> None:
 
 
 def test_a_protocol_module_does_not_load_the_transports_or_the_runner() -> None:
-    heavy = ("aiohttp", "rich", "asyncsync.runner", "asyncsync.transport.http_server")
+    heavy = ("aiohttp", "rich", "asyncsync.study.runner", "asyncsync.transport.http_server")
     out = fresh_interpreter("import sys, asyncsync.protocols.base; "
                             f"print([m for m in {heavy!r} if m in sys.modules])")
     assert out == "[]"

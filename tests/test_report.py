@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from asyncsync import plots
-from asyncsync.executors import write_summary
-from asyncsync.logschema import HELD, KEY, Kind
-from asyncsync.report import find_reports, publish, summarize_run
-from asyncsync.runlogs import read_jsonl
+from asyncsync.results import plots
+from asyncsync.results.report import publish, summarize_run
+from asyncsync.results.studies import find_reports
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import HELD, KEY, Kind
+from asyncsync.study.executors import write_summary
 from asyncsync.tracking.base import Point, RunInfo
 from asyncsync.tracking.feed import RunFeed
 
@@ -23,7 +24,7 @@ def fake_run(root: Path, recipe: str, name: str, protocol: str, accuracies: list
              compute_s: tuple[float, float] = (5.0, 8.0), repeat: int | None = None,
              old: bool = False) -> Path:
     """A finished run written by hand: its logs and the summary.json the runner writes
-    last; `old`: workers' logs in the schema before `asyncsync.logschema` (kind ``ev``,
+    last; `old`: workers' logs in the schema before `asyncsync.runlog.schema` (kind ``ev``,
     held time ``wait`` and ``wait_s``)."""
     run_dir = root / recipe / "20260101-000000" / (name if repeat is None else f"{name}-r{repeat}")
     run_dir.mkdir(parents=True)
@@ -156,7 +157,7 @@ def test_the_table_fits_the_terminal_and_never_cuts_a_number(width: int) -> None
     summaries += [summary("esync@workers=16", "esync", k, t, sweep={"workers": 16})
                   for k, t in enumerate([1.25, 1.5, 1.25, 1.5, None])]
     console = Console(record=True, width=width, color_system=None)
-    publish_table = __import__("asyncsync.report", fromlist=["comparison_table"])
+    publish_table = __import__("asyncsync.results.report", fromlist=["comparison_table"])
     console.print(publish_table.comparison_table(summaries, "bsp", "esync", console.width))
     text = console.export_text()
     assert "…" not in text
@@ -174,7 +175,7 @@ def test_the_table_fits_the_terminal_and_never_cuts_a_number(width: int) -> None
 def test_the_quickstart_table_is_one_row_per_run_in_80_columns() -> None:
     summaries = [summary("bsp", "bsp", 0, 20.0), summary("asp", "asp", 0, 6.0)]
     console = Console(record=True, width=80, color_system=None)
-    publish_table = __import__("asyncsync.report", fromlist=["comparison_table"])
+    publish_table = __import__("asyncsync.results.report", fromlist=["comparison_table"])
     console.print(publish_table.comparison_table(summaries, "bsp", "quickstart", 80))
     rows = [line.split() for line in console.export_text().splitlines()]
     assert ["asp", "asp", "6.0", "6.0", "0.923", "3.33x", "0.46", "12346", "12.35"] in rows

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.executors import failure, write_summary
-from asyncsync.logschema import KEY, Kind
-from asyncsync.runlogs import read_jsonl
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import KEY, Kind
+from asyncsync.study.executors import failure, write_summary
 from tests.test_cli import one_error, run_main, with_settings
 from tests.test_report import fake_run
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from asyncsync.recipe import load_recipe
-from asyncsync.simulation import simulate
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import simulate
 
 RECIPE = """
 name = "watched"

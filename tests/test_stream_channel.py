@@ -13,8 +13,8 @@ from aiohttp import web
 
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import Forbidden, OutOfStep
-from asyncsync.recipe import resolve
 from asyncsync.schema import ConfigError
+from asyncsync.study.recipe import resolve
 from asyncsync.transport.connection_gate import ConnectionLimits
 from asyncsync.transport.frame_stream import (
     BUFFER_BYTES,
@@ -27,7 +27,7 @@ from asyncsync.transport.frame_stream import (
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.tokens import worker_token
-from asyncsync.wire import PREFIX, decode_header, encode_header
+from asyncsync.wire.frames import PREFIX, decode_header, encode_header
 from tests.helpers import tiny_model
 from tests.test_http_hostile import RUN, SESSION, body, cases, push_header, raw_header
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.logschema import KEY, Kind
+from asyncsync.runlog.schema import KEY, Kind
 from asyncsync.transport.http_client import HttpTransport, TlsFailure, client_tls
 from asyncsync.transport.http_server import ParameterServer, server_tls
 from tests.helpers import tiny_model

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from asyncsync import cli
-from asyncsync.logschema import KEY, Kind
-from asyncsync.recipe import load_recipe
-from asyncsync.runlogs import read_jsonl
-from asyncsync.runner import run_recipe_file
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import KEY, Kind
 from asyncsync.schema import ConfigError
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.runner import run_recipe_file
 from asyncsync.tracking import (
     Point,
     RunFeed,

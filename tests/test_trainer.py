@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from asyncsync.data import BatchSampler, synthetic
 from asyncsync.hetero.partition import partition
-from asyncsync.models import build_model
-from asyncsync.optim import FlatSGD
-from asyncsync.trainer import Trainer
+from asyncsync.training.data import BatchSampler, synthetic
+from asyncsync.training.models import build_model
+from asyncsync.training.optim import FlatSGD
+from asyncsync.training.trainer import Trainer
 from tests.helpers import batches_of, tiny_data, tiny_model
 
 

@@ -18,12 +18,13 @@ from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.hetero.network import ServerLink
-from asyncsync.logschema import KEY, Kind
-from asyncsync.recipe import NetworkSpec, RunSpec, load_recipe
-from asyncsync.report import summarize_run
-from asyncsync.runlogs import read_jsonl
+from asyncsync.results.report import summarize_run
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import KEY, Kind
 from asyncsync.schema import ConfigError
-from asyncsync.simulation import REAL_TIME_FIELDS, simulate
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import REAL_TIME_FIELDS, simulate
+from asyncsync.study.specs import NetworkSpec, RunSpec
 from asyncsync.transport.local import LocalTransport
 from tests.helpers import tiny_model
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.recipe import load_recipe
-from asyncsync.report import summarize_run
-from asyncsync.simulation import REAL_TIME_FIELDS, simulate
+from asyncsync.results.report import summarize_run
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import REAL_TIME_FIELDS, simulate
 
 RECIPE = """
 name = "digest"

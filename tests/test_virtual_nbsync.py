@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.logschema import KEY, Kind
-from asyncsync.recipe import load_recipe
-from asyncsync.report import summarize_run
-from asyncsync.runlogs import read_jsonl
+from asyncsync.results.report import summarize_run
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import KEY, Kind
 from asyncsync.schema import ConfigError
-from asyncsync.simulation import simulate
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import simulate
 
 RECIPE = """
 name = "nbsync-rounds"

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from asyncsync import simulation
-from asyncsync.logschema import KEY, RANK, WORKERS_LOG, Kind
-from asyncsync.plots import plot_timeline
-from asyncsync.recipe import load_recipe
-from asyncsync.report import summarize_run
-from asyncsync.runlogs import read_jsonl, worker_logs
+from asyncsync.results.plots import plot_timeline
+from asyncsync.results.report import summarize_run
+from asyncsync.runlog.reading import read_jsonl, worker_logs
+from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind
+from asyncsync.study import simulation
+from asyncsync.study.recipe import load_recipe
 from asyncsync.tracking.base import Point, RunInfo
 from asyncsync.tracking.feed import RunFeed
 

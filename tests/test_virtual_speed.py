@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncsync.simulation import TIMING_CLASSES, StandIn
-from asyncsync.trainer import Trainer
+from asyncsync.study.simulation import TIMING_CLASSES, StandIn
+from asyncsync.training.trainer import Trainer
 
 
 @pytest.mark.parametrize("batch", [1, 16, 33])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from asyncsync.protocols.base import all_finite
-from asyncsync.wire import (
+from asyncsync.wire.frames import (
     MAX_HEADER_BYTES,
     PREFIX,
     FrameReader,
@@ -107,7 +107,7 @@ async def test_finiteness_is_checked_slice_by_slice_while_the_body_arrives(
         bad_at: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """200k floats arrive in 10 kB reads: NaN or Inf anywhere (first slice, a middle one,
     the very last element) is found, and slices are checked before the body has ended."""
-    import asyncsync.wire as wire
+    import asyncsync.wire.frames as wire
 
     vector = torch.linspace(-1.0, 1.0, 200_000)
     if bad_at is not None:

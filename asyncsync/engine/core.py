@@ -3,7 +3,7 @@
 Transport-independent: the HTTP app and the in-process transport both call
 `ServerCore.handle`, which validates a message fully (run, worker, fields, finiteness)
 before the protocol's rule sees it and raises the SDK's refusals for anything it refuses.
-A compressed push is decoded first (`asyncsync.compression`) and then checked like any.
+A compressed push is decoded first (`asyncsync.wire.codecs`) and then checked like any.
 
 A push whose header says ``then_pull: true`` is a fused exchange: once the rule has taken
 the push, the request goes on as a pull with the same base version and meta, and its
@@ -22,9 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from asyncsync.buffers import VectorPool
 from asyncsync.clock import now
-from asyncsync.compression import decode
 from asyncsync.engine.checkpoint import CheckpointError, model_fingerprint
 from asyncsync.engine.compute import ServerSeam
 from asyncsync.engine.evaluation import EvalPoint, Evaluator, make_evaluator
@@ -32,9 +30,6 @@ from asyncsync.engine.lifecycle import RunLifecycle
 from asyncsync.engine.membership import WorkerRecord
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
-from asyncsync.logschema import HELD, Kind, record
-from asyncsync.metrics import JsonlLog
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import (
     BadRequest,
     Forbidden,
@@ -53,7 +48,12 @@ from asyncsync.protocols.base import (
     require,
     require_count,
 )
-from asyncsync.trainer import FlatModule
+from asyncsync.runlog.metrics import JsonlLog
+from asyncsync.runlog.schema import HELD, Kind, record
+from asyncsync.training.buffers import VectorPool
+from asyncsync.training.optim import FlatSGD
+from asyncsync.training.trainer import FlatModule
+from asyncsync.wire.codecs import decode
 
 LOG = logging.getLogger("asyncsync.server")
 NONFINITE_WARN_AT = frozenset({3, 10, 100, 1000})
@@ -98,7 +98,7 @@ class ServerCore:
 
     @property
     def buffers(self) -> VectorPool:
-        """The pool transports receive pushes into (see `asyncsync.buffers`)."""
+        """The pool transports receive pushes into (see `asyncsync.training.buffers`)."""
         return self.store.buffers
 
     @property

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from asyncsync.trainer import FlatModule, evaluate
+from asyncsync.training.trainer import FlatModule, evaluate
 
 Evaluator = Callable[[torch.Tensor], tuple[float, float]]
 """Accuracy and loss of a flat vector."""

@@ -14,8 +14,8 @@ from asyncsync.engine.checkpoint import CheckpointError, load_checkpoint, save_c
 from asyncsync.engine.evaluation import EvalPoint, Evaluator
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
-from asyncsync.logschema import Kind, record
-from asyncsync.metrics import JsonlLog
+from asyncsync.runlog.metrics import JsonlLog
+from asyncsync.runlog.schema import Kind, record
 
 if TYPE_CHECKING:
     from asyncsync.protocols.base import ServerRule

@@ -19,8 +19,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncsync.metrics import STAT_FIELDS
 from asyncsync.protocols.base import Forbidden, OutOfStep
+from asyncsync.runlog.metrics import STAT_FIELDS
 
 
 @dataclass

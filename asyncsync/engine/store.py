@@ -4,7 +4,7 @@ Implements the SDK's `Store` port. The vector is replaced on each commit (never 
 in place), so a refused request cannot change it and a pull can stream an old version
 while the next is made. New vectors (received pushes, `apply_gradient`'s results) come
 from `buffers`, a pool of warm memory: a version's memory is reused once no pull streams
-it and no rule holds it any more (`asyncsync.buffers`). Commits are counted, and the
+it and no rule holds it any more (`asyncsync.training.buffers`). Commits are counted, and the
 most recent kept for inspection.
 """
 
@@ -20,10 +20,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from asyncsync.buffers import VectorPool
 from asyncsync.clock import Stopwatch
 from asyncsync.engine.compute import ServerSeam, ThreadedServerSeam
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.base import (
     NotInRun,
     Reply,
@@ -35,6 +33,8 @@ from asyncsync.protocols.base import (
     wide_history,
 )
 from asyncsync.protocols.ports import Contributions, LiveSet
+from asyncsync.training.buffers import VectorPool
+from asyncsync.training.optim import FlatSGD
 
 T = TypeVar("T")
 

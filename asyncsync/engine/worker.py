@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from asyncsync.clock import now, sleep
-from asyncsync.compression import COMPRESSED_KINDS, Compressor
 from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import (
     Charged,
@@ -31,8 +30,6 @@ from asyncsync.engine.compute import (
 )
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link
-from asyncsync.logschema import HELD, Kind, record
-from asyncsync.metrics import JsonlLog, WorkerMetrics
 from asyncsync.protocols.base import (
     NotInRun,
     OutOfStep,
@@ -42,7 +39,10 @@ from asyncsync.protocols.base import (
     get_protocol,
 )
 from asyncsync.protocols.ports import StepResult
-from asyncsync.trainer import BatchSource, Computed, LossFn, Trainer
+from asyncsync.runlog.metrics import JsonlLog, WorkerMetrics
+from asyncsync.runlog.schema import HELD, Kind, record
+from asyncsync.training.trainer import BatchSource, Computed, LossFn, Trainer
+from asyncsync.wire.codecs import COMPRESSED_KINDS, Compressor
 
 T = TypeVar("T")
 RESYNC = (OutOfStep, NotInRun)
@@ -273,7 +273,7 @@ class Worker:
         seam: how it computes and what a step is charged (default: a compute thread, no
             slowdown; see `asyncsync.engine.compute`).
         compressor: encodes this worker's gradient and delta pushes (None: float32; see
-            `asyncsync.compression`).
+            `asyncsync.wire.codecs`).
     """
 
     def __init__(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from asyncsync.clock import now as clock_now
 from asyncsync.clock import sleep
-from asyncsync.wire import ReadAny
+from asyncsync.wire.frames import ReadAny
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ transport maps them to its own codes, and a worker whose request was refused as
 Ownership of vectors: a `Push.vector` belongs to the rule once `on_push` has it, and
 vectors a worker gets from `pull` belong to the loop; either may keep them as long as it
 likes (in a round, a buffer, as an anchor) and write into them. The engine receives into
-a pool of warm memory (`asyncsync.buffers`) and reuses a vector's memory only once no
+a pool of warm memory (`asyncsync.training.buffers`) and reuses a vector's memory only once no
 tensor refers to it any more, so keeping a reference is all it takes to keep a vector, and
 dropping the last one gives it back. A rule must not write into ``store.w`` (it may still
 be streaming to a reader); it makes new tensors.
@@ -52,7 +52,6 @@ from typing import Any, ClassVar, Generic
 import torch
 from typing_extensions import TypeVar
 
-from asyncsync.optim import FlatSGD
 from asyncsync.protocols.messages import (
     BadRequest,
     Forbidden,
@@ -72,6 +71,7 @@ from asyncsync.protocols.messages import (
 )
 from asyncsync.protocols.ports import Context, StepResult, Store
 from asyncsync.schema import check_fields, option
+from asyncsync.training.optim import FlatSGD
 
 __all__ = [
     "HISTORY", "BadRequest", "CheckpointError", "Context", "FlatSGD", "Forbidden", "NoParams",

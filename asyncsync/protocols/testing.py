@@ -6,7 +6,7 @@ calls `on_leave` and wakes waiters). `FakeContext` implements the `Context` port
 `FakeStore` and its rule: its pushes and pulls go straight to the rule, and its local
 model is a flat vector that each local step moves by `step` (a function of the model).
 Both are SDK-only, so a rule or a loop can be tested without the engine, a transport or
-a model; `asyncsync.simulation.run_virtual` runs whole protocols in virtual time.
+a model; `asyncsync.study.simulation.run_virtual` runs whole protocols in virtual time.
 """
 
 from __future__ import annotations

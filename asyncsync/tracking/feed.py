@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from asyncsync.logschema import KEY, RANK, WORKERS_LOG, Kind, upgrade
-from asyncsync.report import LogError, summarize_run
+from asyncsync.results.report import summarize_run
+from asyncsync.results.studies import LogError
+from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind, upgrade
 from asyncsync.tracking.base import Point, RunInfo, Tracker, flatten
 
 T = TypeVar("T")

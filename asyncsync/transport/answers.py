@@ -14,7 +14,7 @@ import torch
 from asyncsync.engine.core import ServerCore
 from asyncsync.protocols.base import Refused
 from asyncsync.transport.status import status_of
-from asyncsync.wire import (
+from asyncsync.wire.frames import (
     FrameReader,
     Limits,
     ReadAny,

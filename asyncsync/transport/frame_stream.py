@@ -39,7 +39,7 @@ from asyncsync.clock import now
 from asyncsync.engine.core import ServerCore
 from asyncsync.transport.answers import answer_frame
 from asyncsync.transport.tokens import BearerTokens
-from asyncsync.wire import CHUNK_BYTES, Limits, tensor_chunks
+from asyncsync.wire.frames import CHUNK_BYTES, Limits, tensor_chunks
 
 PATH = "/v1/stream"
 UPGRADE = "tcp"

@@ -16,14 +16,14 @@ from typing import Any
 import aiohttp
 import torch
 
-from asyncsync.buffers import VectorPool
 from asyncsync.clock import now
 from asyncsync.engine.channel import CHANNELS, Dial, register_scheme
 from asyncsync.hetero.network import Link
+from asyncsync.training.buffers import VectorPool
 from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
 from asyncsync.transport.gc_tuning import tune_gc
 from asyncsync.transport.status import refusal_from
-from asyncsync.wire import (
+from asyncsync.wire.frames import (
     CONTENT_TYPE,
     FrameReader,
     Limits,
@@ -110,7 +110,7 @@ class HttpTransport:
         self.bytes_up = 0
         self.bytes_down = 0
         self.buffers = VectorPool()
-        """Replies are received into this pool's warm vectors (`asyncsync.buffers`)."""
+        """Replies are received into this pool's warm vectors (`asyncsync.training.buffers`)."""
         connector = aiohttp.TCPConnector(local_addr=(local_addr, 0) if local_addr else None,
                                          ssl=tls or True)
         self._session = aiohttp.ClientSession(

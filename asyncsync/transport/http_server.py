@@ -1,7 +1,7 @@
 """HTTP hosting: the aiohttp application, and `ParameterServer` on an `AppRunner`.
 
 One POST route per operation, frames in and out. Request bodies are streamed into a warm
-tensor of the core's pool (`asyncsync.buffers`) under a limit derived from the model size,
+tensor of the core's pool (`asyncsync.training.buffers`) under a limit derived from the model size,
 checked for NaN/Inf as they arrive; replies are streamed from the tensor the store holds
 (no copy). Every framing error and every refusal becomes a 4xx
 with a one-line ``text/plain`` reason.
@@ -28,8 +28,8 @@ from torch import nn
 from asyncsync.engine.compute import enter_loop, leave_loop
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
-from asyncsync.metrics import JsonlLog
 from asyncsync.protocols.base import Protocol
+from asyncsync.runlog.metrics import JsonlLog
 from asyncsync.transport.answers import answer_frame
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import PATH as STREAM_PATH
@@ -37,7 +37,7 @@ from asyncsync.transport.frame_stream import serve_stream
 from asyncsync.transport.gc_tuning import tune_gc
 from asyncsync.transport.log_filters import PeerErrorFilter, RepeatFilter
 from asyncsync.transport.tokens import BearerTokens, bearer_auth, expect_continue
-from asyncsync.wire import CONTENT_TYPE, Limits, frame_size, tensor_chunks
+from asyncsync.wire.frames import CONTENT_TYPE, Limits, frame_size, tensor_chunks
 
 LOG = logging.getLogger("asyncsync.server")
 HTTP_LOG = logging.getLogger("asyncsync.server.http")

@@ -15,7 +15,14 @@ from asyncsync.clock import now as clock_now
 from asyncsync.engine.core import ServerCore
 from asyncsync.hetero.network import Link, ServerLink, sleep_until
 from asyncsync.transport.status import refusal_from
-from asyncsync.wire import PREFIX, Limits, WireError, decode_header, encode_header, tensor_spec
+from asyncsync.wire.frames import (
+    PREFIX,
+    Limits,
+    WireError,
+    decode_header,
+    encode_header,
+    tensor_spec,
+)
 
 
 class LocalTransport:

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from asyncsync.data import BatchSampler, Dataset, load_dataset
 from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import ThreadedWorkerSeam, WorkerSeam
 from asyncsync.engine.settings import ServerSettings
@@ -25,12 +24,13 @@ from asyncsync.hetero.cost_model import (
 )
 from asyncsync.hetero.network import Link
 from asyncsync.hetero.partition import partition
-from asyncsync.metrics import JsonlLog
-from asyncsync.models import build_model
 from asyncsync.protocols.base import get_protocol
-from asyncsync.recipe import TIMING_MODEL, RunSpec
+from asyncsync.runlog.metrics import JsonlLog
 from asyncsync.schema import ConfigError
-from asyncsync.trainer import BatchSource
+from asyncsync.study.specs import TIMING_MODEL, RunSpec
+from asyncsync.training.data import BatchSampler, Dataset, load_dataset
+from asyncsync.training.models import build_model
+from asyncsync.training.trainer import BatchSource
 from asyncsync.transport.http_client import client_tls
 from asyncsync.transport.http_server import ParameterServer, server_tls
 from asyncsync.transport.tokens import worker_token

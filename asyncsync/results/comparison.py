@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from asyncsync.runlogs import label, sweep_suffix
+from asyncsync.runlog.reading import label, sweep_suffix
 
 
 def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> tuple[float | None, bool]:

@@ -5,7 +5,7 @@ The protocol code, the engine, the compute profiles and the link model are the s
 real mode; only the clock and the two compute seams differ. Each local step runs its real
 torch math inline and is charged its step time x slowdown in virtual seconds; each message
 pays latency and bytes / bandwidth in virtual seconds. Workers are built by
-`asyncsync.assembly.assemble_worker`, as in real mode. A step's time comes from the recipe
+`asyncsync.study.assembly.assemble_worker`, as in real mode. A step's time comes from the recipe
 alone, never from this host: the FLOPs of one step of the run's model over the worker's
 device rate (`asyncsync.hetero.cost_model`), or the recipe's explicit ``compute.base_step_s``.
 Only ``base_step_s = "calibrate"`` measures this host (`calibrate_step_s`), and
@@ -24,7 +24,18 @@ from typing import Any, TypeVar
 
 import torch
 
-from asyncsync.assembly import (
+from asyncsync.clock import VirtualTimeLoop, wall
+from asyncsync.engine.channel import Transport
+from asyncsync.engine.compute import Charged, InlineServerSeam, VirtualWorkerSeam, WorkerSeam
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker
+from asyncsync.hetero.compute import ComputeProfile, FixedStepCost, StepCost, StepDelay
+from asyncsync.hetero.network import Link, LinkSpec, ServerLink
+from asyncsync.protocols.base import Protocol, get_protocol
+from asyncsync.runlog.metrics import JsonlLog, RankLog
+from asyncsync.runlog.schema import WORKERS_LOG
+from asyncsync.study.assembly import (
     StepTimes,
     assemble_worker,
     batch_sources,
@@ -34,20 +45,9 @@ from asyncsync.assembly import (
     server_settings,
     step_times,
 )
-from asyncsync.clock import VirtualTimeLoop, wall
-from asyncsync.engine.channel import Transport
-from asyncsync.engine.compute import Charged, InlineServerSeam, VirtualWorkerSeam, WorkerSeam
-from asyncsync.engine.core import ServerCore, build_core
-from asyncsync.engine.settings import ServerSettings
-from asyncsync.engine.worker import Worker
-from asyncsync.hetero.compute import ComputeProfile, FixedStepCost, StepCost, StepDelay
-from asyncsync.hetero.network import Link, LinkSpec, ServerLink
-from asyncsync.logschema import WORKERS_LOG
-from asyncsync.metrics import JsonlLog, RankLog
-from asyncsync.models import TimingModel
-from asyncsync.protocols.base import Protocol, get_protocol
-from asyncsync.recipe import TIMING_MODEL, RunSpec
-from asyncsync.trainer import BatchSource, Trainer
+from asyncsync.study.specs import TIMING_MODEL, RunSpec
+from asyncsync.training.models import TimingModel
+from asyncsync.training.trainer import BatchSource, Trainer
 from asyncsync.transport.gc_tuning import tune_gc, young_threshold
 from asyncsync.transport.local import LocalTransport
 

@@ -1,12 +1,12 @@
 """Runs a recipe's study: every run x repeat x sweep value, each writing a folder of its own.
 
 Virtual-clock runs are independent and deterministic: with ``jobs`` > 1 they run that many
-at a time, each in a child process (`asyncsync.executors`), or as one Slurm job array; the
+at a time, each in a child process (`asyncsync.study.executors`), or as one Slurm job array; the
 table is built from the folders in the recipe's order. Real-clock runs go one at a time.
 A study can be resumed: only the runs without a finished summary.json run again.
 
 A real-clock run is a server process and N worker processes on this machine
-(`asyncsync.nodes`). Every run writes ``logs/<recipe>/<timestamp>/<run>/``: ``recipe.json``
+(`asyncsync.study.nodes`). Every run writes ``logs/<recipe>/<timestamp>/<run>/``: ``recipe.json``
 (the resolved run), ``events.jsonl`` (server: start, evaluations, stop),
 ``worker-<rank>.jsonl`` (spans and totals), the nodes' console output (``*.log``) and
 ``summary.json``.
@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from asyncsync.assembly import run_data
-from asyncsync.dashboard import Dashboard
-from asyncsync.executors import (
+from asyncsync.results.report import publish
+from asyncsync.schema import ConfigError
+from asyncsync.study.dashboard import Dashboard
+from asyncsync.study.executors import (
     SUBMITTED,
     Child,
     SlurmOptions,
@@ -40,97 +41,17 @@ from asyncsync.executors import (
     slurm_task,
     write_summary,
 )
-from asyncsync.nodes import run_nodes
-from asyncsync.recipe import Recipe, RunSpec, load_recipe
-from asyncsync.report import publish, summarize_run
-from asyncsync.schema import ConfigError
-from asyncsync.simulation import calibrate_step_s, simulate
+from asyncsync.study.recipe import Recipe, load_recipe
+from asyncsync.study.run_one import (
+    calibration,
+    check_data,
+    prepare_folder,
+    run_and_record,
+)
+from asyncsync.study.specs import RunSpec
 from asyncsync.tracking import Tracker, follow, parse_track
 
 T = TypeVar("T")
-
-
-async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
-                   index: int, repeat: int = 0) -> dict[str, Any]:
-    _prepare(spec, recipe, run_dir, repeat)
-    if spec.clock == "virtual":
-        return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index)
-    await run_nodes(spec, recipe.name, run_dir,
-                    lambda status: dashboard.update(spec, index, status))
-    return summarize_run(run_dir)
-
-
-_CALIBRATED: dict[str, float] = {}
-
-
-def calibrated_step_s(spec: RunSpec) -> float:
-    """The base step time of a virtual run, measured once per model, data and batch size in
-    this process (so the runs of a recipe are charged alike)."""
-    key = json.dumps([spec.model.name, spec.model.options, spec.data.name,
-                      spec.data.batch_size], sort_keys=True)
-    if key not in _CALIBRATED:
-        _CALIBRATED[key] = calibrate_step_s(spec)
-    return _CALIBRATED[key]
-
-
-async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Dashboard,
-                       index: int) -> dict[str, Any]:
-    """Simulate the run in a thread of its own (its loop is virtual); show its progress."""
-    calibrated = None
-    if spec.compute.calibrate:
-        calibrated = await asyncio.to_thread(calibrated_step_s, spec)
-        dashboard.console.print(
-            f"{spec.name}: calibrated base_step_s = {calibrated:.4g} s on this host "
-            f"(host-dependent); pin it with --set compute.base_step_s={calibrated:.4g}")
-    latest: list[dict[str, Any]] = []
-
-    def sink(status: dict[str, Any]) -> None:  # called from the simulation's thread
-        latest[:] = [status]
-
-    job = asyncio.ensure_future(asyncio.to_thread(simulate, spec, run_dir, run_id, sink,
-                                                  calibrated))
-    while not job.done():
-        if latest:
-            dashboard.update(spec, index, latest[0])
-        await asyncio.wait({job}, timeout=0.5)
-    return {**summarize_run(run_dir), **job.result()}
-
-
-def check_data(recipe: Recipe) -> None:
-    """Load every dataset the recipe's runs read from disk, once each.
-
-    Raises:
-        DatasetMissing: one is absent (the error names the expected path).
-    """
-    seen = set()
-    for spec in recipe.runs:
-        key = (spec.data.name, spec.data.root, spec.data.download)
-        if spec.data.name != "synthetic" and key not in seen:
-            seen.add(key)
-            run_data(spec)
-
-
-async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
-                         index: int, repeat: int) -> dict[str, Any]:
-    """Run one run and write its folder; returns its summary.
-
-    A run that raises gets a summary.json with its error's first line (a run that failed
-    before it started leaves no folder); one cut short by Ctrl-C gets one with
-    ``interrupted: true``, and the cancellation goes on.
-    """
-    failed = {"recipe": recipe.name, "run": spec.name, "protocol": spec.protocol.name,
-              "repeat": repeat, "seed": spec.seed, "sweep": spec.sweep, "clock": spec.clock}
-    try:
-        summary = await _run_one(spec, recipe, run_dir, dashboard, index, repeat)
-    except Exception as exc:
-        summary = {**failed, "error": error_line(exc)}
-    except asyncio.CancelledError:
-        if run_dir.is_dir():
-            write_summary(run_dir, {**failed, "error": "interrupted", "interrupted": True})
-        raise
-    if run_dir.is_dir():
-        write_summary(run_dir, summary)
-    return summary
 
 
 @dataclass(frozen=True)
@@ -259,27 +180,6 @@ def _kept(slot: _Slot) -> dict[str, Any] | None:
     return None
 
 
-def _prepare(spec: RunSpec, recipe: Recipe, run_dir: Path, repeat: int) -> None:
-    """The run's folder with its resolved recipe.json: all a run needs to run (loadable:
-    its baseline is the run's name in the recipe, without its sweep point)."""
-    run_dir.mkdir(parents=True)
-    (run_dir / "recipe.json").write_text(json.dumps(
-        {"name": recipe.name, "baseline": spec.base_name, "repeat": repeat,
-         "runs": [spec.as_table()]},
-        indent=2))
-
-
-async def _calibration(spec: RunSpec, dashboard: Dashboard) -> float | None:
-    """The host-measured step time of a run whose base_step_s is "calibrate", else None."""
-    if not spec.compute.calibrate:
-        return None
-    calibrated = await asyncio.to_thread(calibrated_step_s, spec)
-    dashboard.console.print(
-        f"{spec.name}: calibrated base_step_s = {calibrated:.4g} s on this host "
-        f"(host-dependent); pin it with --set compute.base_step_s={calibrated:.4g}")
-    return calibrated
-
-
 async def _in_turn(study: _Study, todo: list[int]) -> None:
     """Run the slots `todo` one after another in this process."""
     for position in todo:
@@ -297,8 +197,8 @@ async def _pool(study: _Study, todo: list[int], jobs: int) -> None:
 
     async def one(position: int, child: Child) -> dict[str, Any]:
         slot = study.slots[position]
-        calibrated = await _calibration(slot.spec, study.dashboard)
-        _prepare(slot.spec, study.recipe, slot.run_dir, slot.repeat)
+        calibrated = await calibration(slot.spec, study.dashboard)
+        prepare_folder(slot.spec, study.recipe, slot.run_dir, slot.repeat)
 
         def show(status: dict[str, Any]) -> None:
             study.dashboard.update_run(slot.run_dir.name, study.base(slot), status)
@@ -352,8 +252,8 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
     calibrated = []
     for position in todo:
         slot = study.slots[position]
-        _prepare(slot.spec, study.recipe, slot.run_dir, slot.repeat)
-        step_s = await _calibration(slot.spec, study.dashboard)
+        prepare_folder(slot.spec, study.recipe, slot.run_dir, slot.repeat)
+        step_s = await calibration(slot.spec, study.dashboard)
         calibrated.append(repr(step_s) if step_s else "")
     executor = slurm_executor(study.root / ".submitit", options, study.recipe.name)
     problem = shared_problem(study.root) if executor.cluster == "slurm" else None
@@ -440,7 +340,7 @@ async def _terminable(job: Coroutine[Any, Any, T]) -> T:
     runs in progress are marked interrupted, so ``--resume`` runs them again, the table of
     the finished ones is printed, and KeyboardInterrupt follows. (Killed outright, the
     supervisor prints nothing; its children mark their runs interrupted themselves, see
-    `asyncsync.executors.SupervisorGone`.)"""
+    `asyncsync.study.executors.SupervisorGone`.)"""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None

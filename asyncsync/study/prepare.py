@@ -34,8 +34,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
-from asyncsync.data import _TORCHVISION, DATASETS, DatasetMissing
 from asyncsync.schema import ConfigError
+from asyncsync.training.data import _TORCHVISION, DATASETS, DatasetMissing
 
 Kind = Literal["images", "labels"]
 
@@ -161,7 +161,7 @@ def prepare_dataset(name: str, root: Path, *, system_dir: Path | None = None,
     """Make dataset `name` loadable from `root`; return a one-line account of what was done.
 
     Args:
-        name: one of `asyncsync.data.DATASETS`.
+        name: one of `asyncsync.training.data.DATASETS`.
         root: the recipes' ``data.root``, the folder of torchvision's datasets.
         system_dir: a folder holding the four gzipped IDX files (mnist, fashion_mnist);
             default: the system package's folder, if the dataset has one.

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncsync.protocols import discover
-from asyncsync.recipe import Recipe
 from asyncsync.schema import describe
+from asyncsync.study.recipe import Recipe
 
 
 def _changed(params: Any) -> str:
@@ -61,7 +61,7 @@ def check_table(recipe: Recipe) -> Table:
 def step_time_table(recipe: Recipe) -> Table:
     """How each run's steps are charged before slowness: per worker (identical workers
     grouped), the device, FLOPs and seconds of one step of the recipe's batch."""
-    from asyncsync.simulation import run_step_times
+    from asyncsync.study.simulation import run_step_times
 
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
                   title="step time before slowness", title_justify="left")

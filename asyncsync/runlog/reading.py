@@ -8,12 +8,12 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from asyncsync.logschema import KEY, RANK, WORKERS_LOG, Kind, upgrade
+from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind, upgrade
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """The records of a JSONL log one at a time, in the current schema (old logs' field
-    names are renamed, see `asyncsync.logschema`); a torn last line (a killed writer) is
+    names are renamed, see `asyncsync.runlog.schema`); a torn last line (a killed writer) is
     skipped. A 100,000-worker run's log is millions of records: readers that need few of
     them stream it rather than hold it."""
     with path.open(encoding="utf-8") as lines:

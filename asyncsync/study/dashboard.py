@@ -23,8 +23,9 @@ from rich.table import Table
 from rich.text import Text
 
 from asyncsync.hetero.network import LinkSpec
-from asyncsync.recipe import Recipe, RunSpec
-from asyncsync.report import make_console
+from asyncsync.results.report import make_console
+from asyncsync.study.recipe import Recipe
+from asyncsync.study.specs import RunSpec
 
 PLAIN_EVERY_S = 5.0
 ROWS_MAX = 16

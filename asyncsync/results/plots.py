@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from asyncsync.comparison import groups, interval, is_baseline, paired_speedups
-from asyncsync.logschema import HELD, KEY, TRANSFERS, Kind
-from asyncsync.runlogs import label, sweep_suffix, worker_logs, worker_records
+from asyncsync.results.comparison import groups, interval, is_baseline, paired_speedups
+from asyncsync.runlog.reading import label, sweep_suffix, worker_logs, worker_records
+from asyncsync.runlog.schema import HELD, KEY, TRANSFERS, Kind
 
 COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "held": "#ff8c00"}
 TIMELINE_CYCLES = 20

@@ -5,7 +5,7 @@ contiguous 1-D tensor ``flat``; gradients are views into ``grad``. Deltas, avera
 wire transfers are single vector operations. The methods here are synchronous and take no
 time of their own: the worker's compute seam runs and times them, never on the event loop.
 The vectors stay on the trainer's device; every copy to or from the host goes through
-`asyncsync.device_copies` (on CUDA: pinned buffers, a side stream and events, no
+`asyncsync.training.device_copies` (on CUDA: pinned buffers, a side stream and events, no
 device-wide synchronization; a step returns once its loss is on the host).
 """
 
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncsync.device_copies import copies_for
-from asyncsync.optim import FlatSGD
+from asyncsync.training.device_copies import copies_for
+from asyncsync.training.optim import FlatSGD
 
 BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from asyncsync.clock import wall
-from asyncsync.recipe import load_recipe
-from asyncsync.report import summarize_run
+from asyncsync.results.report import summarize_run
 from asyncsync.schema import ConfigError
-from asyncsync.simulation import StatusSink, simulate
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import StatusSink, simulate
 
 STATUS_EVERY_S = 0.5
 """How often (real seconds) a child reports its run's status to the supervisor."""

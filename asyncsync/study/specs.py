@@ -1,42 +1,29 @@
-"""Recipes: TOML files composing protocol x model x data x heterogeneity into runs.
+"""The specs of one run: what a recipe's ``defaults`` and ``[[runs]]`` entries resolve to.
 
-Shape (the README's "Running recipes" section lists every key)::
-
-    name = "quickstart"      # optional; defaults to the file's stem
-    baseline = "bsp"         # run that speedups are measured against (default: first run)
-    [defaults]               # every key of a run; each [[runs]] entry may override any
-    [[runs]]
-    name = "bsp"
-    protocol = "bsp"         # or { name = "ssp", staleness = 3 }
-
-Each run's table is ``defaults`` deep-merged with the run's own keys, then checked against
-`RunSpec`: unknown keys and ill-typed or out-of-range values raise `ConfigError` naming the
-key, e.g. ``runs[1] (asp).stop.time_s: must be > 0, got -1``.
+Each section of a run's table (``stop``, ``model``, ``data``, ``optim``, ``compute``,
+``network``, ``eval``, ``fault``, ``tls``, the protocol) is one frozen dataclass checked on
+construction; `RunSpec` holds them and checks what spans sections. Below the study layer
+code receives the section it uses, not the whole `RunSpec`.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 import math
 import os
-import tomllib
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from asyncsync.compression import CODECS, Compressor
-from asyncsync.data import DATASETS
 from asyncsync.engine.channel import CHANNELS
 from asyncsync.hetero.compute import PROFILES, ComputeProfile, build_profile, profile_params
 from asyncsync.hetero.cost_model import DEFAULT_DEVICE, DEVICES, device
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
-from asyncsync.protocols.base import NoParams, get_protocol
-from asyncsync.runlogs import sweep_suffix
-from asyncsync.schema import ConfigError, from_mapping, option
+from asyncsync.protocols.base import NoParams
+from asyncsync.runlog.reading import sweep_suffix
+from asyncsync.schema import option
+from asyncsync.training.data import DATASETS
+from asyncsync.wire.codecs import CODECS, Compressor
 
 TOKEN_ENV = "ASYNCSYNC_TOKEN"
 TOPK_FRACTION = 0.01
@@ -369,215 +356,3 @@ class RunSpec:
     def resolved_token(self) -> str | None:
         """ASYNCSYNC_TOKEN if set, else the recipe's token, else None (no auth)."""
         return os.environ.get(TOKEN_ENV) or self.token or None
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """A resolved recipe: its runs, the baseline, and how often each run is repeated (with
-    seeds seed, seed + 1, ...)."""
-
-    name: str
-    baseline: str
-    runs: list[RunSpec]
-    repeats: int = 1
-    tracking: dict[str, str] = field(default_factory=dict)
-    """``[tracking]``: tool (tensorboard, mlflow, wandb) -> where, as ``--track`` takes it."""
-
-    def run(self, name: str) -> RunSpec:
-        for spec in self.runs:
-            if spec.name == name:
-                return spec
-        raise ConfigError(f"no run named {name!r}; runs: {', '.join(r.name for r in self.runs)}")
-
-    def as_table(self) -> dict[str, Any]:
-        return {"name": self.name, "baseline": self.baseline, "repeats": self.repeats,
-                **({"tracking": self.tracking} if self.tracking else {}),
-                "runs": [r.as_table() for r in self.runs]}
-
-    @property
-    def track_specs(self) -> list[str]:
-        """``[tracking]`` as ``--track`` specs (``tool=where``)."""
-        return [f"{tool}={where}" if where else tool for tool, where in self.tracking.items()]
-
-    def repeated(self, spec: RunSpec) -> list[RunSpec]:
-        """`spec` once per repeat, with seeds ``seed .. seed + repeats - 1``."""
-        return [dataclasses.replace(spec, seed=spec.seed + k) for k in range(self.repeats)]
-
-
-TOP_KEYS = ("name", "baseline", "repeats", "repeat", "sweep", "defaults", "runs", "tracking")
-TRACKERS = ("tensorboard", "mlflow", "wandb")
-"""``repeat`` is written by the runner into a run's own recipe.json (which repeat it is)."""
-
-
-def load_recipe(path: str | Path, overrides: Sequence[str] = (),
-                only: Sequence[str] = (), repeats: int | None = None) -> Recipe:
-    """Read a recipe (``.toml``, or the ``.json`` a run writes) and resolve every run.
-
-    Args:
-        path: the recipe file.
-        overrides: ``KEY=VALUE`` strings setting ``defaults.KEY`` (TOML value syntax; a
-            bare word is taken as a string).
-        only: run names to keep (all when empty).
-        repeats: overrides the recipe's ``repeats``.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
-    try:
-        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.')}: {exc}") from exc
-    if repeats is not None:
-        raw = {**raw, "repeats": repeats}
-    return resolve(raw, path.stem, overrides, only)
-
-
-def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (),
-            only: Sequence[str] = ()) -> Recipe:
-    """Resolve a parsed recipe table (see `load_recipe`)."""
-    for key in raw:
-        if key not in TOP_KEYS:
-            raise ConfigError(f"{key}: unknown top-level key (known: {', '.join(TOP_KEYS)})")
-    defaults = raw.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise ConfigError("defaults: expected a table")
-    defaults = copy.deepcopy(defaults)
-    for item in overrides:
-        _apply_override(defaults, item)
-    runs_raw = raw.get("runs")
-    if not isinstance(runs_raw, list) or not runs_raw:
-        raise ConfigError("runs: a recipe needs at least one [[runs]] table")
-    runs = []
-    for point in _sweep_points(raw.get("sweep", {})):
-        table = copy.deepcopy(defaults)
-        for key, value in point.items():
-            _set_default(table, key, value, "sweep")
-        for index, run in enumerate(runs_raw):
-            spec = _resolve_run(table, run, index)
-            runs.append(dataclasses.replace(spec, name=spec.name + sweep_suffix(point),
-                                            sweep=point) if point else spec)
-    names = [r.name for r in runs]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ConfigError(f"runs: duplicate run names {duplicates}")
-    names = list(dict.fromkeys(r.base_name for r in runs))
-    name = raw.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"name: expected a non-empty string, got {name!r}")
-    baseline = raw.get("baseline", names[0])
-    if baseline not in names:
-        raise ConfigError(f"baseline: {baseline!r} is not a run (runs: {', '.join(names)})")
-    if only:
-        unknown = [n for n in only if n not in names]
-        if unknown:
-            raise ConfigError(f"--only: no run named {unknown[0]!r} (runs: {', '.join(names)})")
-        runs = [r for r in runs if r.base_name in only]
-    repeats = raw.get("repeats", 1)
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ConfigError(f"repeats: must be an integer >= 1, got {repeats!r}")
-    return Recipe(name, baseline, runs, repeats, _tracking(raw.get("tracking", {})))
-
-
-def _tracking(table: Any) -> dict[str, str]:
-    """``[tracking]``: each key a tool of `TRACKERS`, each value where it writes ("" for
-    the tool's default)."""
-    if not isinstance(table, dict):
-        raise ConfigError("tracking: expected a table such as { tensorboard = \"tb\" }")
-    for tool, where in table.items():
-        if tool not in TRACKERS:
-            raise ConfigError(f"tracking.{tool}: unknown tool (known: {', '.join(TRACKERS)})")
-        if not isinstance(where, str):
-            raise ConfigError(f"tracking.{tool}: expected a string (a folder, URI or "
-                              f"project), got {where!r}")
-    return dict(table)
-
-
-def _apply_override(defaults: dict[str, Any], item: str) -> None:
-    key, sep, text = item.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text
-    _set_default(defaults, key.strip(), value, "--set")
-
-
-def _set_default(defaults: dict[str, Any], key: str, value: Any, origin: str) -> None:
-    """``defaults.KEY = value`` for a dotted `key` (tables made on the way)."""
-    parts = key.split(".")
-    table = defaults
-    for part in parts[:-1]:
-        table = table.setdefault(part, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"{origin} {key}: defaults.{part} is not a table")
-    table[parts[-1]] = value
-
-
-def _sweep_points(sweep: Any) -> list[dict[str, Any]]:
-    """The points of a ``[sweep]`` table: one key (a dotted defaults key) and its values;
-    no sweep is one point without overrides."""
-    if not isinstance(sweep, dict) or len(sweep) > 1:
-        raise ConfigError("sweep: expected a table with one key, e.g. workers = [4, 16, 64]")
-    if not sweep:
-        return [{}]
-    key, values = next(iter(sweep.items()))
-    if not isinstance(values, list) or not values:
-        raise ConfigError(f"sweep.{key}: expected a non-empty list of values")
-    return [{key: value} for value in values]
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge `over` into `base`; a table with a ``name`` (a protocol, a compute
-    profile) replaces the default one whole instead of mixing keys with it."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and "name" not in value:
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _has_key(table: dict[str, Any], dotted: str) -> bool:
-    node: Any = table
-    for part in dotted.split("[")[0].split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
-
-
-def _resolve_run(defaults: dict[str, Any], run: Any, index: int) -> RunSpec:
-    if not isinstance(run, dict):
-        raise ConfigError(f"runs[{index}]: expected a table")
-    label = f"runs[{index}]" + (f" ({run['name']})" if isinstance(run.get("name"), str) else "")
-
-    def where(key: str) -> str:
-        return f"{label}.{key}" if _has_key(run, key) or not key else f"defaults.{key}"
-
-    merged = _merge(defaults, run)
-    if "name" not in merged:
-        raise ConfigError(f"{label}.name: every run needs a name")
-    if "protocol" not in merged:
-        raise ConfigError(f"{label}.protocol: every run needs a protocol")
-    protocol = _resolve_protocol(merged.pop("protocol", None), where)
-    return dataclasses.replace(from_mapping(RunSpec, merged, "", where), protocol=protocol)
-
-
-def _resolve_protocol(value: Any, where: Callable[[str], str]) -> ProtocolSpec:
-    if isinstance(value, str):
-        value = {"name": value}
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        raise ConfigError(f"{where('protocol')}: expected a name or a table with 'name'")
-    params = dict(value)
-    name = params.pop("name")
-    try:
-        protocol = get_protocol(name)
-    except ValueError as exc:
-        raise ConfigError(f"{where('protocol')}: {exc}") from None
-    return ProtocolSpec(name, from_mapping(protocol.params, params, "",
-                                           lambda key: where(f"protocol.{key}")))
-

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from asyncsync.clock import Stopwatch, now
-from asyncsync.logschema import RANK, Kind, record
+from asyncsync.runlog.schema import RANK, Kind, record
 
 
 class JsonlLog:
@@ -48,7 +48,7 @@ class JsonlLog:
 
 
 class RankLog(JsonlLog):
-    """One worker's view of a run's shared log (`asyncsync.logschema.WORKERS_LOG`): its
+    """One worker's view of a run's shared log (`asyncsync.runlog.schema.WORKERS_LOG`): its
     records go there with the worker's rank first; closing it leaves the file to its
     owner."""
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from asyncsync.assembly import WORKER_TOKEN_ENV, run_client_tls
 from asyncsync.clock import now
 from asyncsync.protocols.base import Refused
-from asyncsync.recipe import TOKEN_ENV, RunSpec
+from asyncsync.study.assembly import WORKER_TOKEN_ENV, run_client_tls
+from asyncsync.study.specs import TOKEN_ENV, RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.tokens import worker_token
 

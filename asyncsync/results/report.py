@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import itertools
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +17,10 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from asyncsync.comparison import groups, interval, is_baseline, paired_speedups, speedup
-from asyncsync.logschema import KEY, Kind
-from asyncsync.runlogs import final_records, label, read_jsonl, sweep_suffix
+from asyncsync.results.comparison import groups, interval, is_baseline, paired_speedups, speedup
+from asyncsync.results.studies import resolved_run, written_summary
+from asyncsync.runlog.reading import final_records, label, read_jsonl, sweep_suffix
+from asyncsync.runlog.schema import KEY, Kind
 
 SMOOTHING = 3
 """Evaluations in the moving average of `time_to_target_avg_s`."""
@@ -30,35 +30,13 @@ SLIP = 1.5
 (one arrived more than half an interval late): its times to target have a coarser grid."""
 
 
-class LogError(ValueError):
-    """A directory that is not a readable run log."""
-
-
-def _resolved(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The run's recipe.json and its one run.
-
-    Raises:
-        LogError: recipe.json is missing or not a run's resolved recipe.
-    """
-    try:
-        recipe = json.loads((run_dir / "recipe.json").read_text())
-        spec = recipe["runs"][0]
-        missing = [k for k in ("name", "protocol", "workers", "stop") if k not in spec]
-        if missing:
-            raise KeyError(", ".join(missing))
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise LogError(f"{run_dir}: not a run's log directory (recipe.json: "
-                       f"{type(exc).__name__}: {exc})") from None
-    return recipe, spec
-
-
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     """Build ``summary.json``'s fields from ``recipe.json``, ``events.jsonl`` and workers' logs.
 
     Raises:
         LogError: recipe.json is missing or not a run's resolved recipe.
     """
-    recipe, spec = _resolved(run_dir)
+    recipe, spec = resolved_run(run_dir)
     events = read_jsonl(run_dir / "events.jsonl")
     evals = [e for e in events if e.get(KEY) == Kind.EVAL]
     stop = next((e for e in events if e.get(KEY) == Kind.STOP), {})
@@ -125,7 +103,7 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     Raises:
         LogError: recipe.json is missing or not a run's resolved recipe.
     """
-    written = _written(run_dir)
+    written = written_summary(run_dir)
     return written if "error" in written else summarize_run(run_dir)
 
 
@@ -287,150 +265,6 @@ _MEASURE = Console(width=10_000, file=io.StringIO())
 """Measures a table's natural width, whatever the terminal's."""
 
 
-def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]], list[str]]:
-    """The run directories to report, and notes on what was left out.
-
-    Each DIR is a recipe, timestamp (study) or run directory, or a log root. Where a DIR
-    holds several studies of one recipe, only the latest is taken (a note says so; also
-    one where no run has finished yet), and all the DIRs make one report; with `every`,
-    each study is a report of its own.
-
-    Only finished runs are reported: those with a summary.json (the runner writes it last).
-    A run folder without one has not finished: prepared but not started (a queued Slurm
-    task), still running, or killed; one note per study names these runs. A run whose
-    summary.json marks it interrupted is left out with a note of its own; one that failed
-    is reported (its error), also when it failed before it logged anything. A DIR that is
-    one unfinished (or interrupted) run folder, or whose chosen studies have no finished
-    run, is an error.
-
-    Raises:
-        LogError: a DIR that does not exist, holds no run logs, or no finished run.
-    """
-    reports: list[list[Path]] = [[]]
-    notes = []
-    for root in dirs:
-        if not root.is_dir():
-            raise LogError(f"{root}: no such directory")
-        studies: dict[Path, list[Path]] = {}
-        for found in root.rglob("recipe.json"):
-            run = found.parent  # a run folder: it has logs, or its study's recipe.json
-            if (run / "events.jsonl").exists() or (run.parent / "recipe.json").exists():
-                studies.setdefault(run.parent, []).append(run)
-        if not studies:
-            raise LogError(f"{root}: no run logs (directories with recipe.json and "
-                           "events.jsonl) under it")
-        latest = {study.parent: study for study in sorted(studies)}  # timestamps sort
-        chosen = sorted(studies) if every else sorted(latest.values())
-        said = []
-        if len(chosen) < len(studies):
-            said.append(f"{root} holds {len(studies)} studies: reporting the latest, "
-                        f"{', '.join(str(c) for c in chosen)} (--all: each one separately)")
-        reported = 0
-        for study in chosen:
-            runs = sorted(studies[study], key=_recipe_order)
-            waiting = [r for r in runs if not _finished(r)]
-            written = {r: _written(r) for r in runs if r not in waiting}  # in run order
-            cut = [r for r, summary in written.items() if summary.get("interrupted")]
-            done = [r for r, summary in written.items() if not summary.get("interrupted")]
-            said += [f"{r}: left out, it was interrupted (Ctrl-C)" for r in cut]
-            if waiting:
-                said.append(f"{len(waiting)} of {len(runs)} runs "
-                            f"{'has' if len(waiting) == 1 else 'have'} no summary.json yet "
-                            f"(not started, still running, or killed): "
-                            f"{', '.join(r.name for r in waiting)}; "
-                            f"asyncsync run RECIPE --resume {study} runs them")
-            reported += len(done)
-            if every:
-                reports.append(done)
-            else:
-                reports[0] += [r for r in done if r not in reports[0]]
-        if not reported:
-            raise LogError("; ".join([f"{root}: no finished run to report", *said]))
-        notes += said
-    return [r for r in reports if r], notes
-
-
-def _finished(run_dir: Path) -> bool:
-    """Whether the run ended: it has a summary.json.
-
-    Raises:
-        LogError: it has none, and recipe.json is missing or not a run's resolved recipe.
-    """
-    if (run_dir / "summary.json").exists():
-        return True
-    _resolved(run_dir)  # a folder that is no run's log says so, not that it is unfinished
-    return False
-
-
-def _written(run_dir: Path) -> dict[str, Any]:
-    """The run's summary.json ({} where it has none or it is unreadable)."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return summary if isinstance(summary, dict) else {}
-
-
-def pool_problem(run_dirs: list[Path], summaries: list[dict[str, Any]]) -> str | None:
-    """Why these runs cannot share one table, or None: different clocks or budgets at one
-    sweep point (a failed run has no times to compare), one run (and repeat) from two
-    studies, or one run with different resolved settings."""
-    timed = [s for s in summaries if "error" not in s]
-    for key, what in (("clock", "clocks"), ("time_s", "budgets (stop.time_s)")):
-        seen: dict[str, dict[Any, str]] = {}
-        for s in timed:
-            seen.setdefault(sweep_suffix(s.get("sweep") or {}), {}).setdefault(
-                s.get(key), label(s))
-        for values in seen.values():
-            if len(values) > 1:
-                pairs = ", ".join(f"{name} {value}" for value, name in values.items())
-                return (f"cannot pool runs with different {what} ({pairs}): their times "
-                        "are not comparable; report each study separately (--all)")
-    where: dict[tuple[str, Any], Path] = {}
-    specs: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for run_dir, s in zip(run_dirs, summaries, strict=True):
-        run = (label(s), s.get("repeat", 0))
-        if run in where:
-            return (f"{run[0]} (repeat {run[1]}) is in two studies, {where[run].parent} and "
-                    f"{run_dir.parent}: report one of them, or each separately (--all)")
-        where[run] = run_dir
-        spec = _settings(run_dir)
-        first = specs.setdefault(run[0], (run_dir, spec))
-        differ = sorted(k for k in spec.keys() | first[1].keys()
-                        if spec.get(k) != first[1].get(k))
-        if differ:
-            k = differ[0]
-            return (f"{run[0]} ran with different settings in {first[0].parent} and "
-                    f"{run_dir.parent} ({k}: {first[1].get(k)!r} vs {spec.get(k)!r}): "
-                    "report each study separately (--all)")
-    return None
-
-
-def _settings(run_dir: Path) -> dict[str, Any]:
-    """A run's resolved settings as dotted keys, without its seed."""
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}{k}.", v)
-        else:
-            flat[prefix.rstrip(".")] = value
-
-    walk("", json.loads((run_dir / "recipe.json").read_text())["runs"][0])
-    flat.pop("seed", None)
-    return flat
-
-
-def _recipe_order(run_dir: Path) -> tuple[str, int, str]:
-    """Runs of one timestamp in their recipe's order, then by name."""
-    path = run_dir.parent / "recipe.json"
-    names = [r.get("name") for r in json.loads(path.read_text()).get("runs", [])] \
-        if path.exists() else []
-    index = names.index(run_dir.name) if run_dir.name in names else len(names)
-    return str(run_dir.parent), index, run_dir.name
-
-
 def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
     """The comparison as CSV: one row per run and repeat, every column of `COLUMNS`
     (speedups against the baseline's repeat with the same index); failed runs keep their
@@ -464,7 +298,7 @@ def make_console() -> Console:
 def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str, out: Path,
             console: Console, title: str = "") -> list[Path]:
     """Print the comparison table; write it as CSV and, with matplotlib, the PNG plots."""
-    from asyncsync.plots import matplotlib_available, write_plots
+    from asyncsync.results.plots import matplotlib_available, write_plots
 
     console.print(comparison_table(summaries, baseline, title, console.width))
     out.mkdir(parents=True, exist_ok=True)
@@ -478,12 +312,3 @@ def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str
     for path in files:
         console.print(f"wrote {path}", highlight=False)
     return files
-
-
-def recipe_baseline(run_dir: Path) -> str | None:
-    """The baseline named by the whole recipe written next to a run (its parent's)."""
-    path = run_dir.parent / "recipe.json"
-    if not path.exists():
-        return None
-    baseline = json.loads(path.read_text()).get("baseline")
-    return baseline if isinstance(baseline, str) else None

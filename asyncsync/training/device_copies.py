@@ -40,7 +40,7 @@ from typing import Protocol, cast
 
 import torch
 
-from asyncsync.buffers import VectorPool
+from asyncsync.training.buffers import VectorPool
 
 STAGING_BUFFERS = 2
 """Staging buffers per trainer: one is filled while the copy from the other runs."""
@@ -105,7 +105,8 @@ class PlainCopies:
         self.buffers = VectorPool()
 
     def gather(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
-        """On a CPU device the result is a warm vector of `buffers` (`asyncsync.buffers`)."""
+        """On a CPU device the result is a warm vector of `buffers`
+        (`asyncsync.training.buffers`)."""
         host = [part.to("cpu") for part in parts]
         out = self.buffers.take(sum(part.numel() for part in host), host[0].dtype)
         return torch.cat(host, out=out)

@@ -8,7 +8,7 @@ Frame layout (requests and responses alike)::
     n * itemsize bytes the tensor's raw little-endian bytes, nothing else
 
 A compressed push carries a uint8 tensor of encoded bytes and a "codec" map beside
-"tensor" (see `asyncsync.compression`); its length must be the one the codec implies.
+"tensor" (see `asyncsync.wire.codecs`); its length must be the one the codec implies.
 
 No pickle, no base64, no per-element encoding. The receiver reads the tensor bytes
 straight into a preallocated tensor (the one copy of that direction); the sender streams
@@ -28,9 +28,9 @@ from typing import Any
 import msgpack
 import torch
 
-from asyncsync.compression import payload_bytes
 from asyncsync.protocols.base import all_finite
 from asyncsync.protocols.messages import brief
+from asyncsync.wire.codecs import payload_bytes
 
 CONTENT_TYPE = "application/x-asyncsync"
 PREFIX = struct.Struct(">I")

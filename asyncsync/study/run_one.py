@@ -1,0 +1,121 @@
+"""One run of a study: its folder, its execution on either clock, and its summary.
+
+A run's folder starts as its resolved ``recipe.json`` (`prepare_folder`); `run_and_record`
+runs it (a virtual run in a thread of its own, a real run as processes) and writes its
+``summary.json``, also when it fails or is interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from asyncsync.results.report import summarize_run
+from asyncsync.study.assembly import run_data
+from asyncsync.study.dashboard import Dashboard
+from asyncsync.study.executors import error_line, write_summary
+from asyncsync.study.nodes import run_nodes
+from asyncsync.study.recipe import Recipe
+from asyncsync.study.simulation import calibrate_step_s, simulate
+from asyncsync.study.specs import RunSpec
+
+
+async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
+                   index: int, repeat: int = 0) -> dict[str, Any]:
+    prepare_folder(spec, recipe, run_dir, repeat)
+    if spec.clock == "virtual":
+        return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index)
+    await run_nodes(spec, recipe.name, run_dir,
+                    lambda status: dashboard.update(spec, index, status))
+    return summarize_run(run_dir)
+
+
+_CALIBRATED: dict[str, float] = {}
+
+
+def calibrated_step_s(spec: RunSpec) -> float:
+    """The base step time of a virtual run, measured once per model, data and batch size in
+    this process (so the runs of a recipe are charged alike)."""
+    key = json.dumps([spec.model.name, spec.model.options, spec.data.name,
+                      spec.data.batch_size], sort_keys=True)
+    if key not in _CALIBRATED:
+        _CALIBRATED[key] = calibrate_step_s(spec)
+    return _CALIBRATED[key]
+
+
+async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Dashboard,
+                       index: int) -> dict[str, Any]:
+    """Simulate the run in a thread of its own (its loop is virtual); show its progress."""
+    calibrated = await calibration(spec, dashboard)
+    latest: list[dict[str, Any]] = []
+
+    def sink(status: dict[str, Any]) -> None:  # called from the simulation's thread
+        latest[:] = [status]
+
+    job = asyncio.ensure_future(asyncio.to_thread(simulate, spec, run_dir, run_id, sink,
+                                                  calibrated))
+    while not job.done():
+        if latest:
+            dashboard.update(spec, index, latest[0])
+        await asyncio.wait({job}, timeout=0.5)
+    return {**summarize_run(run_dir), **job.result()}
+
+
+def check_data(recipe: Recipe) -> None:
+    """Load every dataset the recipe's runs read from disk, once each.
+
+    Raises:
+        DatasetMissing: one is absent (the error names the expected path).
+    """
+    seen = set()
+    for spec in recipe.runs:
+        key = (spec.data.name, spec.data.root, spec.data.download)
+        if spec.data.name != "synthetic" and key not in seen:
+            seen.add(key)
+            run_data(spec)
+
+
+async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
+                         index: int, repeat: int) -> dict[str, Any]:
+    """Run one run and write its folder; returns its summary.
+
+    A run that raises gets a summary.json with its error's first line (a run that failed
+    before it started leaves no folder); one cut short by Ctrl-C gets one with
+    ``interrupted: true``, and the cancellation goes on.
+    """
+    failed = {"recipe": recipe.name, "run": spec.name, "protocol": spec.protocol.name,
+              "repeat": repeat, "seed": spec.seed, "sweep": spec.sweep, "clock": spec.clock}
+    try:
+        summary = await _run_one(spec, recipe, run_dir, dashboard, index, repeat)
+    except Exception as exc:
+        summary = {**failed, "error": error_line(exc)}
+    except asyncio.CancelledError:
+        if run_dir.is_dir():
+            write_summary(run_dir, {**failed, "error": "interrupted", "interrupted": True})
+        raise
+    if run_dir.is_dir():
+        write_summary(run_dir, summary)
+    return summary
+
+
+def prepare_folder(spec: RunSpec, recipe: Recipe, run_dir: Path, repeat: int) -> None:
+    """The run's folder with its resolved recipe.json: all a run needs to run (loadable:
+    its baseline is the run's name in the recipe, without its sweep point)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "recipe.json").write_text(json.dumps(
+        {"name": recipe.name, "baseline": spec.base_name, "repeat": repeat,
+         "runs": [spec.as_table()]},
+        indent=2))
+
+
+async def calibration(spec: RunSpec, dashboard: Dashboard) -> float | None:
+    """The host-measured step time of a run whose base_step_s is "calibrate", else None."""
+    if not spec.compute.calibrate:
+        return None
+    calibrated = await asyncio.to_thread(calibrated_step_s, spec)
+    dashboard.console.print(
+        f"{spec.name}: calibrated base_step_s = {calibrated:.4g} s on this host "
+        f"(host-dependent); pin it with --set compute.base_step_s={calibrated:.4g}")
+    return calibrated

@@ -1,0 +1,1 @@
+"""The wire: how a message becomes bytes (`frames`) and how a vector is compressed (`codecs`)."""
