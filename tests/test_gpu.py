@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.evaluation import make_evaluator
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
 from asyncsync.protocols.base import Protocol, Push, RunStopped, ServerRule, WorkerLoop
@@ -161,8 +162,8 @@ class EchoServer(ServerRule):
 
 
 class EchoLoop(WorkerLoop):
-    """One gradient push, two steps, a model push, a pull and adoption; each vector is
-    recorded beside a blocking reference read of the device."""
+    """One gradient push, two steps, a model push, a pull and adoption, and a snapshot
+    after it; each vector is recorded beside a blocking reference read of the device."""
 
     async def run(self, ctx: Context) -> None:
         probe: Probe = self.params
@@ -181,7 +182,10 @@ class EchoLoop(WorkerLoop):
         vector, version, _ = await ctx.pull()
         await ctx.adopt(vector, version)
         seen["pulled"] = vector.clone()
-        seen["adopted"] = flat.to("cpu", copy=True)
+        # The API's promise: the adoption is done before the context's next verb (it may
+        # ride on that verb's hand-off), so read it through the context, then the device.
+        seen["adopted"] = await ctx.snapshot()
+        seen["adopted_on_device"] = flat.to("cpu", copy=True)
         seen["running_mean"] = probe.trainer.params.module[1].running_mean.cpu()
         raise RunStopped
 
@@ -233,4 +237,31 @@ async def test_a_push_pull_round_trip_is_bit_exact_and_carries_batchnorm(
     assert not torch.equal(seen["model"][n:], initial[n:])  # the steps moved the statistics
     assert torch.equal(seen["pulled"], seen["model"] * 2)
     assert torch.equal(seen["adopted"], seen["pulled"])
+    assert torch.equal(seen["adopted_on_device"], seen["pulled"])
     assert torch.equal(seen["running_mean"], seen["pulled"][n : n + CHANNELS])
+
+
+def test_the_global_model_is_evaluated_on_the_gpu_with_the_cpus_figures() -> None:
+    """A cuda run's evaluator computes on the GPU (its memory is used) and scores the model
+    as the CPU does (same accuracy; loss to float tolerance)."""
+    x, y = images(512)
+    model = bn_cnn()
+    vector = torch.nn.utils.parameters_to_vector(
+        [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())])
+    on_cpu = make_evaluator(bn_cnn(), x, y, "cpu", batch_size=100)(vector)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated()
+    gpu = make_evaluator(bn_cnn(), x, y, DEVICE, batch_size=100)
+    on_gpu = gpu(vector)
+    assert torch.cuda.max_memory_allocated() > before
+    assert on_gpu[0] == on_cpu[0]
+    assert on_gpu[1] == pytest.approx(on_cpu[1], rel=1e-4)
+
+
+def test_a_cuda_recipe_evaluates_on_its_device() -> None:
+    from asyncsync.study.assembly import server_settings
+    from asyncsync.study.specs import RunSpec
+
+    assert server_settings(RunSpec(device="cuda"), "run", None).eval_device == "cuda"
+    assert server_settings(RunSpec(device="auto"), "run", None).eval_device == "cuda"

@@ -366,8 +366,11 @@ def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
     """A `ServerCore` whose initial global model is `model`'s current parameters."""
     proto = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
     params = proto.params() if protocol_params is None else protocol_params
+    settings = settings or ServerSettings()
     flat = FlatModule(copy.deepcopy(model), torch.device("cpu"))
-    evaluator = make_evaluator(model, *test_data) if test_data is not None else None
-    return ServerCore(flat.flat, proto, params, workers, settings or ServerSettings(),
+    evaluator = None if test_data is None else make_evaluator(
+        model, *test_data, device=settings.eval_device, samples=settings.eval_samples,
+        batch_size=settings.eval_batch)
+    return ServerCore(flat.flat, proto, params, workers, settings,
                       num_params=flat.num_params, evaluator=evaluator, events=events,
                       seam=seam, fingerprint=model_fingerprint(model))

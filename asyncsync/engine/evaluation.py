@@ -25,13 +25,30 @@ class EvalPoint:
     loss: float
 
 
-def make_evaluator(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor) -> Evaluator:
-    """An evaluator owning a private copy of `model` that loads each vector it is given."""
-    holder = FlatModule(copy.deepcopy(model), torch.device("cpu"))
+def make_evaluator(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor,
+                   device: torch.device | str = "cpu", samples: int | None = None,
+                   batch_size: int = 1000) -> Evaluator:
+    """An evaluator owning a private copy of `model` on `device` that loads each vector it
+    is given and evaluates it in `eval()` mode, without gradients, `batch_size` samples at a
+    time.
+
+    The held-out split (its first `samples`, or all of it) is moved to `device` once, so an
+    evaluation on a GPU moves only the model's vector.
+
+    Raises:
+        ValueError: `samples` or `batch_size` below 1.
+    """
+    if samples is not None and samples < 1:
+        raise ValueError(f"samples must be >= 1 (or None for the whole split), got {samples}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    where = torch.device(device)
+    holder = FlatModule(copy.deepcopy(model), where)
+    inputs, targets = test_x[:samples].to(where), test_y[:samples].to(where)
 
     def run(vector: torch.Tensor) -> tuple[float, float]:
         with torch.no_grad():
             holder.flat.copy_(vector)
-        return evaluate(holder.module, test_x, test_y)
+        return evaluate(holder.module, inputs, targets, batch_size)
 
     return run

@@ -30,7 +30,7 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
 from asyncsync.training.data import BatchSampler, Dataset, load_dataset
 from asyncsync.training.models import build_model
-from asyncsync.training.trainer import BatchSource
+from asyncsync.training.trainer import BatchSource, resolve_device
 from asyncsync.transport.http_client import client_tls
 from asyncsync.transport.http_server import ParameterServer, server_tls
 from asyncsync.transport.tokens import worker_token
@@ -96,6 +96,8 @@ def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerS
     return ServerSettings(
         run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
         weight_decay=spec.optim.weight_decay, eval_interval_s=spec.eval.interval_s,
+        eval_device=str(resolve_device(spec.device)), eval_samples=spec.eval.samples,
+        eval_batch=spec.eval.batch_size,
         time_s=spec.stop.time_s, target_accuracy=spec.stop.target_accuracy,
         stop_at_target=spec.stop.stop_at_target, patience_s=spec.stop.patience_s,
         worker_timeout_s=spec.fault.worker_timeout_s,

@@ -3,7 +3,8 @@
 
 The protocol code, the engine, the compute profiles and the link model are the same as in
 real mode; only the clock and the two compute seams differ. Each local step runs its real
-torch math inline and is charged its step time x slowdown in virtual seconds; each message
+torch math inline, on the run's device (``device``: workers' math and the evaluation of the
+global model), and is charged its step time x slowdown in virtual seconds; each message
 pays latency and bytes / bandwidth in virtual seconds. Workers are built by
 `asyncsync.study.assembly.assemble_worker`, as in real mode. A step's time comes from the recipe
 alone, never from this host: the FLOPs of one step of the run's model over the worker's
@@ -189,7 +190,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
 
     shared = JsonlLog(run_dir / WORKERS_LOG) if spec.workers > SHARED_LOG_ABOVE else None
     workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
-                               timed(rank), None if shared else run_dir, "cpu")
+                               timed(rank), None if shared else run_dir, spec.device)
                for rank in range(spec.workers)]
     if shared is not None:
         for worker in workers:

@@ -216,6 +216,11 @@ class NetworkSpec:
 class EvalSpec:
     interval_s: float = option(2.0, _positive, "must be > 0",
                                "seconds between evaluations of the global model")
+    samples: int | None = option(
+        None, lambda v: v is None or v > 0, "must be > 0",
+        "evaluate on the first this many test samples (default: the whole split); the "
+        "global model is evaluated on the run's device")
+    batch_size: int = option(1000, _positive, "must be > 0", "samples per evaluation batch")
 
 
 @dataclass(frozen=True)
