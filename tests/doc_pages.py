@@ -12,7 +12,8 @@ page):
 
 An unmarked ``python`` block is run as a script, an unmarked ``toml`` block is parsed (and
 loaded as a recipe when it has runs), an unmarked shell block is checked as a skipped one
-is, and blocks marked ``text`` (or with no language) are output, not run.
+is, and blocks in ``text`` (or no language), ``json``, ``csv`` and the like are output or
+data, not run.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHELLS = frozenset({"bash", "sh", "shell", "console"})
-OUTPUT = frozenset({"", "text", "output"})
+OUTPUT = frozenset({"", "text", "output", "json", "jsonl", "csv", "yaml", "ini", "log", "diff"})
+"""Languages of blocks that show output or data, not something to run."""
+_ALIASES = {"py": "python", "python3": "python", "shell-session": "console", "zsh": "sh"}
 _FENCE = re.compile(r"^(?P<indent> {0,4})(?P<fence>`{3,})(?P<lang>[\w+-]*)\s*$")
 _MARK = re.compile(r"^\s*<!--\s*(?P<body>.*?)\s*-->\s*$")
 
@@ -71,7 +74,8 @@ def blocks(page: Path) -> list[Block]:
         code = "\n".join(line.removeprefix(indent) for line in lines[index + 1:end])
         before = next((lines[i] for i in range(index - 1, -1, -1) if lines[i].strip()), "")
         mark = _MARK.match(before)
-        found.append(Block(page, index + 1, start["lang"].lower(), code + "\n",
+        lang = start["lang"].lower()
+        found.append(Block(page, index + 1, _ALIASES.get(lang, lang), code + "\n",
                            mark["body"] if mark else ""))
         index = end + 1
     return found

@@ -35,11 +35,14 @@ SCRIPTS = [b for b in BLOCKS if b.lang == "python" and not b.mark]
 TOML = [b for b in BLOCKS if b.lang == "toml" and not b.mark.startswith("test: skip")]
 
 
-def commands(code: str) -> list[str]:
-    """A shell block's commands: continuation lines joined, comments and blanks dropped."""
+def commands(code: str, lang: str = "bash") -> list[str]:
+    """A shell block's commands: continuation lines joined, comments and blanks dropped; in
+    a ``console`` block only the lines after a ``$`` prompt (the rest is output)."""
     joined = re.sub(r"\\\n\s*", " ", code)
-    return [line for line in joined.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    lines = joined.splitlines()
+    if lang == "console":
+        lines = [line.split("$ ", 1)[1] for line in lines if line.lstrip().startswith("$ ")]
+    return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
 def asyncsync_args(command: str) -> list[str] | None:
@@ -80,7 +83,7 @@ def test_shell_commands_parse_and_name_files_that_exist(block: Block) -> None:
     """Every `asyncsync` line parses with the CLI's own parser; a recipe or script a line
     names is in the repository."""
     parser = _parser()
-    for command in commands(block.code):
+    for command in commands(block.code, block.lang):
         for word in shlex.split(command, comments=True):
             if re.fullmatch(r"(recipes|bench)/[\w./-]+\.(toml|py)", word):
                 assert (ROOT / word).is_file(), f"{block.where}: {word} does not exist"
@@ -102,7 +105,7 @@ def test_run_blocks_run_as_written(block: Block, tmp_path: Path) -> None:
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
     env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(ROOT)}
     ran = []
-    for command in commands(block.code):
+    for command in commands(block.code, block.lang):
         args = asyncsync_args(command)
         if args is None:
             argv = ["bash", "-euo", "pipefail", "-c", command]
