@@ -8,8 +8,8 @@ family that names an unknown protocol, stops the build.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,46 +54,39 @@ def _module_of(protocol: Any) -> Any:
     return (own or holders)[0]
 
 
-def _toml(value: Any) -> str:
-    """A default as a recipe writes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return "(unset)" if value is None else str(value)
-
-
 def _cell(text: str) -> str:
     """Text safe inside a Markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _parameters(params: type[Any]) -> list[str]:
-    """A table of the parameter dataclass's fields: its own first, then inherited ones."""
-    def depth(name: str) -> int:
-        return next(i for i, base in enumerate(params.__mro__)
-                    if name in vars(base).get("__annotations__", {}))
+def _markdown(docstring: str) -> str:
+    """A module docstring as Markdown: an indented line of ``code`` spans (a displayed
+    formula) becomes a paragraph of inline code instead of a code block showing the
+    backticks."""
+    return re.sub(r"^ {4,}(``)", r"\1", docstring, flags=re.M)
 
-    fields = sorted(dataclasses.fields(params), key=lambda f: depth(f.name))
-    if not fields:
+
+def _parameters(params: type[Any]) -> list[str]:
+    """A table of the parameter class's fields, its own first, as `asyncsync protocols`
+    prints them (the same helpers)."""
+    from asyncsync.study.describe import _own_first, _toml
+
+    rows = _own_first(params)
+    if not rows:
         return ["No parameters."]
-    rows = ["| parameter | default | meaning |", "|---|---|---|"]
-    for field in fields:
-        default = (field.default if field.default is not dataclasses.MISSING
-                   else field.default_factory() if field.default_factory
-                   is not dataclasses.MISSING else None)
-        rows.append(f"| `{field.name}` | `{_toml(default)}` | "
-                    f"{_cell(field.metadata.get('help', ''))} |")
-    return rows
+    table = ["| parameter | default | meaning |", "|---|---|---|"]
+    for name, default, text in rows:
+        shown = "(unset)" if default is None else _toml(default)
+        table.append(f"| `{name}` | `{shown}` | {_cell(text)} |")
+    return table
 
 
 def _section(protocol: Any, described: dict[str, str]) -> list[str]:
     """One protocol's section: summary, how a recipe names it, the rule, the parameters."""
     module = _module_of(protocol)
     path = Path(inspect.getfile(module)).relative_to(ROOT).as_posix()
-    lines = [f"## `{protocol.name}`", "", f"*{protocol.summary}.*", "",
+    summary = protocol.summary.replace("*", "\\*")  # a product, not emphasis
+    lines = [f"## `{protocol.name}`", "", f"*{summary}.*", "",
              f'In a recipe: `protocol = "{protocol.name}"`, or a table such as '
              f'`protocol = {{ name = "{protocol.name}", ... }}` with the parameters below. '
              f"Source: `{path}`.", "", "### Rule", ""]
@@ -102,7 +95,7 @@ def _section(protocol: Any, described: dict[str, str]) -> list[str]:
         lines.append(f"The same module as [`{first}`](#{first}): its rule is stated there.")
     else:
         described[module.__name__] = protocol.name
-        lines.append(inspect.cleandoc(module.__doc__ or "(no module docstring)"))
+        lines.append(_markdown(inspect.cleandoc(module.__doc__ or "(no module docstring)")))
     lines += ["", "### Parameters", "", *_parameters(protocol.params), ""]
     return lines
 
