@@ -2,7 +2,7 @@
 
 A parameter server and N workers, each an asyncio event loop, exchange msgpack-framed
 tensors over HTTP (aiohttp) and train PyTorch models; computation runs in a thread so
-transfers overlap it. See README.md for the quick start and the embedding example.
+transfers overlap it. See docs/getting-started.md and docs/embedding.md.
 
 The names below are imported when first used, so ``import asyncsync.protocols.base`` (a
 protocol module) does not load the transports, the runner or the dashboard.

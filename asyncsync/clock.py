@@ -8,7 +8,7 @@ dashboard, report, CLI) may read the wall clock.
 `VirtualTimeLoop` is that virtual-time loop: asyncio's own selector loop with a selector
 that jumps time to the next timer instead of sleeping (chosen over `looptime`, which
 sleeps in real time while an executor future is pending and waits ~42 idle cycles
-before each jump; see the README's "Virtual time").
+before each jump; see docs/virtual-time.md).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.doc_pages import named_block
+
 ROOT = Path(__file__).parent.parent
 SUMMARY_FIELDS = {
     "run", "protocol", "workers", "wall_s", "time_to_target_s", "best_accuracy",
@@ -75,10 +77,8 @@ def test_protocols_lists_registered_protocols() -> None:
     assert "bsp:" in done.stdout and "asp:" in done.stdout
 
 
-def test_embedding_example_from_readme_runs(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("<!-- embedding-example -->")[1].split("<!-- /embedding-example -->")[0]
-    code = block.strip().removeprefix("```python").removesuffix("```")
+def test_embedding_example_from_the_docs_runs(tmp_path: Path) -> None:
+    code = named_block("embedding-example")
     script = tmp_path / "example.py"
     script.write_text(code)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,

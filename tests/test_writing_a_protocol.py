@@ -1,4 +1,4 @@
-"""The README's "Writing a protocol" example, run from the README text itself."""
+"""The "Writing a protocol" page's example, run from the page's text itself."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import sys
 import types
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,16 +16,10 @@ from asyncsync.engine.worker import Worker
 from asyncsync.protocols.base import PROTOCOLS, Protocol, Push
 from asyncsync.protocols.testing import FakeStore
 from asyncsync.transport.local import LocalTransport
+from tests.doc_pages import named_block
 from tests.helpers import batches_of, tiny_data, tiny_model
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def readme_block(name: str) -> str:
-    """The Python code between ``<!-- name -->`` and ``<!-- /name -->`` in the README."""
-    text = README.read_text(encoding="utf-8")
-    code = text.split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0]
-    return code.strip().removeprefix("```python").removesuffix("```")
+PAGE = "docs/writing-a-protocol.md"
 
 
 @pytest.fixture
@@ -35,16 +28,15 @@ def example() -> Iterator[types.ModuleType]:
     module = types.ModuleType("mix_every_k")
     sys.modules["mix_every_k"] = module
     try:
-        exec(compile(readme_block("protocol-example"), str(README), "exec"), module.__dict__)
+        exec(compile(named_block("protocol-example"), PAGE, "exec"), module.__dict__)
         yield module
     finally:
         PROTOCOLS.pop("mix_every_k", None)
         del sys.modules["mix_every_k"]
 
 
-async def test_the_readme_test_of_the_example_passes(example: types.ModuleType) -> None:
-    exec(compile(readme_block("protocol-test-example"), str(README), "exec"),
-         example.__dict__)
+async def test_the_pages_test_of_the_example_passes(example: types.ModuleType) -> None:
+    exec(compile(named_block("protocol-test-example"), PAGE, "exec"), example.__dict__)
     await example.test_mix()
 
 

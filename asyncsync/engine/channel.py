@@ -52,7 +52,7 @@ class Transport(Protocol):
 CHANNELS = ("stream", "http")
 """How a worker's requests travel to a server over HTTP: as frames on an upgraded
 connection (``stream``, the default: measured faster than a POST each from 4 kB to 47 MB,
-README "Benchmarks"), or as one POST each (``http``)."""
+docs/benchmarks.md), or as one POST each (``http``)."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Recipes: TOML files composing protocol x model x data x heterogeneity into runs.
 
-Shape (the README's "Running recipes" section lists every key)::
+Shape (docs/recipes.md lists every key)::
 
     name = "quickstart"      # optional; defaults to the file's stem
     baseline = "bsp"         # run that speedups are measured against (default: first run)

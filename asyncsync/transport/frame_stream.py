@@ -12,7 +12,7 @@ sends its requests on that connection one after another::
 
 Why: an HTTP request costs aiohttp about 0.4 ms of Python on each end whatever its size
 (the request and response objects, routing, the middlewares, the head); on the stream
-the head is parsed once per connection (README "Benchmarks", floor).
+the head is parsed once per connection (docs/benchmarks.md, floor).
 
 What stays as over HTTP: the upgrade passes the connection gate and the token check like
 any request (a worker token's stream may not call the run token's ops), every frame is

@@ -150,7 +150,9 @@ class ParameterServer:
     a warning.
 
     Args:
-        model, protocol, workers: the initial global model, the protocol, the run's size.
+        model: the initial global model.
+        protocol: a registered name or a `Protocol`.
+        workers: the run's size (workers expected to join).
         settings: the server's typed settings (optimizer, budget, evaluation, faults).
         protocol_params: the protocol's parameters (default: its defaults).
         test_data: ``(inputs, targets)`` to evaluate the global model on.
