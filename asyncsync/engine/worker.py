@@ -28,6 +28,7 @@ from asyncsync.engine.compute import (
     enter_loop,
     leave_loop,
 )
+from asyncsync.engine.work import LocalWork
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link
 from asyncsync.protocols.base import (
@@ -81,16 +82,12 @@ class WorkerContext:
     # ---- computation -------------------------------------------------------------------
     async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
                        ) -> tuple[StepResult, torch.Tensor]:
-        trainer = self._trainer
-
-        def work() -> tuple[Computed, torch.Tensor]:
-            result = trainer.gradient(batch_size or self.batch_size)
-            return result, trainer.gradient_copy() if copy else trainer.gradient_vector()
-
+        size = batch_size or self.batch_size
         self._check_budget()
         start = self._metrics.now()
-        charged = await self._seam.step(work, batch=batch_size or self.batch_size)
+        charged = await self._seam.step(LocalWork(self._trainer, size, copy=copy), batch=size)
         computed, grad = charged.result
+        assert grad is not None  # a gradient's work hands back its vector
         return self._account(start, [charged], [computed]), grad
 
     async def steps(self, count: int = 1, batch_size: int | None = None,
@@ -100,13 +97,14 @@ class WorkerContext:
             raise ValueError(f"steps: count must be >= 1, got {count}")
         center, rho = proximal if proximal is not None else (None, 0.0)
         size = batch_size or self.batch_size
+        work = LocalWork(self._trainer, size, local=True, center=center, rho=rho,
+                         correction=correction)
         self._check_budget()
         start = self._metrics.now()
         charges: list[Charged] = []
         for _ in range(count):
-            charges.append(await self._seam.step(self._trainer.local_step, size, center, rho,
-                                                 correction, batch=size))
-        return self._account(start, charges, [c.result for c in charges])
+            charges.append(await self._seam.step(work, batch=size))
+        return self._account(start, charges, [c.result[0] for c in charges])
 
     def _account(self, start: float, charges: list[Charged],
                  results: list[Computed]) -> StepResult:
