@@ -36,7 +36,7 @@ class Filed:
     """A step filed with a cohort: its work, its batch (drawn when it began) and, once
     computed, its result."""
 
-    __slots__ = ("work", "batch", "result")
+    __slots__ = ("batch", "result", "work")
 
     def __init__(self, work: LocalWork) -> None:
         self.work = work

@@ -57,9 +57,8 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
     if asked == "auto" and device.type != "cuda":
         return WorkerMath(ONE_BY_ONE, f"auto: a batched call does not pay on {device.type}",
                           "cpu")
-    if spec.model.name == TIMING_MODEL:
-        reason = "the timing model computes its gradient in closed form"
-    else:
+    reason: str | None = "the timing model computes its gradient in closed form"
+    if spec.model.name != TIMING_MODEL:
         reason = _probe(model(), batches, device)
     if reason is not None:
         LOG.warning("compute.batched = %r: the workers' steps run one by one: %s", asked,
