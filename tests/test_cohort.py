@@ -9,6 +9,7 @@ versions, bytes, staleness) is equal to the bit: the timing never reads the math
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -18,8 +19,11 @@ from typing import Any
 import pytest
 import torch
 
-from asyncsync.engine.cohort import Cohort
+from asyncsync.clock import VirtualTimeLoop, sleep
+from asyncsync.engine.cohort import Cohort, CohortWorkerSeam
+from asyncsync.engine.compute import VirtualWorkerSeam, WorkerSeam
 from asyncsync.engine.work import LocalWork
+from asyncsync.hetero.compute import FixedStepCost, StaticSlowdown
 from asyncsync.schema import ConfigError
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import simulate
@@ -256,3 +260,36 @@ def test_a_bad_batched_value_is_refused_with_its_key(tmp_path: Path) -> None:
                                    '[defaults.compute]\nbatched = "sometimes"\n[defaults.eval]'))
     with pytest.raises(ConfigError, match="batched"):
         load_recipe(path).run("bsp")
+
+
+def test_a_step_computes_on_the_state_its_worker_had_when_it_began() -> None:
+    """What touches a worker mid-step (a snapshot, an adopted model) comes after the step,
+    as on the one-by-one seam, which computes at the step's start."""
+    torch.manual_seed(0)
+    model = tiny_bn_cnn((1, 8, 8), 3)
+    cost = FixedStepCost(0.05, 8)
+
+    async def mid_step(seam: WorkerSeam, trainer: Trainer) -> list[torch.Tensor]:
+        seam.start()
+        step = asyncio.create_task(seam.step(LocalWork(trainer, 8, local=True), batch=8))
+        await sleep(0.01)
+        during = await seam.math(trainer.vector_copy)
+        seam.defer(trainer.load, torch.zeros(trainer.numel))
+        await step
+        return [during, trainer.flat.clone()]
+
+    seen = []
+    for batched in (False, True):
+        trainer = _trainers(model, 1, 0.9)[0]
+        seam: WorkerSeam = (CohortWorkerSeam(StaticSlowdown(1.0), cost,
+                                             Cohort(BatchedModel(model, torch.device("cpu"))))
+                            if batched else VirtualWorkerSeam(StaticSlowdown(1.0), cost))
+        start = trainer.flat.clone()
+        loop = VirtualTimeLoop()
+        try:
+            seen.append(loop.run_until_complete(mid_step(seam, trainer)))
+        finally:
+            loop.close()
+        assert not torch.equal(seen[-1][0], start)  # the snapshot saw the step done
+        assert torch.equal(seen[-1][1], torch.zeros_like(start))  # the adoption came last
+    assert torch.allclose(seen[0][0], seen[1][0], rtol=0, atol=TOLERANCE)

@@ -16,7 +16,7 @@ import torch
 from asyncsync.training.trainer import Computed, Trainer
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(slots=True, eq=False)
 class LocalWork:
     """One gradient (``local=False``) or one local SGD step of `trainer` on `batch_size`
     samples.

@@ -77,6 +77,7 @@ class WorkerContext:
         self._session = ""  # the secret of this worker's session, from its join reply
         self._compressor = compressor  # encodes gradient and delta pushes (None: float32)
         self._requests = 0  # under way (a step may hold the event loop only when none is)
+        self._gradients: dict[tuple[int, bool], LocalWork] = {}  # by batch size and copy
         seam.watch(lambda: self._requests > 0)
 
     # ---- computation -------------------------------------------------------------------
@@ -85,7 +86,9 @@ class WorkerContext:
         size = batch_size or self.batch_size
         self._check_budget()
         start = self._metrics.now()
-        charged = await self._seam.step(LocalWork(self._trainer, size, copy=copy), batch=size)
+        work = self._gradients.get((size, copy)) or self._gradients.setdefault(
+            (size, copy), LocalWork(self._trainer, size, copy=copy))  # made once a size
+        charged = await self._seam.step(work, batch=size)
         computed, grad = charged.result
         assert grad is not None  # a gradient's work hands back its vector
         return self._account(start, [charged], [computed]), grad
@@ -220,7 +223,6 @@ class WorkerContext:
     def _check_budget(self) -> None:
         if self._max_steps is not None and self._metrics.stats.steps >= self._max_steps:
             raise RunStopped
-
 
 
 def model_numel(model: nn.Module) -> int:
