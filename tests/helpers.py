@@ -223,3 +223,22 @@ async def run_crash_and_rejoin(
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     assert not errors, errors
     return CrashRun(core, victim, lost_at, restarted_at)
+
+
+def tiny_bn_cnn(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """A recipe model (``tests.helpers:tiny_bn_cnn``) with BatchNorm: its running
+    statistics are buffers that every worker keeps and updates."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(input_shape[0], 4, 3, stride=2, padding=1), torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(),
+        torch.nn.Linear(64, num_classes))
+
+
+def dropout_mlp(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """A recipe model (``tests.helpers:dropout_mlp``) that a batched call cannot run:
+    dropout draws random numbers, which ``vmap`` refuses by default."""
+    features = 1
+    for size in input_shape:
+        features *= size
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.1),
+                               torch.nn.Linear(features, num_classes))

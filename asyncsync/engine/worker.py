@@ -28,6 +28,7 @@ from asyncsync.engine.compute import (
     enter_loop,
     leave_loop,
 )
+from asyncsync.engine.work import LocalWork
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link
 from asyncsync.protocols.base import (
@@ -76,21 +77,20 @@ class WorkerContext:
         self._session = ""  # the secret of this worker's session, from its join reply
         self._compressor = compressor  # encodes gradient and delta pushes (None: float32)
         self._requests = 0  # under way (a step may hold the event loop only when none is)
+        self._gradients: dict[tuple[int, bool], LocalWork] = {}  # by batch size and copy
         seam.watch(lambda: self._requests > 0)
 
     # ---- computation -------------------------------------------------------------------
     async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
                        ) -> tuple[StepResult, torch.Tensor]:
-        trainer = self._trainer
-
-        def work() -> tuple[Computed, torch.Tensor]:
-            result = trainer.gradient(batch_size or self.batch_size)
-            return result, trainer.gradient_copy() if copy else trainer.gradient_vector()
-
+        size = batch_size or self.batch_size
         self._check_budget()
         start = self._metrics.now()
-        charged = await self._seam.step(work, batch=batch_size or self.batch_size)
+        work = self._gradients.get((size, copy)) or self._gradients.setdefault(
+            (size, copy), LocalWork(self._trainer, size, copy=copy))  # made once a size
+        charged = await self._seam.step(work, batch=size)
         computed, grad = charged.result
+        assert grad is not None  # a gradient's work hands back its vector
         return self._account(start, [charged], [computed]), grad
 
     async def steps(self, count: int = 1, batch_size: int | None = None,
@@ -100,13 +100,14 @@ class WorkerContext:
             raise ValueError(f"steps: count must be >= 1, got {count}")
         center, rho = proximal if proximal is not None else (None, 0.0)
         size = batch_size or self.batch_size
+        work = LocalWork(self._trainer, size, local=True, center=center, rho=rho,
+                         correction=correction)
         self._check_budget()
         start = self._metrics.now()
         charges: list[Charged] = []
         for _ in range(count):
-            charges.append(await self._seam.step(self._trainer.local_step, size, center, rho,
-                                                 correction, batch=size))
-        return self._account(start, charges, [c.result for c in charges])
+            charges.append(await self._seam.step(work, batch=size))
+        return self._account(start, charges, [c.result[0] for c in charges])
 
     def _account(self, start: float, charges: list[Charged],
                  results: list[Computed]) -> StepResult:
@@ -222,7 +223,6 @@ class WorkerContext:
     def _check_budget(self) -> None:
         if self._max_steps is not None and self._metrics.stats.steps >= self._max_steps:
             raise RunStopped
-
 
 
 def model_numel(model: nn.Module) -> int:

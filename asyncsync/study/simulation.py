@@ -27,6 +27,7 @@ import torch
 
 from asyncsync.clock import VirtualTimeLoop, wall
 from asyncsync.engine.channel import Transport
+from asyncsync.engine.cohort import CohortWorkerSeam
 from asyncsync.engine.compute import Charged, InlineServerSeam, VirtualWorkerSeam, WorkerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
@@ -47,6 +48,7 @@ from asyncsync.study.assembly import (
     step_times,
 )
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
+from asyncsync.study.worker_math import choose_worker_math
 from asyncsync.training.models import TimingModel
 from asyncsync.training.trainer import BatchSource, Trainer
 from asyncsync.transport.gc_tuning import tune_gc, young_threshold
@@ -146,7 +148,7 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     began = wall()
     try:
         with young_threshold(YOUNG_PER_WORKER * spec.workers):
-            virtual_s = loop.run_until_complete(
+            virtual_s, math_facts = loop.run_until_complete(
                 _run(spec, run_dir, run_id, times, status, cost))
     finally:
         loop.close()
@@ -155,7 +157,8 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     return {"clock": "virtual", "base_step_s": fixed or None, **times.facts(),
             "real_s": round(real_s, 3), "setup_real_s": round(cost.setup_s, 3),
             "math_real_s": round(cost.math_s, 3), "eval_real_s": round(cost.eval_s, 3),
-            "virtual_per_real": round(virtual_s / real_s, 3) if real_s > 0 else None}
+            "virtual_per_real": round(virtual_s / real_s, 3) if real_s > 0 else None,
+            **math_facts}
 
 
 def run_step_times(spec: RunSpec, calibrated_s: float | None = None) -> StepTimes:
@@ -171,10 +174,11 @@ def run_step_times(spec: RunSpec, calibrated_s: float | None = None) -> StepTime
 
 
 async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
-               status: StatusSink | None, cost: RealCost) -> float:
+               status: StatusSink | None, cost: RealCost) -> tuple[float, dict[str, Any]]:
     building = wall()
     protocol = get_protocol(spec.protocol.name)
     parts = _timing_parts(spec) if spec.model.name == TIMING_MODEL else _training_parts(spec)
+    math = choose_worker_math(spec, parts.model, parts.batches)
     core = build_core(parts.model(), protocol, spec.workers,
                       server_settings(spec, run_id, None), protocol_params=spec.protocol.params,
                       test_data=parts.test_data, events=JsonlLog(run_dir / "events.jsonl"),
@@ -186,11 +190,14 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
                               spec.network.message_overhead_ms / 1000)
 
     def timed(rank: int) -> Callable[[ComputeProfile], WorkerSeam]:
+        if math.cohort is not None:
+            cohort = math.cohort
+            return lambda profile: CohortWorkerSeam(profile, times.costs[rank], cohort)
         return lambda profile: _TimedWorkerSeam(profile, times.costs[rank], cost)
 
     shared = JsonlLog(run_dir / WORKERS_LOG) if spec.workers > SHARED_LOG_ABOVE else None
     workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
-                               timed(rank), None if shared else run_dir, spec.device)
+                               timed(rank), None if shared else run_dir, math.device)
                for rank in range(spec.workers)]
     if shared is not None:
         for worker in workers:
@@ -210,7 +217,9 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
     try:
         await asyncio.gather(*(worker.run() for worker in workers))
         await core.stop()
-        return core.elapsed()
+        if math.cohort is not None:
+            cost.math_s += math.cohort.real_s
+        return core.elapsed(), math.facts()
     finally:
         await core.close()
         if shared is not None:

@@ -26,6 +26,7 @@ from asyncsync.training.data import DATASETS
 from asyncsync.wire.codecs import CODECS, Compressor
 
 TOKEN_ENV = "ASYNCSYNC_TOKEN"
+BATCHED_CHOICES = ("auto", "on", "off")
 TOPK_FRACTION = 0.01
 
 
@@ -127,6 +128,11 @@ class ComputeSpec:
                                       "seconds per step of the recipe's batch, instead of the "
                                       f"device (0 = off; \"{CALIBRATE}\": measured on this "
                                       "host, host-dependent)")
+    batched: str = option("auto", lambda v: v in BATCHED_CHOICES,
+                          f"must be one of {', '.join(BATCHED_CHOICES)}",
+                          "virtual clock: compute the workers' pending steps as one batched "
+                          "call (on), one by one (off), or batched on a CUDA device only "
+                          "(auto); see docs/gpu.md")
 
     def __post_init__(self) -> None:
         if self.profile:

@@ -1,0 +1,91 @@
+"""Which path computes a virtual run's local steps: batched over the workers (a `Cohort`)
+or one by one, as ``compute.batched`` asks and the model and device allow.
+
+``auto`` batches on a CUDA device and computes one by one on a CPU, where a batched call
+measured slower than the steps one after another (see docs/gpu.md and
+``bench/gpu_virtual.py``). ``on`` batches wherever the model can be batched; ``off`` never
+does. A run that asked for batching or runs on CUDA and falls back says so once in the
+log; summary.json records the path and why (`WorkerMath.facts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from asyncsync.engine.cohort import Cohort
+from asyncsync.study.specs import TIMING_MODEL, RunSpec
+from asyncsync.training.batched import BatchedModel, flat_vector, not_batchable
+from asyncsync.training.trainer import BatchSource, resolve_device
+
+LOG = logging.getLogger("asyncsync.simulation")
+BATCHED = "batched"
+ONE_BY_ONE = "one-by-one"
+PROBE_ROWS = 2
+PROBE_BATCH = 2
+
+
+@dataclass
+class WorkerMath:
+    """The chosen path: the workers' device (the run's, on either path), the cohort (None:
+    one by one) and why."""
+
+    path: str
+    reason: str
+    device: str
+    cohort: Cohort | None = None
+
+    def facts(self) -> dict[str, Any]:
+        """What summary.json records of it."""
+        facts: dict[str, Any] = {"worker_math": self.path, "worker_math_reason": self.reason}
+        if self.cohort is not None:
+            facts.update(worker_math_device=self.device, batched_calls=self.cohort.calls,
+                         batched_steps=self.cohort.steps)
+        return facts
+
+
+def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
+                       batches: Callable[[int], BatchSource]) -> WorkerMath:
+    """The path of `spec`'s virtual run (`model` and `batches` as the run builds them)."""
+    asked = spec.compute.batched
+    device = resolve_device(spec.device)
+    if asked == "off":
+        return WorkerMath(ONE_BY_ONE, 'compute.batched = "off"', str(device))
+    if asked == "auto" and device.type != "cuda":
+        return WorkerMath(ONE_BY_ONE, f"auto: a batched call does not pay on {device.type}",
+                          str(device))
+    reason: str | None = "the timing model computes its gradient in closed form"
+    if spec.model.name != TIMING_MODEL:
+        reason = _probe(model(), batches, device)
+    if reason is not None:
+        LOG.warning("compute.batched = %r: the workers' steps run one by one: %s", asked,
+                    reason)
+        return WorkerMath(ONE_BY_ONE, reason, str(device))
+    why = ("asked (compute.batched = \"on\")" if asked == "on"
+           else f"auto: {device.type} device")
+    LOG.info("the workers' steps run batched on %s (%s)", device, why)
+    return WorkerMath(BATCHED, why, str(device),
+                      Cohort(BatchedModel(model(), device)))
+
+
+def _probe(module: torch.nn.Module, batches: Callable[[int], BatchSource],
+           device: torch.device) -> str | None:
+    """Why `module` cannot be batched (None: a batched gradient of a few rows ran)."""
+    reason = not_batchable(module)
+    if reason is not None:
+        return reason
+    try:
+        batched = BatchedModel(module, device)
+        rows = flat_vector(batched.template).to(device).repeat(PROBE_ROWS, 1)
+        counters = {name: batched.template.get_buffer(name).unsqueeze(0)
+                    .repeat(PROBE_ROWS, *[1] * batched.template.get_buffer(name).dim())
+                    for name in batched.counters}
+        batch = batches(0)(PROBE_BATCH)  # a fresh sampler: the run's own draws are untouched
+        batched.gradients(rows, counters, [batch] * PROBE_ROWS)
+    except Exception as exc:  # any failure of vmap or functional_call means: one by one
+        return f"a batched gradient failed ({type(exc).__name__}: {str(exc)[:200]})"
+    return None

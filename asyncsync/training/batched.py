@@ -1,0 +1,201 @@
+"""Many workers' gradients of one model as one batched call (`torch.func` ``vmap``).
+
+Each row of a ``(workers, numel)`` tensor is one worker's flat vector, laid out as its
+`asyncsync.training.trainer.FlatModule` holds it: parameters, then floating buffers
+(BatchNorm statistics). `BatchedModel.gradients` runs every row's forward and backward at
+once, through ``torch.func.functional_call`` on one template module, ``grad_and_value``
+and ``vmap``: each row keeps its own parameters, buffers and batch. The running
+statistics a row's forward updates are written back into that row, as the module would.
+
+Rows whose batches differ in size share one call when the model mixes no samples
+(no BatchNorm, cross-entropy loss): short batches are padded and the padding is masked
+out of the loss. Otherwise each batch size gets its own call.
+
+`sgd_rows` is `FlatSGD`'s step over rows, element for element the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from asyncsync.training.trainer import LossFn
+
+ACTIVATION_BUDGET = 1 << 29
+"""Activation elements (layer outputs of a forward) one batched call may hold, about 2 GB
+in float32 (the backward keeps a few times that): a cohort larger than this is run in
+chunks. Fixed, not measured, so the chunks and hence the results do not depend on the
+host."""
+Tensors = dict[str, torch.Tensor]
+
+
+def not_batchable(module: nn.Module) -> str | None:
+    """Why `module`'s gradients cannot be batched (None: they can)."""
+    if not any(True for _ in module.parameters()):
+        return "the model has no parameters"
+    if any(not p.is_floating_point() for p in module.parameters()):
+        return "the model has non-floating-point parameters"
+    return None
+
+
+def flat_vector(module: nn.Module) -> torch.Tensor:
+    """`module`'s parameters then floating buffers in one new vector, as `FlatModule` lays
+    them out."""
+    parts = [p.detach().flatten() for p in module.parameters()]
+    parts += [buf.detach().flatten() for owner in module.modules()
+              for buf in owner.buffers(recurse=False)
+              if buf is not None and buf.is_floating_point()]
+    return torch.cat(parts)
+
+
+class BatchedModel:
+    """The batched gradient of `module`'s loss, rows laid out as its flat vector.
+
+    Args:
+        module: the model (copied; the copy is the template ``functional_call`` runs).
+        device: where the rows live and the math runs.
+        loss_fn: the loss of one batch (cross-entropy allows padded batches).
+    """
+
+    def __init__(self, module: nn.Module, device: torch.device,
+                 loss_fn: LossFn = F.cross_entropy) -> None:
+        reason = not_batchable(module)
+        if reason is not None:
+            raise ValueError(f"cannot batch this model: {reason}")
+        self.template = copy.deepcopy(module).to(device)
+        self.template.train()
+        self.device = device
+        self.loss_fn = loss_fn
+        self.params = [(name, p.shape, p.numel()) for name, p in
+                       self.template.named_parameters()]
+        self.num_params = sum(n for _, _, n in self.params)
+        self.buffers: list[tuple[str, torch.Size, int]] = []
+        self.counters: list[str] = []  # non-floating buffers (BatchNorm's batch counts)
+        for prefix, owner in self.template.named_modules():
+            for name, buf in owner.named_buffers(recurse=False):
+                if buf is None:
+                    continue
+                full = f"{prefix}.{name}" if prefix else name
+                if buf.is_floating_point():
+                    self.buffers.append((full, buf.shape, buf.numel()))
+                else:
+                    self.counters.append(full)
+        self.numel = self.num_params + sum(n for _, _, n in self.buffers)
+        self.mixes_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                 for m in self.template.modules())
+        self.pads = not self.mixes_samples and loss_fn is F.cross_entropy
+        self._per_sample: int | None = None
+        self._plain = vmap(grad_and_value(self._loss))
+        self._masked = vmap(grad_and_value(self._masked_loss))
+
+    def _loss(self, params: Tensors, buffers: Tensors, x: torch.Tensor,
+              y: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(functional_call(self.template, (params, buffers), (x,)), y)
+
+    def _masked_loss(self, params: Tensors, buffers: Tensors, x: torch.Tensor,
+                     y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        out = functional_call(self.template, (params, buffers), (x,))
+        return (F.cross_entropy(out, y, reduction="none") * weight).sum()
+
+    def rows_per_call(self, batch: int, sample_shape: Sequence[int]) -> int:
+        """How many rows of `batch` samples one call takes (`ACTIVATION_BUDGET`)."""
+        if self._per_sample is None:
+            self._per_sample = _activations_per_sample(self.template, tuple(sample_shape))
+        return max(1, ACTIVATION_BUDGET // max(1, self._per_sample * batch))
+
+    def gradients(self, rows: torch.Tensor, counters: Tensors,
+                  batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradient of each row's loss on its batch, and the losses.
+
+        `rows` (``(n, numel)``, on the device) get their buffer columns updated in place as
+        each row's forward updates them; `counters` (name to ``(n, ...)``) likewise.
+        Returns the gradients ``(n, num_params)`` and the losses ``(n,)``.
+        """
+        sizes = [len(y) for _, y in batches]
+        width = max(sizes)
+        n = len(batches)
+        params = self._split(rows, self.params, 0)
+        buffers = {name: t.clone() for name, t in
+                   self._split(rows, self.buffers, self.num_params).items()}
+        buffers.update(counters)
+        if all(size == width for size in sizes):
+            x = torch.stack([b[0] for b in batches]).to(self.device, non_blocking=True)
+            y = torch.stack([b[1] for b in batches]).to(self.device, non_blocking=True)
+            grads, losses = self._plain(params, buffers, x, y)
+        else:
+            if not self.pads:
+                raise ValueError("rows of unequal batches need a model that mixes no samples")
+            first = batches[0][0]
+            x = first.new_zeros((n, width, *first.shape[1:]))
+            y = torch.zeros((n, width), dtype=batches[0][1].dtype)
+            weight = torch.zeros((n, width))
+            for i, (bx, by) in enumerate(batches):
+                x[i, : len(by)] = bx
+                y[i, : len(by)] = by
+                weight[i, : len(by)] = 1.0 / len(by)
+            grads, losses = self._masked(params, buffers, x.to(self.device),
+                                         y.to(self.device), weight.to(self.device))
+        with torch.no_grad():
+            offset = self.num_params
+            for name, _, size in self.buffers:
+                rows[:, offset : offset + size].copy_(buffers[name].reshape(n, size))
+                offset += size
+            for name in self.counters:
+                counters[name].copy_(buffers[name])
+        flat = torch.cat([grads[name].reshape(n, -1) for name, _, _ in self.params], dim=1)
+        return flat, losses.detach()
+
+    @staticmethod
+    def _split(rows: torch.Tensor, layout: list[tuple[str, torch.Size, int]],
+               start: int) -> Tensors:
+        out: Tensors = {}
+        offset = start
+        for name, shape, size in layout:
+            out[name] = rows[:, offset : offset + size].reshape(len(rows), *shape)
+            offset += size
+        return out
+
+
+def sgd_rows(params: torch.Tensor, grads: torch.Tensor, momentum_rows: torch.Tensor | None,
+             lr: float, momentum: float, weight_decay: float,
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`FlatSGD.propose` over rows (no Nesterov): the steps and the new momentum rows.
+
+    A row without momentum state yet is a row of zeros in `momentum_rows`: ``0 * m + g``
+    is ``g`` to the bit, as the first step's ``g.clone()``.
+    """
+    g = grads + weight_decay * params if weight_decay else grads
+    buffer = None
+    if momentum:
+        buffer = g.clone() if momentum_rows is None else momentum_rows * momentum + g
+        g = buffer
+    return lr * g, buffer
+
+
+def _activations_per_sample(module: nn.Module, sample_shape: tuple[int, ...]) -> int:
+    """The elements of every leaf module's output in one sample's forward (a proxy of the
+    memory a batched call holds per sample); counted once, in eval mode, on a CPU copy."""
+    probe = copy.deepcopy(module).to("cpu").eval()
+    total = 0
+
+    def count(_: nn.Module, __: Any, out: Any) -> None:
+        nonlocal total
+        if isinstance(out, torch.Tensor):
+            total += out.numel()
+
+    hooks: list[Callable[[], None]] = []
+    for sub in probe.modules():
+        if not list(sub.children()):
+            hooks.append(sub.register_forward_hook(count).remove)
+    with torch.no_grad():
+        probe(torch.zeros((1, *sample_shape)))
+    for remove in hooks:
+        remove()
+    return max(1, total)
