@@ -251,10 +251,10 @@ class PointRecorder:
     def start(self, run: RunInfo) -> None:
         """Nothing to keep."""
 
-    def log(self, point: Point, wall: float) -> None:
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
         self.points.append(point)
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         self.summary = summary
 
     def close(self) -> None:

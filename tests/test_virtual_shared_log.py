@@ -51,11 +51,11 @@ class Points:
     def start(self, run: RunInfo) -> None:
         del run
 
-    def log(self, point: Point, wall: float) -> None:
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
         self.points.append(point)
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
-        del summary, step
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
+        del run, summary, step
 
     def close(self) -> None:
         """Nothing to release."""
