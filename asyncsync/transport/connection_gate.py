@@ -83,6 +83,8 @@ class ConnectionLimits:
         max_connections: connections open at once; lowered to the process's file
             descriptor limit less `descriptor_reserve`.
         max_per_peer: connections open at once from one peer address.
+        min_body_bytes_per_s: the slowest a request body may arrive, after a grace of
+            `header_timeout_s` (`answers.BodyPace`; slower: 408).
 
     Over TLS a connection counts once its handshake is done; until then only the
     handshake's time is bounded (by `header_timeout_s`).
@@ -92,9 +94,11 @@ class ConnectionLimits:
     keepalive_s: float = 75.0
     max_connections: int = 1024
     max_per_peer: int = 128
+    min_body_bytes_per_s: float = 1000.0
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer"):
+        for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer",
+                     "min_body_bytes_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
