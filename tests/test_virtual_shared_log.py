@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from asyncsync.results.plots import plot_timeline
 from asyncsync.results.report import summarize_run
+from asyncsync.results.timeline import plot_timeline
 from asyncsync.runlog.reading import read_jsonl, worker_logs
 from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind
 from asyncsync.study import simulation
