@@ -17,15 +17,25 @@ worker count of the same protocol (issue 23: within 1.5x from 100 to 10,000 work
 and peak memory over the baseline, in all and per worker. ``--runs bsp asp ssp`` adds
 ssp (staleness 3), whose slowest live clock is kept incrementally.
 
-Run: ``.venv/bin/python bench/virtual_scale.py [--timing-workers 100 1000 10000]``.
+``--cli`` also runs each configuration as a user does, ``asyncsync run RECIPE --only RUN``
+(default ``--jobs``, plain output, its table, CSV and plots), and prints its wall and CPU
+seconds (the command's processes together) against the engine's: the child above, from
+its start (imports included) to the end of `simulate`, and their ratio (issue 45: at most
+1.15x at 10,000 timing workers).
+
+Run: ``.venv/bin/python bench/virtual_scale.py [--timing-workers 100 1000 10000] [--cli]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import resource
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +79,9 @@ def recipe(workers: int, timing: bool, virtual_s: float) -> str:
 
 
 def child(text: str, run: str, out: Any) -> None:
-    """Simulate one run of `text` (or nothing, for ``run == ""``); report facts and peak RSS."""
+    """Simulate one run of `text` (or nothing, for ``run == ""``); report facts and peak RSS,
+    and the wall and CPU seconds from this function's start to the end of the simulation."""
+    began = time.perf_counter()
     from asyncsync.runlog.reading import iter_jsonl, worker_records
     from asyncsync.runlog.schema import KEY, TRANSFERS, Kind
     from asyncsync.study.recipe import load_recipe
@@ -84,6 +96,8 @@ def child(text: str, run: str, out: Any) -> None:
             run_dir = Path(tmp) / run
             run_dir.mkdir()
             facts = simulate(spec, run_dir, "bench")
+            facts["engine_wall_s"] = time.perf_counter() - began
+            facts["engine_cpu_s"] = cpu_s(resource.RUSAGE_SELF)
             # The simulation's peak, before this function reads the logs (millions of
             # records at 10,000 workers: reading them all at once was most of the peak).
             facts["peak_mb"] = peak_mb()
@@ -96,6 +110,25 @@ def child(text: str, run: str, out: Any) -> None:
     else:
         facts["peak_mb"] = peak_mb()
     out.put(facts)
+
+
+def cpu_s(who: int) -> float:
+    """User and system CPU seconds of this process (or of its waited-for children)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_cli(text: str, run: str) -> tuple[float, float]:
+    """Wall and CPU seconds of ``asyncsync run`` on `text`, only `run`, as a user runs it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.toml"
+        path.write_text(text)
+        cpu_before = cpu_s(resource.RUSAGE_CHILDREN)
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "asyncsync", "run", str(path), "--only", run,
+                        "--plain", "--logs", str(Path(tmp) / "logs")], check=True,
+                       stdout=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "100"})
+        return time.perf_counter() - began, cpu_s(resource.RUSAGE_CHILDREN) - cpu_before
 
 
 def peak_mb() -> float:
@@ -122,6 +155,8 @@ def main() -> None:
     parser.add_argument("--runs", nargs="*", default=["bsp", "asp"],
                         choices=["bsp", "asp", "ssp"])
     parser.add_argument("--skip-mlp", action="store_true")
+    parser.add_argument("--cli", action="store_true",
+                        help="also time asyncsync run on each configuration (see above)")
     args = parser.parse_args()
     base = measure("", "")["peak_mb"]
     print(f"baseline: a child that imports and simulates nothing peaks at {base:.0f} MB")
@@ -144,6 +179,13 @@ def main() -> None:
                   f"{per_exchange:.0f} us per exchange ({per_exchange / first:.2f}x the "
                   f"smallest run's), peak {f['peak_mb']:.0f} MB (+{extra:.0f} over baseline, "
                   f"{extra * 1024 / workers:.0f} kB per worker)", flush=True)
+            if args.cli:
+                wall_s, cpu = run_cli(recipe(workers, timing, virtual_s), run)
+                print(f"{workers:>6} workers {run}: asyncsync run {wall_s:.1f} s wall, "
+                      f"{cpu:.1f} s CPU; the engine {f['engine_wall_s']:.1f} s wall, "
+                      f"{f['engine_cpu_s']:.1f} s CPU; asyncsync run / engine: "
+                      f"{wall_s / f['engine_wall_s']:.2f}x wall, "
+                      f"{cpu / f['engine_cpu_s']:.2f}x CPU", flush=True)
 
 
 if __name__ == "__main__":

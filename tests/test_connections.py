@@ -84,7 +84,8 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[ParameterServe
 
 
 def test_limits_must_be_positive() -> None:
-    for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer"):
+    for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer",
+                 "min_body_bytes_per_s"):
         with pytest.raises(ValueError, match=name):
             ConnectionLimits(**{name: 0})
 
@@ -102,7 +103,8 @@ async def test_a_stalled_request_head_is_cut_after_the_header_timeout(
         writer.close()
 
 
-@pytest.mark.parametrize("server", [ConnectionLimits(header_timeout_s=0.3)], indirect=True)
+@pytest.mark.parametrize("server", [ConnectionLimits(header_timeout_s=0.3,
+                                                     min_body_bytes_per_s=1)], indirect=True)
 async def test_a_request_in_progress_is_not_cut_by_the_header_timeout(
     server: ParameterServer,
 ) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from asyncsync.hetero.network import LinkSpec
-from asyncsync.study.dashboard import Dashboard, link_label
+from asyncsync.study.dashboard import Dashboard, condensed, link_label
 from asyncsync.study.recipe import load_recipe
 
 RECIPES = Path(__file__).parent.parent / "recipes"
@@ -70,15 +71,23 @@ def test_hundreds_of_workers_are_summarised_by_state() -> None:
     console = Console(width=80, record=True, color_system=None)
     console.print(Dashboard(recipe, live=False, console=console).render(
         recipe.runs[0], 0, many))
-    rows = [line.split() for line in console.export_text().splitlines()]
+    text = console.export_text()
+    rows = [line.split() for line in text.splitlines()]
     computing = next(row for row in rows if "computing" in row)
     waiting = next(row for row in rows if "waiting" in row)
     # ranks 0, 3, 6, ... compute (100 of them), the other 200 wait; slowdowns span 1-4x
     assert computing[:2] == ["100x", "1.0-4.0x"] and waiting[:2] == ["200x", "1.0-4.0x"]
     assert computing[-1] == "100" and waiting[-1] == "200"  # overruns summed
-    assert len(console.export_text().splitlines()) < 12
+    assert len(text.splitlines()) < 12
     line = Dashboard.plain_line(recipe.runs[0], many)
     assert line.endswith("computing:100 waiting:200")
+    # what a child sends its supervisor: the rows by state, which show the same
+    sent = json.loads(json.dumps(condensed(many)))
+    assert len(json.dumps(sent)) < len(json.dumps(many)) / 20
+    assert Dashboard.plain_line(recipe.runs[0], sent) == line
+    again = Console(width=80, record=True, color_system=None)
+    again.print(Dashboard(recipe, live=False, console=again).render(recipe.runs[0], 0, sent))
+    assert again.export_text() == text
 
 
 def test_the_panel_shows_the_runs_last_evaluation_when_it_ends() -> None:

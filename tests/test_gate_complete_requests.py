@@ -4,12 +4,15 @@ resends a request the server dropped unanswered when resending it is safe."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
+from asyncsync.transport import connection_gate
 from asyncsync.transport.connection_gate import BUSY_REPLY, ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import REPLY, REQUEST
 from asyncsync.transport.http_client import HttpTransport
@@ -36,6 +39,9 @@ class FakeTransport(asyncio.Transport):
 
     def close(self) -> None:
         self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return False  # closed at once when refused, not read to its end
 
 
 class Handler(asyncio.Protocol):
@@ -73,6 +79,22 @@ async def test_a_half_sent_head_is_still_evicted() -> None:
     connection.data_received(b"POST /v1/status HTTP/1.1\r\nHost: x\r\n")
     protocol().connection_made(second)
     assert first.closed and gate.evicted == 1 and not second.closed
+
+
+async def test_a_connection_just_opened_is_not_evicted_but_a_silent_one_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that has sent nothing yet may hold a request not read yet: the next
+    one is refused (503); once it has been silent for the grace, it makes room."""
+    monkeypatch.setattr(connection_gate, "SILENT_GRACE_S", 0.05, raising=False)
+    gate = ConnectionGate(ConnectionLimits(max_connections=1))
+    first, second, third = (FakeTransport(f"10.0.0.{n}") for n in (1, 2, 3))
+    protocol = gate.protocol_factory(Handler)
+    protocol().connection_made(first)
+    protocol().connection_made(second)
+    assert not first.closed and second.closed and second.written == BUSY_REPLY
+    await asyncio.sleep(0.1)  # past the grace, far from the header timeout
+    protocol().connection_made(third)
+    assert first.closed and gate.evicted == 1 and not third.closed
 
 
 STATUS_BODY = encode_header({"workers": 1}, None)
@@ -143,3 +165,50 @@ async def check_resent_only_when_safe(
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+TOKEN = "burst-token"
+
+
+def status_request(token: str | None) -> bytes:
+    body = encode_header({}, None)
+    auth = b"" if token is None else f"Authorization: Bearer {token}\r\n".encode()
+    return (b"POST /v1/status HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: "
+            + CONTENT_TYPE.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+            + b"\r\n\r\n" + body)
+
+
+def answers_to(port: int, requests: list[bytes]) -> list[bytes]:
+    """The status line and headers of the answer to each request, each sent whole on a
+    connection of its own, all connected and sent before any answer is read (b"": the
+    connection closed unanswered)."""
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=WITHIN_S)
+               for _ in requests]
+    for sock, request in zip(sockets, requests, strict=True):
+        sock.sendall(request)
+    answers = []
+    for sock in sockets:
+        answer = b""
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in answer and (chunk := sock.recv(4096)):
+                answer += chunk
+        answers.append(answer)
+        sock.close()
+    return answers
+
+
+async def test_a_burst_over_the_per_address_cap_answers_every_complete_request() -> None:
+    """150 complete status requests at once from one address (cap 128), one of them
+    without the token: each gets its answer (200, 401) or 503 with Retry-After; none is
+    closed unanswered."""
+    from asyncsync.transport.http_server import ParameterServer
+    from tests.helpers import tiny_model
+
+    async with ParameterServer(tiny_model(), "asp", 1, token=TOKEN) as server:
+        requests = [status_request(TOKEN)] * 149 + [status_request(None)]
+        answers = await asyncio.to_thread(answers_to, server.port, requests)
+    status = [a.split(b" ", 2)[1] if a else b"unanswered" for a in answers]
+    assert status.count(b"unanswered") == 0, status
+    assert status[-1] in (b"401", b"503")
+    assert set(status[:-1]) <= {b"200", b"503"} and status.count(b"200") >= 100
+    assert all(b"\r\nRetry-After: " in a for a in answers if a.split(b" ", 2)[1] == b"503")

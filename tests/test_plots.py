@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from asyncsync.results import plots
+from asyncsync.results import plots, timeline
 from asyncsync.results.comparison import interval
 from asyncsync.results.report import comparison_table
 from asyncsync.runlog.schema import KEY, Kind
@@ -150,8 +150,8 @@ def test_a_timeline_of_many_workers_draws_32_from_the_least_to_the_most_busy() -
         return {rank: {KEY: Kind.FINAL, "compute_s": rank / 100, "wall_s": 1.0, "steps": 1}
                 for rank in range(count)}
 
-    ranks = plots.timeline_ranks(range(100), finals(100))
+    ranks = timeline.timeline_ranks(range(100), finals(100))
     assert len(ranks) == 32 and ranks[0] == 0 and ranks[-1] == 99
     gaps = {b - a for a, b in itertools.pairwise(ranks)}
     assert gaps <= {3, 4}  # evenly spread: 99 / 31 = 3.2 ranks apart
-    assert plots.timeline_ranks(range(32), finals(32)) == list(range(32))
+    assert timeline.timeline_ranks(range(32), finals(32)) == list(range(32))

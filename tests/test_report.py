@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from asyncsync.results import plots
+from asyncsync.results import plots, pyplot, timeline
 from asyncsync.results.report import publish, summarize_run
 from asyncsync.results.studies import find_reports
 from asyncsync.runlog.reading import read_jsonl
@@ -92,7 +92,7 @@ def test_report_across_recipes_writes_csv_and_plots(tmp_path: Path) -> None:
 
 def test_report_without_matplotlib_prints_the_table_and_a_hint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plots, "matplotlib_available", lambda: False)
+    monkeypatch.setattr(pyplot, "matplotlib_available", lambda: False)
     run_dir = fake_run(tmp_path, "r", "only", "bsp", [0.2, 0.6])
     console = Console(record=True, width=200)
     files = publish([run_dir], [summarize_run(run_dir)], "only", tmp_path / "out", console)
@@ -251,10 +251,10 @@ class PointRecorder:
     def start(self, run: RunInfo) -> None:
         """Nothing to keep."""
 
-    def log(self, point: Point, wall: float) -> None:
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
         self.points.append(point)
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         self.summary = summary
 
     def close(self) -> None:
@@ -274,8 +274,8 @@ def test_old_logs_read_as_the_current_schema(tmp_path: Path) -> None:
     assert old_records[-2][HELD] == 0.1 and old_records[-1][HELD] == 0.1
     assert summarize_run(old) == summarize_run(new)
     window = (0.0, 10.0)
-    spans = plots.timeline_spans(old_records, window)
-    assert spans == plots.timeline_spans(read_jsonl(new / "worker-0.jsonl"), window)
+    spans = timeline.timeline_spans(old_records, window)
+    assert spans == timeline.timeline_spans(read_jsonl(new / "worker-0.jsonl"), window)
     ((start, length),) = spans["held"]  # a push: moved 0.2 s, then held
     assert start == pytest.approx(0.7) and length == 0.1
     fed = []

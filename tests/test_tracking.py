@@ -89,10 +89,10 @@ class Recorder:
     def start(self, run: RunInfo) -> None:
         self.calls.append(("start", run))
 
-    def log(self, point: Point, wall: float) -> None:
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
         self.calls.append(("log", point))
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         self.calls.append(("finish", (summary, step)))
 
     def close(self) -> None:

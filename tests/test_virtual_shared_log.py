@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from asyncsync.results.plots import plot_timeline
 from asyncsync.results.report import summarize_run
+from asyncsync.results.timeline import plot_timeline
 from asyncsync.runlog.reading import read_jsonl, worker_logs
 from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind
 from asyncsync.study import simulation
@@ -51,11 +51,11 @@ class Points:
     def start(self, run: RunInfo) -> None:
         del run
 
-    def log(self, point: Point, wall: float) -> None:
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
         self.points.append(point)
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
-        del summary, step
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
+        del run, summary, step
 
     def close(self) -> None:
         """Nothing to release."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import torch
@@ -47,6 +47,29 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Release connections."""
         ...
+
+
+TRANSPORT_MEMBERS = ("request", "wire_bytes", "close", "bytes_up", "bytes_down")
+"""What a `Transport` has (`checked_transport` looks for each)."""
+
+
+def checked_transport(transport: object) -> Transport:
+    """`transport`, refused if it is not a `Transport`: a URL (the old way to give a
+    server) is answered with the call to use instead, ``Worker.connect``.
+
+    Raises:
+        TypeError: `transport` is a string or lacks a transport's members.
+    """
+    if isinstance(transport, str | bytes):
+        raise TypeError(f"Worker(rank, transport, ...) takes a transport, got the string "
+                        f"{transport!r}: to reach a server by its URL use "
+                        "Worker.connect(rank, url, model, batches, protocol, ...)")
+    missing = [name for name in TRANSPORT_MEMBERS if not hasattr(transport, name)]
+    if missing:
+        raise TypeError(f"Worker(rank, transport, ...) takes a transport (a LocalTransport, "
+                        f"or Worker.connect(rank, url, ...) for a server's URL); got a "
+                        f"{type(transport).__name__}, which lacks {', '.join(missing)}")
+    return cast(Transport, transport)
 
 
 CHANNELS = ("stream", "http")

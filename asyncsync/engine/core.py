@@ -53,7 +53,7 @@ from asyncsync.runlog.schema import HELD, Kind, record
 from asyncsync.training.buffers import VectorPool
 from asyncsync.training.optim import FlatSGD
 from asyncsync.training.trainer import FlatModule
-from asyncsync.wire.codecs import decode
+from asyncsync.wire.codecs import COMPRESSED_KINDS, decode
 
 LOG = logging.getLogger("asyncsync.server")
 NONFINITE_WARN_AT = frozenset({3, 10, 100, 1000})
@@ -259,6 +259,9 @@ class ServerCore:
         if vector is None:
             raise BadRequest("push carries no tensor")
         if "codec" in header:
+            if kind not in COMPRESSED_KINDS:
+                raise BadRequest(f"a {brief(kind)} push is never compressed (only "
+                                 f"{', '.join(sorted(COMPRESSED_KINDS))} pushes may be)")
             vector = await self._decompress(header["codec"], vector, meta)
             finite = None
         push = Push(worker, base_version, kind, vector, require_count(header, "steps"),

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from asyncsync.clock import now, sleep
-from asyncsync.engine.channel import Dial, Transport, connect
+from asyncsync.engine.channel import Dial, Transport, checked_transport, connect
 from asyncsync.engine.compute import (
     Charged,
     ThreadedWorkerSeam,
@@ -301,6 +301,7 @@ class Worker:
         seam: WorkerSeam | None = None,
         compressor: Compressor | None = None,
     ) -> None:
+        self.transport = checked_transport(transport)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if heartbeat_s <= 0:
@@ -323,7 +324,6 @@ class Worker:
         self.trainer = Trainer(model, source, lr, momentum, weight_decay, device=device,
                                **extra)
         self.seam = seam or ThreadedWorkerSeam(StaticSlowdown(1.0), f"asyncsync-compute-{rank}")
-        self.transport = transport
         self.metrics = WorkerMetrics(JsonlLog(log_path))
         self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.seam,
                                  self.metrics, batch_size, max_steps, compressor)

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,33 +21,9 @@ from typing import Any
 import numpy as np
 
 from asyncsync.results.comparison import groups, interval, is_baseline, paired_speedups
-from asyncsync.runlog.reading import label, sweep_suffix, worker_logs, worker_records
-from asyncsync.runlog.schema import HELD, KEY, TRANSFERS, Kind
-
-COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "held": "#ff8c00"}
-TIMELINE_CYCLES = 20
-"""The timeline shows about this many iterations of the slowest worker, from 20% into the
-run (past start-up): enough to see the rhythm, few enough to stay legible."""
-TIMELINE_ROWS = 32
-"""The most workers a timeline draws: a larger run shows this many, spread evenly over its
-workers ranked by compute proportion, so the slowest, the fastest and those between show."""
-
-
-def matplotlib_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from asyncsync.results.pyplot import pyplot
+from asyncsync.results.timeline import plot_timeline
+from asyncsync.runlog.reading import label, sweep_suffix
 
 
 def repeat_curves(group: list[dict[str, Any]]) -> tuple[Any, Any]:
@@ -64,7 +39,7 @@ def repeat_curves(group: list[dict[str, Any]]) -> tuple[Any, Any]:
 def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str]) -> Path:
     """Accuracy vs time per run; with repeats, their mean and a band from the lowest to the
     highest repeat. With several sweep points, a panel per point, a colour per run."""
-    plt = _pyplot()
+    plt = pyplot()
     target = _target(summaries)
     runs: dict[str, list[dict[str, Any]]] = {}
     for s, name in zip(summaries, names, strict=True):
@@ -162,7 +137,7 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
     over the repeats that reached it, the table's 95% interval, a dot per repeat, ``k/n``
     where only k of n repeats reached it and ``never`` (no bar) where none did. The
     summaries must have a target accuracy."""
-    plt = _pyplot()
+    plt = pyplot()
     named = {label(s): name for s, name in zip(summaries, names, strict=True)}
     colors = _colors(summaries, names)
     runs = groups(summaries)
@@ -252,119 +227,34 @@ def _clock(summaries: list[dict[str, Any]]) -> str:
     return "virtual" if virtual else "wall"
 
 
+PER_WORKER_BARS = 16
+"""Above this many workers, a box of their spread, not a bar each (slow, unreadable)."""
+
+
 def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
                             names: list[str]) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     done = [(s, n) for s, n in zip(summaries, names, strict=True) if "error" not in s]
     workers = max((len(s["compute_proportion_per_worker"]) for s, _ in done), default=1)
-    width = 0.8 / workers
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(done) + 2), 4.5))
-    for rank in range(workers):
-        xs = [i + (rank - (workers - 1) / 2) * width for i in range(len(done))]
-        values = [(s["compute_proportion_per_worker"][rank:rank + 1] or [None])[0] or 0.0
-                  for s, _ in done]
-        ax.bar(xs, values, width=width, label=f"worker {rank}")
+    if workers > PER_WORKER_BARS:  # box: quartiles, whiskers: min and max
+        ax.boxplot([[v or 0.0 for v in s["compute_proportion_per_worker"]] for s, _ in done],
+                   positions=range(len(done)), widths=0.5, whis=(0, 100))
+        ax.set_title(f"Time computing / wall time: spread over {workers} workers")
+    else:
+        width = 0.8 / workers
+        for rank in range(workers):
+            xs = [i + (rank - (workers - 1) / 2) * width for i in range(len(done))]
+            values = [(s["compute_proportion_per_worker"][rank:rank + 1] or [None])[0] or 0.0
+                      for s, _ in done]
+            ax.bar(xs, values, width=width, label=f"worker {rank}")
+        ax.set_title("Time computing / wall time, per worker")
+        ax.legend(fontsize="small", ncol=min(workers, 4))
     ax.set_xticks(range(len(done)), [n for _, n in done], rotation=20, ha="right")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("compute proportion")
-    ax.set_title("Time computing / wall time, per worker")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="small", ncol=min(workers, 4))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def timeline_window(finals: Collection[dict[str, Any]]) -> tuple[float, float]:
-    """``(start, end)`` of the timeline from the workers' final totals."""
-    wall = max((f["wall_s"] for f in finals), default=10.0)
-    cycle = max((f["wall_s"] / f["steps"] for f in finals if f.get("steps")), default=0.5)
-    start = 0.2 * wall
-    return start, min(wall, start + max(1.0, TIMELINE_CYCLES * cycle))
-
-
-def timeline_spans(records: list[dict[str, Any]], window: tuple[float, float]
-                   ) -> dict[str, list[tuple[float, float]]]:
-    """(start, duration) spans per kind from a worker's log that overlap the window.
-
-    A push transfers then is held for the server's answer; a pull is held (barrier) then
-    transfers the model; an exchange (a fused push and pull) uploads, is held, then
-    downloads (its transfer time split by bytes).
-    """
-    spans: dict[str, list[tuple[float, float]]] = {k: [] for k in COLORS}
-    for r in records:
-        start, dur = r.get("t"), r.get("dur")
-        if start is None or dur is None or start > window[1] or start + dur < window[0]:
-            continue
-        kind = r.get(KEY)
-        if kind == Kind.COMPUTE:
-            spans["compute"].append((start, dur))
-        elif kind in TRANSFERS:
-            held = min(r.get(HELD, 0.0), dur)
-            transfer = dur - held
-            if kind == Kind.EXCHANGE:
-                up, down = r.get("up", 0), r.get("down", 0)
-                upload = transfer * (up / (up + down) if up + down else 0.5)
-                spans["communicate"].append((start, upload))
-                spans["held"].append((start + upload, held))
-                spans["communicate"].append((start + upload + held, transfer - upload))
-            elif kind == Kind.PULL:
-                spans["held"].append((start, held))
-                spans["communicate"].append((start + held, transfer))
-            else:
-                spans["communicate"].append((start, transfer))
-                spans["held"].append((start + transfer, held))
-    return spans
-
-
-def timeline_ranks(ranks: Collection[int], finals: dict[int, dict[str, Any]]) -> list[int]:
-    """The ranks a timeline draws, in rank order: all of `ranks`, or `TIMELINE_ROWS` spread
-    evenly over them sorted by compute proportion (from `finals`; ends included)."""
-    if len(ranks) <= TIMELINE_ROWS:
-        return sorted(ranks)
-
-    def busy(rank: int) -> float:
-        final = finals.get(rank)
-        return final["compute_s"] / final["wall_s"] if final and final["wall_s"] > 0 else 0.0
-
-    ranked = sorted(ranks, key=lambda rank: (busy(rank), rank))
-    picks = np.linspace(0, len(ranked) - 1, TIMELINE_ROWS).round().astype(int)
-    return sorted({ranked[i] for i in picks})
-
-
-def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> Path:
-    """One run's workers (at most `TIMELINE_ROWS`, see `timeline_ranks`) over a window of
-    about `TIMELINE_CYCLES` steps of the slowest, from 20% into the run (past start-up);
-    `clock` names the x-axis's time."""
-    plt = _pyplot()
-    seen: set[int] = set()
-    finals: dict[int, dict[str, Any]] = {}
-    for rank, record in worker_records(run_dir):  # streamed: only the drawn ranks are kept
-        seen.add(rank)
-        if record.get(KEY) == Kind.FINAL:
-            finals[rank] = record
-    window = timeline_window(list(finals.values()))
-    ranks = timeline_ranks(seen, finals)
-    logs = worker_logs(run_dir, set(ranks))
-    height = (0.6 if len(ranks) <= 8 else 0.3) * len(ranks) + 1.6
-    fig, ax = plt.subplots(figsize=(10, height))
-    for row, rank in enumerate(ranks):
-        for kind, spans in timeline_spans(logs.get(rank, []), window).items():
-            if spans:
-                ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=COLORS[kind],
-                               label=kind if row == 0 else None)
-    shown = "" if len(ranks) == len(seen) else (
-        f" ({len(ranks)} of {len(seen)} workers, from the least to the most busy)")
-    ax.set_yticks(range(len(ranks)), [f"worker {rank}" for rank in ranks])
-    ax.set_ylim(-0.6, len(ranks) - 0.4)
-    ax.set_xlim(*window)
-    ax.set_xlabel(f"{clock} time (s), a window from 20% into the run: about "
-                  f"{TIMELINE_CYCLES} steps of the slowest worker")
-    ax.set_title(f"{name}: computing, communicating and held at the server, "
-                 f"{window[0]:.1f}-{window[1]:.1f} s{shown}", fontsize="medium")
-    fig.legend(loc="lower center", fontsize="small", ncol=3)
-    fig.tight_layout(rect=(0, 0.35 / height, 1, 1))  # the legend's 0.35 in at the bottom
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -373,7 +263,7 @@ def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> 
 def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
     """Time to target, speedup and compute proportion against the swept value, one line per
     run of the recipe, with the 95% interval over repeats as error bars."""
-    plt = _pyplot()
+    plt = pyplot()
     runs = groups(summaries)
     key = next(iter(runs[0][0]["sweep"]))
     integer = all(isinstance(s["sweep"][key], int) for s in summaries)

@@ -298,13 +298,14 @@ def make_console() -> Console:
 def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str, out: Path,
             console: Console, title: str = "") -> list[Path]:
     """Print the comparison table; write it as CSV and, with matplotlib, the PNG plots."""
-    from asyncsync.results.plots import matplotlib_available, write_plots
+    from asyncsync.results import pyplot
+    from asyncsync.results.plots import write_plots
 
     console.print(comparison_table(summaries, baseline, title, console.width))
     out.mkdir(parents=True, exist_ok=True)
     files = [write_csv(summaries, baseline, out / "table.csv")]
     done = [(d, s) for d, s in zip(run_dirs, summaries, strict=True) if "error" not in s]
-    if not matplotlib_available():
+    if not pyplot.matplotlib_available():
         console.print('plots skipped: matplotlib is not installed (pip install -e ".[plot]")',
                       markup=False)
     elif done:

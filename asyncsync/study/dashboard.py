@@ -168,37 +168,25 @@ class Dashboard:
                        "MB dn", "loss", "ovr"):
             table.add_column(column, justify="left" if column in ("state", "link") else "right",
                              no_wrap=True)
-        workers = status["workers"]
-        if len(workers) <= ROWS_MAX:
-            for w in workers:
+        for w in condensed(status)["workers"]:
+            if "count" in w:  # a state's workers together
+                table.add_row(f"{w['count']}x", f"{w['factor_min']:.1f}-{w['factor']:.1f}x",
+                              "", *_figures(w))
+            else:
                 table.add_row(str(w["rank"]), f"{w['factor']:.1f}x",
                               link_label(spec.network.link(w["rank"])), *_figures(w))
-        else:
-            for state, group in _by_state(workers).items():
-                factors = [w["factor"] for w in group]
-                summed = {
-                    "state": state, "steps": sorted(w["steps"] for w in group)[len(group) // 2],
-                    "samples_per_s": sum(w["samples_per_s"] for w in group),
-                    "compute_proportion": sum(w["compute_proportion"] for w in group)
-                    / len(group),
-                    "bytes_up": sum(w["bytes_up"] for w in group),
-                    "bytes_down": sum(w["bytes_down"] for w in group),
-                    "loss": sum(w["loss"] for w in group) / len(group),
-                    "overruns": sum(w["overruns"] for w in group)}
-                table.add_row(f"{len(group)}x", f"{min(factors):.1f}-{max(factors):.1f}x", "",
-                              *_figures(summed))
         return Group(head, table)
 
     @staticmethod
     def plain_line(spec: RunSpec, status: dict[str, Any], name: str | None = None) -> str:
-        if len(status["workers"]) <= ROWS_MAX:
+        rows = condensed(status)["workers"]
+        if rows and "count" in rows[0]:
+            workers = " ".join(f"{w['state']}:{w['count']}" for w in rows)
+        else:
             workers = " ".join(
                 f"w{w['rank']}:{w['state'][:4]}/{w['steps']}st/{w['compute_proportion']:.0%}"
                 + (f"/{w['overruns']}overruns" if w["overruns"] else "")
-                for w in status["workers"])
-        else:
-            workers = " ".join(f"{state}:{len(group)}"
-                               for state, group in _by_state(status["workers"]).items())
+                for w in rows)
         return (f"[{name or spec.name}] t={status['elapsed_s']:.0f}s{_virtual(status)} "
                 f"v={status['version']} "
                 f"acc={_acc(status['accuracy'])} best={_acc(status['best_accuracy'])} "
@@ -228,6 +216,29 @@ class Dashboard:
         count = (f"{self._done}/{self._total}" if self._total
                  else f"{index + 1}/{len(self.recipe.runs)}")
         self.console.print(f"[{count}] {line}")
+
+
+def condensed(status: dict[str, Any]) -> dict[str, Any]:
+    """`status` as the dashboard shows it: above `ROWS_MAX` workers, one row per state
+    (``count`` workers, slowdowns ``factor_min`` to ``factor``, median steps, summed or
+    mean figures) instead of a row per worker; a child sends its supervisor this, not the
+    megabytes of JSON of 10,000 workers' rows."""
+    workers = status["workers"]
+    if len(workers) <= ROWS_MAX or (workers and "count" in workers[0]):
+        return status
+    rows = []
+    for state, group in _by_state(workers).items():
+        factors = [w["factor"] for w in group]
+        rows.append({
+            "state": state, "count": len(group), "factor_min": min(factors),
+            "factor": max(factors), "steps": sorted(w["steps"] for w in group)[len(group) // 2],
+            "samples_per_s": sum(w["samples_per_s"] for w in group),
+            "compute_proportion": sum(w["compute_proportion"] for w in group) / len(group),
+            "bytes_up": sum(w["bytes_up"] for w in group),
+            "bytes_down": sum(w["bytes_down"] for w in group),
+            "loss": sum(w["loss"] for w in group) / len(group),
+            "overruns": sum(w["overruns"] for w in group)})
+    return {**status, "workers": rows}
 
 
 def _figures(w: dict[str, Any]) -> list[str]:

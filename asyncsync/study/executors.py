@@ -22,6 +22,7 @@ from typing import Any
 from asyncsync.clock import wall
 from asyncsync.results.report import summarize_run
 from asyncsync.schema import ConfigError
+from asyncsync.study.dashboard import condensed
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import StatusSink, simulate
 
@@ -107,7 +108,7 @@ def status_printer() -> StatusSink:
         now = wall()
         if now - last[0] >= STATUS_EVERY_S:
             last[0] = now
-            _tell_supervisor(status)
+            _tell_supervisor(condensed(status))
 
     return emit
 

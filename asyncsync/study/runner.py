@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from asyncsync.results.report import publish
+from asyncsync.results.studies import LogError
 from asyncsync.schema import ConfigError
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import (
@@ -49,7 +50,7 @@ from asyncsync.study.run_one import (
     run_and_record,
 )
 from asyncsync.study.specs import RunSpec
-from asyncsync.tracking import Tracker, follow, parse_track
+from asyncsync.tracking import RunFeed, Tracker, follow, parse_track
 
 T = TypeVar("T")
 
@@ -275,11 +276,15 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                       "missing)", highlight=False)
         return False
     pending = dict(zip(todo, array, strict=True))
+    feeds = {position: RunFeed(study.slots[position].run_dir, study.trackers)
+             for position in todo} if study.trackers else {}
     ended: dict[int, float] = {}
     try:
         while pending:
             for position, job in list(pending.items()):
                 run_dir = study.slots[position].run_dir
+                if position in feeds:
+                    await asyncio.to_thread(feeds[position].poll)
                 summary = _kept_summary(run_dir)
                 if summary is None and await asyncio.to_thread(job.done):
                     ended.setdefault(position, time.monotonic())
@@ -289,6 +294,9 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                                                f"a summary.json; see {job.paths.stderr}")
                 if summary is not None:
                     del pending[position]
+                    if position in feeds:
+                        with contextlib.suppress(LogError):
+                            await asyncio.to_thread(feeds.pop(position).finish)
                     study.record(position, summary)
             if pending:
                 await asyncio.sleep(SLURM_POLL_S)

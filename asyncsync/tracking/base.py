@@ -70,16 +70,21 @@ class Point:
 
 
 class Tracker(Protocol):
-    """Receives runs one at a time: ``start``, ``log`` per evaluation, ``finish``."""
+    """Receives runs: ``start``, ``log`` per evaluation, ``finish``, each call naming its run.
+
+    Several runs may be open at once (a study's parallel runs share one tracker), so a
+    tracker keeps its state per ``run.run_id``; calls come one at a time (`RunFeed`
+    serializes them).
+    """
 
     def start(self, run: RunInfo) -> None:
         """Open (or reopen, for the same ``run.run_id``) the run's tracked record."""
 
-    def log(self, point: Point, wall: float) -> None:
-        """Record one evaluation; `wall` is its wall clock (epoch seconds)."""
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
+        """Record one evaluation of `run`; `wall` is its wall clock (epoch seconds)."""
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
-        """Record the run's summary figures at its last `step`, and close the run."""
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
+        """Record `run`'s summary figures at its last `step`, and close it."""
 
     def close(self) -> None:
         """Flush and release everything (after the last run)."""

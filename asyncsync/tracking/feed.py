@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import math
+import threading
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +28,11 @@ T = TypeVar("T")
 
 SECRET_KEYS = ("token",)
 """Settings never sent to a tracker."""
+
+TRACKER_CALLS = threading.Lock()
+"""Held around every call to a tracker: the feeds of parallel runs poll in threads of
+their own, and a tracker's tool (an SQLite store, one W&B process) takes one call at a
+time."""
 
 
 class _Tail:
@@ -136,14 +142,16 @@ class RunFeed:
             workers = int(self.run.config.get("workers", 0))
             self._workers = [_Worker(self.run_dir / f"worker-{rank}.jsonl")
                              for rank in range(workers)]
-            for tracker in self.trackers:
-                tracker.start(self.run)
+            with TRACKER_CALLS:
+                for tracker in self.trackers:
+                    tracker.start(self.run)
         sent = 0
         for record in self._events.read():
             if record.get(KEY) == Kind.EVAL:
                 point = self._point(record)
-                for tracker in self.trackers:
-                    tracker.log(point, self.run.start_wall + point.time_s)
+                with TRACKER_CALLS:
+                    for tracker in self.trackers:
+                        tracker.log(self.run, point, self.run.start_wall + point.time_s)
                 sent += 1
         return sent
 
@@ -182,8 +190,9 @@ class RunFeed:
             summary = summarize_run(self.run_dir)
         last = summary.get("versions")
         step = int(last) if _number(last) else self.step
-        for tracker in self.trackers:
-            tracker.finish(figures(summary), step)
+        with TRACKER_CALLS:
+            for tracker in self.trackers:
+                tracker.finish(self.run, figures(summary), step)
         return self.run
 
 

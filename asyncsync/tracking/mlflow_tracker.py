@@ -39,8 +39,8 @@ class MlflowTracker:
         mlflow = require("mlflow", "mlflow")
         self._entities = require("mlflow.entities", "mlflow")
         self.client = mlflow.MlflowClient(tracking_uri=store_uri(uri))
-        self.run_id: str | None = None
-        self._skip = 0
+        self._open_runs: dict[str, str] = {}  # asyncsync run id -> MLflow run id
+        self._skip: dict[str, int] = {}  # evaluations MLflow already has, per run
 
     def find(self, run: RunInfo) -> Any:
         """The tracked MLflow run of `run`, or None."""
@@ -56,8 +56,9 @@ class MlflowTracker:
         """Reopen the run's tracked run, or create it with its settings as params."""
         existing = self.find(run)
         if existing is not None:
-            self.run_id = existing.info.run_id
-            self._skip = len(self.client.get_metric_history(self.run_id, "accuracy"))
+            self._open_runs[run.run_id] = existing.info.run_id
+            self._skip[run.run_id] = len(self.client.get_metric_history(
+                existing.info.run_id, "accuracy"))
             return
         experiment = self.client.get_experiment_by_name(run.recipe)
         experiment_id = (experiment.experiment_id if experiment is not None
@@ -68,27 +69,27 @@ class MlflowTracker:
         created = self.client.create_run(experiment_id, tags=tags,
                                          run_name=f"{run.stamp}/{run.name}/r{run.repeat}",
                                          start_time=round(run.start_wall * 1000))
-        self.run_id = created.info.run_id
-        self._skip = 0
+        run_id = self._open_runs[run.run_id] = created.info.run_id
+        self._skip[run.run_id] = 0
         params = [self._entities.Param(key, json.dumps(value) if not isinstance(value, str)
                                        else value) for key, value in run.config.items()]
         for at in range(0, len(params), BATCH):
-            self.client.log_batch(self.run_id, params=params[at:at + BATCH])
+            self.client.log_batch(run_id, params=params[at:at + BATCH])
 
-    def log(self, point: Point, wall: float) -> None:
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
         """The point's metrics at its version, stamped with `wall` (skipped if already there)."""
-        run_id = self._open()
-        if self._skip:
-            self._skip -= 1
+        run_id = self._open(run)
+        if self._skip[run.run_id]:
+            self._skip[run.run_id] -= 1
             return
         stamp = round(wall * 1000)
         self.client.log_batch(run_id, metrics=[
             self._entities.Metric(key, value, stamp, point.step)
             for key, value in point.metrics.items()])
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         """The summary's figures as ``summary/<key>`` (those that changed); ends the run."""
-        run_id = self._open()
+        run_id = self._open(run)
         have = self.client.get_run(run_id).data.metrics
         changed = [(f"summary/{key}", value) for key, value in summary.items()
                    if have.get(f"summary/{key}") != value]
@@ -97,12 +98,16 @@ class MlflowTracker:
             self.client.log_batch(run_id, metrics=[
                 self._entities.Metric(key, value, stamp, step) for key, value in changed])
         self.client.set_terminated(run_id, "FINISHED")
-        self.run_id = None
+        del self._open_runs[run.run_id], self._skip[run.run_id]
 
     def close(self) -> None:
-        """Nothing stays open between runs."""
+        """Forget the runs left open (MLflow holds nothing open between calls)."""
+        self._open_runs.clear()
+        self._skip.clear()
 
-    def _open(self) -> str:
-        if self.run_id is None:
-            raise TrackingError("mlflow: log() or finish() before start()")
-        return self.run_id
+    def _open(self, run: RunInfo) -> str:
+        try:
+            return self._open_runs[run.run_id]
+        except KeyError:
+            raise TrackingError(f"mlflow: {run.run_id}: log() or finish() before "
+                                "start()") from None

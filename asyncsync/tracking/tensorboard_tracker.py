@@ -18,13 +18,12 @@ from asyncsync.tracking.base import Point, RunInfo, TrackingError, require
 
 
 class TensorBoardTracker:
-    """Writes one event-file folder per run under `directory`."""
+    """Writes one event-file folder per run under `directory` (a writer per open run)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._module = require("torch.utils.tensorboard", "tensorboard")
-        self._writer: Any = None
-        self._start = 0.0
+        self._writers: dict[str, Any] = {}
 
     def run_dir(self, run: RunInfo) -> Path:
         """The folder of `run`'s event files."""
@@ -35,34 +34,36 @@ class TensorBoardTracker:
         path = self.run_dir(run)
         if path.exists():
             shutil.rmtree(path)
-        self._writer = self._module.SummaryWriter(log_dir=str(path))
-        self._start = run.start_wall
+        writer = self._module.SummaryWriter(log_dir=str(path))
+        self._writers[run.run_id] = writer
         settings = {**run.config, "run_id": run.run_id, "seed": run.seed}
-        self._writer.add_text("config", "\n".join(
+        writer.add_text("config", "\n".join(
             f"    {key} = {json.dumps(value)}" for key, value in sorted(settings.items())),
-            global_step=0, walltime=self._start)
+            global_step=0, walltime=run.start_wall)
 
-    def log(self, point: Point, wall: float) -> None:
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
         """One scalar per metric at the point's version."""
-        writer = self._open()
+        writer = self._open(run)
         for key, value in point.metrics.items():
             writer.add_scalar(key, value, global_step=point.step, walltime=wall)
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         """The summary's figures as ``summary/<key>`` at the last version; closes the run."""
-        writer = self._open()
+        writer = self._open(run)
         for key, value in summary.items():
             writer.add_scalar(f"summary/{key}", value, global_step=step)
         writer.close()
-        self._writer = None
+        del self._writers[run.run_id]
 
     def close(self) -> None:
-        """Close a run left open."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Close the runs left open."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
 
-    def _open(self) -> Any:
-        if self._writer is None:
-            raise TrackingError("tensorboard: log() or finish() before start()")
-        return self._writer
+    def _open(self, run: RunInfo) -> Any:
+        try:
+            return self._writers[run.run_id]
+        except KeyError:
+            raise TrackingError(f"tensorboard: {run.run_id}: log() or finish() before "
+                                "start()") from None

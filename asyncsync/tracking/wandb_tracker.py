@@ -38,51 +38,58 @@ class WandbTracker:
         self.project = project
         self.directory = directory
         self.mode = mode or os.environ.get("WANDB_MODE", "offline")
-        self._run: Any = None
-        self._skip = 0
+        self._runs: dict[str, Any] = {}  # asyncsync run id -> open W&B run
+        self._skip: dict[str, int] = {}  # history rows W&B already has, per run
 
     def offline_dirs(self, run: RunInfo) -> list[Path]:
         """The offline folders of `run` under the directory."""
         return sorted((self.directory / "wandb").glob(f"offline-run-*-{wandb_id(run)}"))
 
     def start(self, run: RunInfo) -> None:
-        """Open the run (replacing its offline copy, or resuming it online)."""
+        """Open the run (replacing its offline copy, or resuming it online); other runs
+        stay open beside it."""
         if self.mode == "offline":
             for old in self.offline_dirs(run):
                 shutil.rmtree(old)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._run = self._wandb.init(
+        opened = self._wandb.init(
             project=self.project, dir=str(self.directory), id=wandb_id(run),
             name=f"{run.stamp}/{run.name}/r{run.repeat}", group=run.group,
             job_type=run.name, tags=[f"seed={run.seed}", run.recipe],
             config={**run.config, "run_id": run.run_id, "repeat": run.repeat},
             resume=None if self.mode == "offline" else "allow", mode=self.mode,
+            reinit="create_new",
             settings=self._wandb.Settings(console="off", x_disable_stats=True, silent=True))
-        self._run.define_metric("version")
-        self._run.define_metric("*", step_metric="version")
-        self._skip = self._run.starting_step if self._run.resumed else 0
+        opened.define_metric("version")
+        opened.define_metric("*", step_metric="version")
+        self._runs[run.run_id] = opened
+        self._skip[run.run_id] = opened.starting_step if opened.resumed else 0
 
-    def log(self, point: Point, wall: float) -> None:
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
         """One history row: the metrics and ``version`` (rows already sent are skipped)."""
-        if self._skip:
-            self._skip -= 1
+        opened = self._open(run)
+        if self._skip[run.run_id]:
+            self._skip[run.run_id] -= 1
             return
-        self._open().log({"version": point.step, **point.metrics})
+        opened.log({"version": point.step, **point.metrics})
 
-    def finish(self, summary: dict[str, float], step: int) -> None:
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         """The summary's figures in the run's summary; ends the run."""
-        run = self._open()
-        run.summary.update({**summary, "version": step})
-        run.finish()
-        self._run = None
+        opened = self._open(run)
+        opened.summary.update({**summary, "version": step})
+        opened.finish()
+        del self._runs[run.run_id], self._skip[run.run_id]
 
     def close(self) -> None:
-        """End a run left open."""
-        if self._run is not None:
-            self._run.finish()
-            self._run = None
+        """End the runs left open."""
+        for opened in self._runs.values():
+            opened.finish()
+        self._runs.clear()
+        self._skip.clear()
 
-    def _open(self) -> Any:
-        if self._run is None:
-            raise TrackingError("wandb: log() or finish() before start()")
-        return self._run
+    def _open(self, run: RunInfo) -> Any:
+        try:
+            return self._runs[run.run_id]
+        except KeyError:
+            raise TrackingError(f"wandb: {run.run_id}: log() or finish() before "
+                                "start()") from None

@@ -7,10 +7,14 @@ upgraded stream (`frame_stream`), so they validate, refuse and reply alike.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import NamedTuple, TypeVar
 
 import torch
 
+from asyncsync.clock import now
 from asyncsync.engine.core import ServerCore
 from asyncsync.protocols.base import Refused
 from asyncsync.transport.status import status_of
@@ -34,6 +38,58 @@ class Answer(NamedTuple):
     head: bytes = b""
     vector: torch.Tensor | None = None
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BodyPace:
+    """The slowest a request body may arrive: its n-th byte within ``grace_s + n /
+    min_bytes_per_s`` seconds of the body's start, else the request is answered 408. A
+    body trickling a byte at a time cannot hold its connection (and a vector of the
+    pool) for long; an honest link, however slow, sends far faster.
+
+    Attributes:
+        grace_s: seconds allowed before the rate counts (the header timeout).
+        min_bytes_per_s: the lowest mean rate a body may keep.
+    """
+
+    grace_s: float
+    min_bytes_per_s: float
+
+    def guard(self, read_any: ReadAny, read_into: ReadInto | None,
+              ) -> tuple[ReadAny, ReadInto | None]:
+        """`read_any` and `read_into`, each raising WireError 408 when behind the pace."""
+        start = now()
+        received = 0
+
+        async def waited(expected: int, read: Awaitable[T]) -> T:
+            left = start + self.grace_s + (received + expected) / self.min_bytes_per_s - now()
+            try:
+                async with asyncio.timeout(max(left, 0.0)):
+                    return await read
+            except TimeoutError:
+                raise WireError(408, f"the body arrived slower than {self.min_bytes_per_s:g} "
+                                     f"bytes/s (after {self.grace_s:g} s): {received} bytes "
+                                     f"in {now() - start:.1f} s") from None
+
+        async def paced_any() -> bytes:
+            nonlocal received
+            chunk = await waited(1, read_any())
+            received += len(chunk)
+            return chunk
+
+        if read_into is None:
+            return paced_any, None
+        into = read_into
+
+        async def paced_into(view: memoryview) -> int:
+            nonlocal received
+            got = await waited(len(view), into(view))
+            received += got
+            return got
+
+        return paced_any, paced_into
+
 
 def body_limit(limits: Limits, op: str) -> int:
     """The largest body an op may have: a model-sized tensor for pushes and queries."""
@@ -41,14 +97,18 @@ def body_limit(limits: Limits, op: str) -> int:
 
 
 async def answer_frame(core: ServerCore, limits: Limits, op: str, read_any: ReadAny,
-                       length: int | None, read_into: ReadInto | None = None) -> Answer:
+                       length: int | None, read_into: ReadInto | None = None,
+                       pace: BodyPace | None = None) -> Answer:
     """Read one frame of `op` from `read_any` (which returns b"" at the frame's end; the
     frame declared `length` bytes, None when unknown), its tensor with `read_into` when
     given, and answer it.
 
     The tensor is received into a warm vector of the core's pool and checked for NaN/Inf
-    as it arrives. Raises ConnectionError when the peer leaves mid-frame.
+    as it arrives; with a `pace`, a body that arrives slower is answered 408. Raises
+    ConnectionError when the peer leaves mid-frame.
     """
+    if pace is not None:
+        read_any, read_into = pace.guard(read_any, read_into)
     try:
         max_total = body_limit(limits, op)
         if length is not None and length > max_total:

@@ -14,6 +14,7 @@ from typing import cast
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from asyncsync.clock import now
 from asyncsync.transport.log_filters import AcceptFailureFilter, RepeatFilter
 
 LOG = logging.getLogger("asyncsync.server")
@@ -31,6 +32,13 @@ BATCHES_IN_FLIGHT = 4
 """Accept batches whose descriptors the gate may not have counted yet: a batch reaches
 the gate two loop iterations after asyncio accepted it, and a connection it evicts closes
 one iteration later (one more batch for margin)."""
+SILENT_GRACE_S = 1.0
+"""How long a connection that has sent nothing yet is safe from eviction: the bytes of a
+connection accepted in a burst reach the gate an event-loop iteration or more after it
+was admitted, so a complete request may be waiting unread behind its silence."""
+LINGER_S = 2.0
+"""How long a refused connection is read (and what it sent dropped) after its 503, so the
+answer is not lost to a reset for unread bytes; the client closes first as a rule."""
 
 
 def descriptor_limit() -> int | None:
@@ -48,7 +56,7 @@ def listen_backlog(descriptors: int | None) -> int:
 def descriptor_reserve(backlog: int) -> int:
     """Descriptors kept free of counted connections: the server's own, and room for the
     accept batches in flight, so that a burst of connections cannot exhaust them."""
-    return OWN_DESCRIPTORS + BATCHES_IN_FLIGHT * backlog
+    return OWN_DESCRIPTORS + (BATCHES_IN_FLIGHT + 1) * backlog  # + the refused, lingering
 
 
 def descriptor_bound(limit: int, descriptors: int | None) -> int:
@@ -75,6 +83,8 @@ class ConnectionLimits:
         max_connections: connections open at once; lowered to the process's file
             descriptor limit less `descriptor_reserve`.
         max_per_peer: connections open at once from one peer address.
+        min_body_bytes_per_s: the slowest a request body may arrive, after a grace of
+            `header_timeout_s` (`answers.BodyPace`; slower: 408).
 
     Over TLS a connection counts once its handshake is done; until then only the
     handshake's time is bounded (by `header_timeout_s`).
@@ -84,18 +94,21 @@ class ConnectionLimits:
     keepalive_s: float = 75.0
     max_connections: int = 1024
     max_per_peer: int = 128
+    min_body_bytes_per_s: float = 1000.0
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer"):
+        for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer",
+                     "min_body_bytes_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
 
 _BUSY_TEXT = b"too many connections"
 BUSY_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_TEXT),
-                                                                      _BUSY_TEXT))
-"""What a connection over the limits is answered with, before it is closed unread."""
+              b"Retry-After: 1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+              % (len(_BUSY_TEXT), _BUSY_TEXT))
+"""What a connection over the limits is answered with; what it sent is read and dropped
+for `LINGER_S` at most, then it is closed."""
 HEAD_END = b"\r\n\r\n"
 """The end of a request head: from there on the connection is inside a request."""
 
@@ -111,10 +124,14 @@ class ConnectionGate:
     (`track`) tells the gate when it ends.
 
     A connection over a limit (all connections, or those of its peer address) takes the
-    place of the connection of that scope that has waited longest for a request head (idle
-    or half-sent); an honest client sends its head at once, so a flood of stalled heads
-    cannot lock it out. When every connection of the scope is inside a request, the new
-    one is answered 503 (`BUSY_REPLY`) and closed; the client may retry.
+    place of the connection of that scope that has waited longest for a request head and
+    may be evicted: one that sent part of a head, or nothing for `SILENT_GRACE_S` (an idle
+    keep-alive one, or one that never spoke); an honest client sends its head at once, so
+    a flood of stalled heads cannot lock it out. A connection just opened, whose request
+    may sit unread, is never evicted. When no connection of the scope may be evicted, the
+    new one is answered 503 with ``Retry-After`` (`BUSY_REPLY`), read to its end for
+    `LINGER_S` at most and closed; the client may retry. So a request whose bytes have all
+    arrived gets an answer.
     """
 
     def __init__(self, limits: ConnectionLimits) -> None:
@@ -128,6 +145,8 @@ class ConnectionGate:
         self.timed_out = 0
         self.open = 0
         """Connections admitted and still open."""
+        self.lingering = 0
+        """Refused connections read to their end after their 503 (`LINGER_S`)."""
         self._handlers: dict[asyncio.BaseProtocol, _Connection] = {}
         self._peers: Counter[str] = Counter()
         self._waiting: dict[_Connection, None] = {}  # oldest first
@@ -174,13 +193,16 @@ class ConnectionGate:
         return True
 
     def _make_room(self, waiting: dict[_Connection, None], peer: str, scope: str) -> bool:
-        """Close the connection of `waiting` that has waited longest; False if none."""
-        if not waiting:
+        """Close the connection of `waiting` that has waited longest and may be evicted;
+        False if none may."""
+        silent_since = now() - min(SILENT_GRACE_S, self.limits.header_timeout_s / 2)
+        oldest = next((c for c in waiting if c.heard or c.waiting_since <= silent_since),
+                      None)
+        if oldest is None:
             self.refused += 1
             CONNECTIONS_LOG.warning("refused a connection from %s: every connection %s is "
-                                    "inside a request", peer, scope)
+                                    "inside a request or has just opened", peer, scope)
             return False
-        oldest = next(iter(waiting))
         self.evicted += 1
         CONNECTIONS_LOG.info("closed a connection from %s waiting for a request head, to "
                              "admit one from %s", oldest.peer, peer)
@@ -194,6 +216,8 @@ class ConnectionGate:
     def waiting(self, connection: _Connection) -> None:
         """`connection` waits for a request head: it is now the newest that does."""
         self.busy(connection)
+        connection.heard = False
+        connection.waiting_since = now()
         self._waiting[connection] = None
         self._peer_waiting.setdefault(connection.peer, {})[connection] = None
 
@@ -231,6 +255,10 @@ class _Connection(asyncio.Protocol):
         self.peer = ""
         self.counted = False
         self.inside = False
+        self.heard = False
+        """Whether it sent part of a request head since it began waiting for one."""
+        self.waiting_since = 0.0
+        self.refused = False
         self._deadline: asyncio.TimerHandle | None = None
         self._head_tail = b""
         """The last bytes of a request head in progress (its end may span two reads)."""
@@ -240,18 +268,32 @@ class _Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         if not self.gate.admit(self):
-            self.transport.write(BUSY_REPLY)
-            self.transport.close()
+            self._refuse()
             return
         self.handler = self.make_handler()
         self.gate.opened(self, self.handler)
         self.handler.connection_made(transport)
         self._arm()
 
+    def _refuse(self) -> None:
+        """Answer `BUSY_REPLY`, then drop what the client sends until it closes, for
+        `LINGER_S` at most (at once while the gate's lingering ones are many)."""
+        assert self.transport is not None
+        self.transport.write(BUSY_REPLY)
+        if self.gate.lingering >= self.gate.backlog or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.refused = True
+        self.gate.lingering += 1
+        self.transport.write_eof()
+        self._deadline = asyncio.get_running_loop().call_later(LINGER_S,
+                                                               self.transport.close)
+
     def data_received(self, data: bytes) -> None:
         if self.handler is None:
-            return
+            return  # refused: dropped
         if not self.inside:
+            self.heard = True
             if self._deadline is None:
                 self._arm()
             edge = self._head_tail + data[:len(HEAD_END) - 1]
@@ -273,6 +315,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self.refused:
+            self.refused = False
+            self.gate.lingering -= 1
         self.gate.forget(self)
         if self.handler is not None:
             self.handler.connection_lost(exc)

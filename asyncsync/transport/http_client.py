@@ -111,14 +111,24 @@ class HttpTransport:
         self.bytes_down = 0
         self.buffers = VectorPool()
         """Replies are received into this pool's warm vectors (`asyncsync.training.buffers`)."""
-        connector = aiohttp.TCPConnector(local_addr=(local_addr, 0) if local_addr else None,
-                                         ssl=tls or True)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            headers={"Content-Type": CONTENT_TYPE,
-                     **({"Authorization": f"Bearer {token}"} if token else {})},
-        )
+        self.timeout_s = timeout_s
+        self._opened: aiohttp.ClientSession | None = None  # made at the first POST
+
+    @property
+    def _session(self) -> aiohttp.ClientSession:
+        """The HTTP session, opened at its first use: a transport never used (its worker
+        refused in its constructor) holds nothing to close."""
+        if self._opened is None:
+            token, tls, local_addr = self._dial
+            connector = aiohttp.TCPConnector(
+                local_addr=(local_addr, 0) if local_addr else None, ssl=tls or True)
+            self._opened = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                headers={"Content-Type": CONTENT_TYPE,
+                         **({"Authorization": f"Bearer {token}"} if token else {})},
+            )
+        return self._opened
 
     async def request(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
@@ -265,7 +275,9 @@ class HttpTransport:
         for stream in self._streams:
             stream.close()
         self._streams.clear()
-        await self._session.close()
+        if self._opened is not None:
+            await self._opened.close()
+            self._opened = None
 
 
 def dial_http(url: str, dial: Dial) -> HttpTransport:

@@ -30,7 +30,7 @@ from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import Protocol
 from asyncsync.runlog.metrics import JsonlLog
-from asyncsync.transport.answers import answer_frame
+from asyncsync.transport.answers import BodyPace, answer_frame
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import PATH as STREAM_PATH
 from asyncsync.transport.frame_stream import serve_stream
@@ -45,6 +45,7 @@ HTTP_LOG = logging.getLogger("asyncsync.server.http")
 left mid-request."""
 CORE: web.AppKey[ServerCore] = web.AppKey("core")
 LIMITS: web.AppKey[Limits] = web.AppKey("limits")
+PACE: web.AppKey[BodyPace] = web.AppKey("pace")
 HTTP_LOG.addFilter(RepeatFilter())
 HTTP_LOG.addFilter(PeerErrorFilter())
 
@@ -57,7 +58,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
         if request.content_type != CONTENT_TYPE:
             return web.Response(status=415, text=f"content type must be {CONTENT_TYPE}")
         answer = await answer_frame(request.app[CORE], request.app[LIMITS], op,
-                                    request.content.readany, request.content_length)
+                                    request.content.readany, request.content_length,
+                                    pace=request.app[PACE])
+        if answer.status == 408:  # the rest of its body is not read: the connection goes
+            late = web.Response(status=408, text=answer.reason)
+            late.force_close()
+            return late
         if answer.status != 200:
             return web.Response(status=answer.status, text=answer.reason)
         return await send_frame(request, answer.head, answer.vector)
@@ -102,11 +108,14 @@ def make_app(core: ServerCore, token: str | None = None,
     app[CORE] = core
     app[LIMITS] = limits
     expect = expect_continue(tokens)
-    idle_s = (gate.limits if gate is not None else ConnectionLimits()).keepalive_s
+    connection_limits = gate.limits if gate is not None else ConnectionLimits()
+    idle_s = connection_limits.keepalive_s
+    pace = app[PACE] = BodyPace(connection_limits.header_timeout_s,
+                                connection_limits.min_body_bytes_per_s)
     streams: set[asyncio.BaseTransport] = set()
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        return await serve_stream(request, core, limits, tokens, idle_s, streams)
+        return await serve_stream(request, core, limits, tokens, idle_s, streams, pace)
 
     async def close_streams(app: web.Application) -> None:
         for transport in list(streams):  # their handlers end at once

@@ -1,0 +1,69 @@
+"""A worker refused in its constructor or at its start: a clear error, and no HTTP session
+left open (checked with ResourceWarning as an error)."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import pytest
+
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker
+from asyncsync.protocols.base import Refused
+from asyncsync.transport.http_server import ParameterServer
+from asyncsync.transport.local import LocalTransport
+from tests.helpers import batches_of, tiny_data, tiny_model
+
+
+def test_a_url_in_place_of_a_transport_says_to_use_connect() -> None:
+    x, y = tiny_data()
+    with pytest.raises(TypeError, match=r"got the string 'http://127\.0\.0\.1:8470': to "
+                                        r"reach a server by its URL use Worker\.connect\("
+                                        r"rank, url"):
+        Worker(0, "http://127.0.0.1:8470", tiny_model(), batches_of(x, y, 0), "bsp")  # type: ignore[arg-type]
+
+
+def test_something_else_in_place_of_a_transport_names_what_it_lacks() -> None:
+    x, y = tiny_data()
+    with pytest.raises(TypeError, match=r"got a dict, which lacks request, wire_bytes, "
+                                        r"close, bytes_up, bytes_down"):
+        Worker(0, {}, tiny_model(), batches_of(x, y, 0), "bsp")  # type: ignore[arg-type]
+
+
+def unclosed_sessions(caught: list[warnings.WarningMessage]) -> list[str]:
+    gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+async def test_a_worker_refused_in_its_constructor_leaves_no_session_open() -> None:
+    x, y = tiny_data()
+    batches = [(x[:16], y[:16])]  # fixed batches, which lbbsp cannot resize
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="lbbsp assigns batch sizes"):
+            Worker.connect(0, "http://127.0.0.1:9", tiny_model(), batches, "lbbsp")
+        assert unclosed_sessions(caught) == []
+
+
+async def test_a_worker_refused_at_its_join_leaves_no_session_open() -> None:
+    x, y = tiny_data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with ParameterServer(tiny_model(), "asp", workers=1, token="s3cret",
+                                   settings=ServerSettings(time_s=5)) as server:
+            worker = Worker.connect(0, server.url, tiny_model(), batches_of(x, y, 0), "asp",
+                                    token="wrong")
+            with pytest.raises(Refused):
+                await worker.run()
+        assert unclosed_sessions(caught) == []
+
+
+async def test_a_local_transport_is_still_a_transport() -> None:
+    x, y = tiny_data()
+    from asyncsync.engine.core import build_core
+
+    core = build_core(tiny_model(), "asp", 1, ServerSettings())
+    worker = Worker(0, LocalTransport(core), tiny_model(), batches_of(x, y, 0), "asp")
+    assert isinstance(worker.transport, LocalTransport)
+    await core.close()
