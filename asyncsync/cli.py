@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from asyncsync.engine.checkpoint import CheckpointError
+from asyncsync.hetero.traces import TraceError
 from asyncsync.results.comparison import is_baseline
 from asyncsync.results.report import make_console, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
@@ -103,6 +104,18 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--status", action="store_true",
                           help="print the run's status as JSON lines while it runs")
 
+    traces = sub.add_parser("traces", help="convert FedScale's pickled client traces to "
+                                           "CSV traces (runs read only CSV)")
+    traces.add_argument("action", choices=["convert"])
+    traces.add_argument("kind", choices=["behave", "capacity"],
+                        help="client_behave_trace (availability) or client_device_capacity")
+    traces.add_argument("source", type=Path, help="FedScale's pickle (plain data only)")
+    traces.add_argument("out", type=Path, help="the CSV trace to write")
+    traces.add_argument("--horizon-s", type=float, default=86400.0,
+                        help="behave: seconds of availability to write (default a day)")
+    traces.add_argument("--workers", type=int, default=None,
+                        help="behave: draw this many clients as ranks 0..N-1 (default all)")
+    traces.add_argument("--seed", type=int, default=0, help="behave: the draw's seed")
     sub.add_parser("protocols", help="list the protocols and their parameters")
     sub.add_parser("devices", help="list the named devices of compute.device, with sources")
     sub.add_parser("worker-token", help=f"print the worker token of the run token in "
@@ -369,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
             console.print(step_time_table(recipe))
             console.print(f"{args.recipe}: ok ({len(recipe.runs)} runs, "
                           f"baseline {recipe.baseline}; data found)", highlight=False)
+        elif args.command == "traces":
+            from asyncsync.hetero.fedscale import convert
+
+            console.print(escape(convert(args.kind, args.source, args.out, args.horizon_s,
+                                         args.workers, args.seed)), highlight=False)
         elif args.command == "protocols":
             print_protocols(console)
         elif args.command == "devices":
@@ -391,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             torch.set_num_threads(1)
             asyncio.run(_node(args))
-    except (ConfigError, DatasetMissing, CheckpointError, TlsFailure, LogError) as exc:
+    except (ConfigError, DatasetMissing, CheckpointError, TlsFailure, LogError,
+            TraceError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False,
                       soft_wrap=True)
         return 2

@@ -80,7 +80,9 @@ def read_plain_pickle(path: str | Path) -> Any:
 def _clients(value: Any, path: str | Path) -> list[tuple[Any, dict[str, Any]]]:
     if not isinstance(value, dict) or not value:
         raise TraceError(path, 0, "expected a non-empty map of client id to a map")
-    items = sorted(value.items(), key=lambda item: str(item[0]))
+    items = sorted(value.items(), key=lambda item: (not isinstance(item[0], int),
+                                                    item[0] if isinstance(item[0], int) else 0,
+                                                    str(item[0])))
     for client, entry in items:
         if not isinstance(entry, dict):
             raise TraceError(path, 0, f"client {client!r}: expected a map, got "
@@ -142,6 +144,7 @@ def convert_device_capacity(source: str | Path, out: str | Path) -> int:
     ``down_mbps`` (FedScale gives one figure). Rows keep FedScale's client ids when they
     are integers, else their order. Returns the number of rows written."""
     items = _clients(read_plain_pickle(source), source)
+    own_ids = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c, _ in items)
     rows = []
     for index, (client, entry) in enumerate(items):
         computation, communication = entry.get("computation"), entry.get("communication")
@@ -150,9 +153,22 @@ def convert_device_capacity(source: str | Path, out: str | Path) -> int:
             raise TraceError(source, 0, f"client {client!r}: 'computation' and "
                                         "'communication' must be numbers > 0")
         assert isinstance(computation, int | float) and isinstance(communication, int | float)
-        ident = client if isinstance(client, int) and client >= 0 else index
+        ident = client if own_ids else index
         rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
                              communication / 1000))
     write_capacity(out, rows, f"converted from FedScale's {Path(source).name} by "
                               "`asyncsync traces convert capacity`")
     return len(rows)
+
+
+def convert(kind: str, source: str | Path, out: str | Path, horizon_s: float,
+            workers: int | None, seed: int) -> str:
+    """``asyncsync traces convert``: write `source` (``behave`` or ``capacity``) as a CSV
+    trace at `out`; returns what was written."""
+    if kind == "behave":
+        if not horizon_s > 0 or (workers is not None and workers < 1):
+            raise TraceError(source, 0, "--horizon-s must be > 0 and --workers >= 1")
+        count = convert_behave_trace(source, out, horizon_s, workers, seed)
+        return f"{out}: availability of {count} workers over {horizon_s:g} s"
+    count = convert_device_capacity(source, out)
+    return f"{out}: capacity of {count} clients"

@@ -8,9 +8,9 @@ the recipe's checks, the set-up of every worker and the summary see the same pop
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asyncsync.hetero.availability import (
     OnlineTimes,
@@ -20,9 +20,6 @@ from asyncsync.hetero.availability import (
     load_availability,
 )
 from asyncsync.hetero.capacity import Capacity, assign_rows, load_capacity
-
-if TYPE_CHECKING:
-    from asyncsync.study.specs import AvailabilitySpec, CapacitySpec
 
 GENERATORS = ("exponential", "diurnal")
 
@@ -70,36 +67,37 @@ def _stamp(path: str) -> list[float]:
     return [stat.st_size, stat.st_mtime]
 
 
-def population(availability: AvailabilitySpec, capacity: CapacitySpec, workers: int,
+def population(availability: dict[str, Any], capacity_trace: str, workers: int,
                seed: int, end_s: float) -> Population:
-    """The population a run's sections describe (see the module docstring).
+    """The population a run's ``availability`` keys (a table of `AvailabilitySpec`'s
+    fields) and capacity trace describe (see the module docstring).
 
     Raises:
         TraceError: a trace file is malformed (the error names the file and the line).
     """
-    key = json.dumps([asdict(availability), asdict(capacity), workers, seed, end_s,
-                      _stamp(availability.trace), _stamp(capacity.trace)], sort_keys=True)
+    key = json.dumps([availability, capacity_trace, workers, seed, end_s,
+                      _stamp(availability["trace"]), _stamp(capacity_trace)], sort_keys=True)
     known = _CACHE.get(key)
     if known is None:
         times, source = _times(availability, workers, seed, end_s)
-        rows = (assign_rows(load_capacity(capacity.trace), workers, seed) if capacity.trace
+        rows = (assign_rows(load_capacity(capacity_trace), workers, seed) if capacity_trace
                 else None)
         known = _CACHE[key] = Population(times, rows, source, end_s)
     return known
 
 
-def _times(spec: AvailabilitySpec, workers: int, seed: int, end_s: float,
+def _times(keys: dict[str, Any], workers: int, seed: int, end_s: float,
            ) -> tuple[list[OnlineTimes] | None, str]:
-    if spec.trace:
-        times = load_availability(spec.trace, workers)
-        source = spec.trace
-    elif spec.generator == "exponential":
-        times = exponential_availability(workers, spec.mean_online_s, spec.mean_offline_s,
-                                         end_s, seed)
+    if keys["trace"]:
+        times = load_availability(keys["trace"], workers)
+        source = keys["trace"]
+    elif keys["generator"] == "exponential":
+        times = exponential_availability(workers, keys["mean_online_s"],
+                                         keys["mean_offline_s"], end_s, seed)
         source = "exponential"
-    elif spec.generator == "diurnal":
-        times = diurnal_availability(workers, spec.period_s, spec.online_fraction,
-                                     spec.jitter_s, end_s, seed)
+    elif keys["generator"] == "diurnal":
+        times = diurnal_availability(workers, keys["period_s"], keys["online_fraction"],
+                                     keys["jitter_s"], end_s, seed)
         source = "diurnal"
     else:
         return None, ""

@@ -379,8 +379,8 @@ class RunSpec:
 
     def population(self) -> Population:
         """The run's availability and capacity, per worker (read once per process)."""
-        return population(self.availability, self.capacity, self.workers, self.seed,
-                          self.stop.time_s)
+        return population(dataclasses.asdict(self.availability), self.capacity.trace,
+                          self.workers, self.seed, self.stop.time_s)
 
     def _check_timing(self) -> None:
         """Timing-only runs are virtual, declare their size and step time, and have no
