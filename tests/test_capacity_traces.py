@@ -160,5 +160,5 @@ def test_a_capacity_trace_refuses_another_source_of_speed(tmp_path: Path) -> Non
     trace.write_text(CAPACITY + "0,0.001,8,16\n")
     recipe = tmp_path / "cap.toml"
     recipe.write_text(RECIPE.format(trace=trace) + "[defaults.network]\nbandwidth_mbps = 5\n")
-    with pytest.raises(ValueError, match="network.bandwidth_mbps: capacity.trace sets"):
+    with pytest.raises(ValueError, match=r"network\.bandwidth_mbps: capacity\.trace sets"):
         load_recipe(recipe)
