@@ -24,7 +24,14 @@ from asyncsync.results.report import make_console, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
 from asyncsync.runlog.reading import label
 from asyncsync.schema import ConfigError
-from asyncsync.study.describe import check_table, devices_table, print_protocols, step_time_table
+from asyncsync.study.describe import (
+    check_table,
+    devices_table,
+    population_table,
+    print_protocols,
+    shards_table,
+    step_time_table,
+)
 from asyncsync.study.launch import DEFAULT_PORT, from_environ
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.specs import TOKEN_ENV, RunSpec
@@ -380,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
             console.print(check_table(recipe))
             check_data(recipe)
             console.print(step_time_table(recipe))
+            console.print(shards_table(recipe))
+            if (population := population_table(recipe)) is not None:
+                console.print(population)
             console.print(f"{args.recipe}: ok ({len(recipe.runs)} runs, "
                           f"baseline {recipe.baseline}; data found)", highlight=False)
         elif args.command == "traces":

@@ -109,9 +109,14 @@ def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerS
 def batch_sources(spec: RunSpec, data: Dataset) -> Callable[[int], BatchSource]:
     """Each worker's batches, by rank: its partition of the training set, seeded per rank
     (the partition is drawn once)."""
-    shards = partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
-                       spec.data.alpha, spec.data.classes_per_worker)
+    shards = run_shards(spec, data)
     return lambda rank: BatchSampler(data, shards[rank], seed=spec.seed * 1000 + rank).next
+
+
+def run_shards(spec: RunSpec, data: Dataset) -> list[torch.Tensor]:
+    """Each worker's sample indices (the recipe's partition, drawn with the run's seed)."""
+    return partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
+                     spec.data.alpha, spec.data.classes_per_worker, spec.data.sigma)
 
 
 def checkpoint_file(log_dir: Path) -> Path:

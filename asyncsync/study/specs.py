@@ -65,7 +65,10 @@ class DataSpec:
     partition: str = option("iid", lambda v: v in PARTITIONS,
                             f"must be one of {', '.join(PARTITIONS)}")
     alpha: float = option(0.5, _positive, "must be > 0", "dirichlet concentration")
-    classes_per_worker: int = option(2, _positive, "must be > 0", "shards partition")
+    classes_per_worker: int = option(2, _positive, "must be > 0",
+                                     "shards and label_quantity: classes each worker holds")
+    sigma: float = option(1.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
+                          "quantity_skew: sigma of the lognormal shard sizes (0: equal)")
     batch_size: int = option(32, _positive, "must be > 0")
 
 
