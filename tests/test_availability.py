@@ -183,3 +183,43 @@ def test_a_trace_with_everyone_offline_pauses_and_the_run_ends_at_its_budget(
     late = [r for r in read_jsonl(tmp_path / "run" / "worker-0.jsonl")
             if r[KEY] in (Kind.PUSH, Kind.EXCHANGE) and r["t"] > 9.5]
     assert late  # training resumed after the pause
+
+
+async def test_on_the_real_clock_a_worker_leaves_over_http_and_rejoins(
+        tmp_path: Path) -> None:
+    import asyncio
+    import math
+
+    from asyncsync.engine.settings import ServerSettings
+    from asyncsync.engine.worker import Worker
+    from asyncsync.runlog.metrics import JsonlLog
+    from asyncsync.transport.http_server import ParameterServer
+    from tests.helpers import batches_of, tiny_data, tiny_model
+
+    x, y = tiny_data()
+    server = ParameterServer(tiny_model(), "asp", 2,
+                             ServerSettings(lr=0.1, time_s=2.5, eval_interval_s=1.0),
+                             test_data=(x, y), events=JsonlLog(tmp_path / "events.jsonl"))
+    url = await server.start()
+    away = OnlineTimes(((0.0, 0.5), (1.5, math.inf)))
+    try:
+        nodes = [Worker.connect(rank, url, tiny_model(), batches_of(x, y, rank), "asp",
+                                lr=0.1, batch_size=16, heartbeat_s=0.2,
+                                availability=away if rank == 1 else None,
+                                log_path=tmp_path / f"worker-{rank}.jsonl")
+                 for rank in range(2)]
+        finals = await asyncio.gather(*(node.run() for node in nodes))
+        await server.wait_finished()
+    finally:
+        await server.close()
+    events = read_jsonl(tmp_path / "events.jsonl")
+    assert [e["worker"] for e in events if e[KEY] == Kind.REJOIN] == [1]
+    records = read_jsonl(tmp_path / "worker-1.jsonl")
+    assert [r[KEY] for r in records if r[KEY] in (Kind.OFFLINE, Kind.ONLINE)] == [
+        Kind.OFFLINE, Kind.ONLINE]
+    went = next(r["t"] for r in records if r[KEY] == Kind.OFFLINE)
+    back = next(r["t"] for r in records if r[KEY] == Kind.ONLINE)
+    assert went >= 0.5 and back >= 1.5  # (a loaded host wakes late, never early)
+    assert not [r for r in records if r[KEY] in (Kind.PUSH, Kind.PULL, Kind.EXCHANGE,
+                                                 Kind.COMPUTE) and went < r["t"] < back]
+    assert finals[0]["steps"] > finals[1]["steps"] > 0  # it computed only while online

@@ -59,6 +59,10 @@ def check_table(recipe: Recipe) -> Table:
     return table
 
 
+STEP_GROUPS_IN_FULL = 8
+"""Up to this many distinct step times `step_time_table` lists each; above, a summary."""
+
+
 def step_time_table(recipe: Recipe) -> Table:
     """How each run's steps are charged before slowness: per worker (identical workers
     grouped), the device, FLOPs and seconds of one step of the recipe's batch."""
@@ -83,8 +87,13 @@ def step_time_table(recipe: Recipe) -> Table:
             text = (f"{worker['device']} {worker['flops_per_step'] / 1e6:.4g} MFLOP "
                     if "device" in worker else "") + f"{worker['step_s'] * 1e3:.4g} ms"
             groups[text] = groups.get(text, 0) + 1
-        table.add_row(spec.name, times.source,
-                      "; ".join(f"{count} x {text}" for text, count in groups.items()))
+        if len(groups) > STEP_GROUPS_IN_FULL:  # e.g. a capacity trace: a summary
+            seconds = sorted(worker["step_s"] * 1e3 for worker in times.workers)
+            text = (f"{len(seconds)} workers, min / median / max {seconds[0]:.4g} / "
+                    f"{seconds[len(seconds) // 2]:.4g} / {seconds[-1]:.4g} ms")
+        else:
+            text = "; ".join(f"{count} x {text}" for text, count in groups.items())
+        table.add_row(spec.name, times.source, text)
     return table
 
 
