@@ -18,12 +18,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from asyncsync.engine.checkpoint import CheckpointError
+from asyncsync.hetero.traces import TraceError
 from asyncsync.results.comparison import is_baseline
 from asyncsync.results.report import make_console, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
 from asyncsync.runlog.reading import label
 from asyncsync.schema import ConfigError
-from asyncsync.study.describe import check_table, devices_table, print_protocols, step_time_table
+from asyncsync.study.describe import (
+    check_table,
+    devices_table,
+    population_table,
+    print_protocols,
+    shards_table,
+    step_time_table,
+)
 from asyncsync.study.launch import DEFAULT_PORT, from_environ
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.specs import TOKEN_ENV, RunSpec
@@ -103,6 +111,18 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--status", action="store_true",
                           help="print the run's status as JSON lines while it runs")
 
+    traces = sub.add_parser("traces", help="convert FedScale's pickled client traces to "
+                                           "CSV traces (runs read only CSV)")
+    traces.add_argument("action", choices=["convert"])
+    traces.add_argument("kind", choices=["behave", "capacity"],
+                        help="client_behave_trace (availability) or client_device_capacity")
+    traces.add_argument("source", type=Path, help="FedScale's pickle (plain data only)")
+    traces.add_argument("out", type=Path, help="the CSV trace to write")
+    traces.add_argument("--horizon-s", type=float, default=86400.0,
+                        help="behave: seconds of availability to write (default a day)")
+    traces.add_argument("--workers", type=int, default=None,
+                        help="behave: draw this many clients as ranks 0..N-1 (default all)")
+    traces.add_argument("--seed", type=int, default=0, help="behave: the draw's seed")
     sub.add_parser("protocols", help="list the protocols and their parameters")
     sub.add_parser("devices", help="list the named devices of compute.device, with sources")
     sub.add_parser("worker-token", help=f"print the worker token of the run token in "
@@ -367,8 +387,16 @@ def main(argv: list[str] | None = None) -> int:
             console.print(check_table(recipe))
             check_data(recipe)
             console.print(step_time_table(recipe))
+            console.print(shards_table(recipe))
+            if (population := population_table(recipe)) is not None:
+                console.print(population)
             console.print(f"{args.recipe}: ok ({len(recipe.runs)} runs, "
                           f"baseline {recipe.baseline}; data found)", highlight=False)
+        elif args.command == "traces":
+            from asyncsync.hetero.fedscale import convert
+
+            console.print(escape(convert(args.kind, args.source, args.out, args.horizon_s,
+                                         args.workers, args.seed)), highlight=False)
         elif args.command == "protocols":
             print_protocols(console)
         elif args.command == "devices":
@@ -391,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             torch.set_num_threads(1)
             asyncio.run(_node(args))
-    except (ConfigError, DatasetMissing, CheckpointError, TlsFailure, LogError) as exc:
+    except (ConfigError, DatasetMissing, CheckpointError, TlsFailure, LogError,
+            TraceError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False,
                       soft_wrap=True)
         return 2

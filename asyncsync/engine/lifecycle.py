@@ -174,9 +174,11 @@ class RunLifecycle:
         if self.settings.checkpoint_path is not None and self.started:
             await self.checkpoint()
         stale = self.store.staleness
+        dropped = self.rule.dropped()
         self.events.write(record(Kind.STOP, t=stopped_at, versions=self.store.version,
                                  updates=stale.count, mean_staleness=stale.mean,
                                  max_staleness=stale.maximum,
+                                 **({"dropped": dropped} if dropped else {}),
                                  **({"reason": reason} if reason else {})), flush=True)
         self.stopped = True
         self.on_stopped()

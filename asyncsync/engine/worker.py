@@ -28,7 +28,9 @@ from asyncsync.engine.compute import (
     enter_loop,
     leave_loop,
 )
+from asyncsync.engine.presence import Presence, WentOffline
 from asyncsync.engine.work import LocalWork
+from asyncsync.hetero.availability import OnlineTimes
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
 from asyncsync.hetero.network import Link
 from asyncsync.protocols.base import (
@@ -42,7 +44,7 @@ from asyncsync.protocols.base import (
 from asyncsync.protocols.ports import StepResult
 from asyncsync.runlog.metrics import JsonlLog, WorkerMetrics
 from asyncsync.runlog.schema import HELD, Kind, record
-from asyncsync.training.trainer import BatchSource, Computed, LossFn, Trainer
+from asyncsync.training.trainer import BatchSource, Computed, LossFn, Trainer, cycle_batches
 from asyncsync.wire.codecs import COMPRESSED_KINDS, Compressor
 
 T = TypeVar("T")
@@ -234,24 +236,6 @@ def model_numel(model: nn.Module) -> int:
                         if buf is not None and buf.is_floating_point())
 
 
-def cycle_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> BatchSource:
-    """Adapt an iterable of ``(inputs, targets)`` (e.g. a DataLoader) to a batch source.
-
-    The iterable's own batch size wins; protocols that resize batches need a callable.
-    """
-    iterator = iter(batches)
-
-    def next_batch(_: int) -> tuple[torch.Tensor, torch.Tensor]:
-        nonlocal iterator
-        try:
-            return next(iterator)
-        except StopIteration:
-            iterator = iter(batches)
-            return next(iterator)
-
-    return next_batch
-
-
 class Worker:
     """One worker of a run, talking to its server through `transport`.
 
@@ -276,6 +260,8 @@ class Worker:
             slowdown; see `asyncsync.engine.compute`).
         compressor: encodes this worker's gradient and delta pushes (None: float32; see
             `asyncsync.wire.codecs`).
+        availability: when this worker is online, in seconds since the run's start (None:
+            throughout; see `asyncsync.hetero.availability`).
     """
 
     def __init__(
@@ -300,6 +286,7 @@ class Worker:
         log_path: Path | None = None,
         seam: WorkerSeam | None = None,
         compressor: Compressor | None = None,
+        availability: OnlineTimes | None = None,
     ) -> None:
         self.transport = checked_transport(transport)
         if batch_size < 1:
@@ -325,6 +312,7 @@ class Worker:
                                **extra)
         self.seam = seam or ThreadedWorkerSeam(StaticSlowdown(1.0), f"asyncsync-compute-{rank}")
         self.metrics = WorkerMetrics(JsonlLog(log_path))
+        self.presence = Presence(availability, self.metrics)
         self.ctx = WorkerContext(rank, run_id, self.transport, self.trainer, self.seam,
                                  self.metrics, batch_size, max_steps, compressor)
 
@@ -362,7 +350,9 @@ class Worker:
         loop, at most `max_rejoins` times. A request refused as `Unacceptable` (e.g. a push
         completing a buffer whose result overflows) is logged (event ``refused``), counted
         (``refused`` in the totals) and re-synced the same way, without limit: others'
-        pushes never end this worker.
+        pushes never end this worker. Outside its `availability` intervals the worker
+        computes and sends nothing: its loop is cancelled, it leaves, and it rejoins when
+        it is next online (it ends when it never is again).
         """
         rejoins = refused = 0
         enter_loop()
@@ -373,6 +363,10 @@ class Worker:
             while True:
                 try:
                     await self._session()
+                except WentOffline:
+                    await self.presence.absence(
+                        lambda: self.ctx._request("leave", {}, None, None))
+                    await self._join()
                 except Unacceptable as exc:  # e.g. others' deltas made the result overflow
                     refused += 1
                     self.metrics.log.write(record(Kind.REFUSED, t=round(self.metrics.now(), 4),
@@ -432,16 +426,19 @@ class Worker:
         """
         loop = asyncio.create_task(self.protocol.worker(self.protocol_params).run(self.ctx))
         beats = asyncio.create_task(self._heartbeats())
+        tasks = {loop, beats, *self.presence.watch()}
         try:
-            await asyncio.wait({loop, beats}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if len(tasks) > 2 and not loop.done() and not beats.done():
+                raise WentOffline  # (the watch ended first)
             if beats.done() and not loop.done():
                 beats.result()  # a failed heartbeat (e.g. not in the run) ends the session
                 await loop
             loop.result()
         finally:
-            for task in (loop, beats):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(loop, beats, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _heartbeats(self) -> None:
         """Tell the server this worker is alive, also while it computes or waits."""

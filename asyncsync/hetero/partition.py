@@ -8,6 +8,12 @@
   classes are dealt round-robin from a seeded shuffle and each class's samples are split
   evenly among the workers holding it (the FedAvg paper's pathological non-IID split).
   Classes that no worker holds (fewer workers x classes than classes) are not trained on.
+- ``label_quantity``: label quantity skew (Q. Li, Y. Diao, Q. Chen, B. He, "Federated
+  Learning on Non-IID Data Silos: An Experimental Study", ICDE 2022, "#C = k"): worker i
+  holds class ``i mod C`` and `classes_per_worker` - 1 other classes drawn at random, and
+  each class's samples are split evenly among the workers holding it.
+- ``quantity_skew``: iid labels, shard sizes in proportion to draws from a lognormal of
+  mean 0 and `sigma` in log space (at least one sample each; sigma 0: equal sizes).
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-PARTITIONS = ("iid", "dirichlet", "shards")
+PARTITIONS = ("iid", "dirichlet", "shards", "label_quantity", "quantity_skew")
 
 
 def partition(labels: torch.Tensor, workers: int, kind: str, seed: int, alpha: float = 0.5,
-              classes_per_worker: int = 2) -> list[torch.Tensor]:
+              classes_per_worker: int = 2, sigma: float = 1.0) -> list[torch.Tensor]:
     """Split sample indices into `workers` disjoint shards (see the module docstring)."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -32,6 +38,10 @@ def partition(labels: torch.Tensor, workers: int, kind: str, seed: int, alpha: f
         shards = _dirichlet(y, workers, alpha, rng)
     elif kind == "shards":
         shards = _by_class(y, workers, classes_per_worker, rng)
+    elif kind == "label_quantity":
+        shards = _label_quantity(y, workers, classes_per_worker, rng)
+    elif kind == "quantity_skew":
+        shards = _quantity_skew(len(y), workers, sigma, rng)
     else:
         raise ValueError(f"unknown partition {kind!r}; known: {', '.join(PARTITIONS)}")
     return [torch.from_numpy(np.sort(s).astype(np.int64)) for s in shards]
@@ -55,6 +65,49 @@ def _dirichlet(y: np.ndarray, workers: int, alpha: float,
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 
+def _split_classes(y: np.ndarray, owned: list[list[int]], rng: np.random.Generator,
+                   ) -> list[np.ndarray]:
+    """Each class's samples split evenly among the workers owning it (`owned` per rank)."""
+    holders: dict[int, list[int]] = {}
+    for rank, mine in enumerate(owned):
+        for cls in mine:
+            holders.setdefault(cls, []).append(rank)
+    parts: list[list[int]] = [[] for _ in owned]
+    for cls, ranks in holders.items():
+        members = rng.permutation(np.flatnonzero(y == cls))
+        for rank, piece in zip(ranks, np.array_split(members, len(ranks)), strict=True):
+            parts[rank].extend(piece.tolist())
+    return [np.asarray(p, dtype=np.int64) for p in parts]
+
+
+def _label_quantity(y: np.ndarray, workers: int, per_worker: int,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+    classes = np.unique(y)
+    if not 1 <= per_worker <= len(classes):
+        raise ValueError(f"classes_per_worker must be in 1..{len(classes)}, got {per_worker}")
+    owned = []
+    for rank in range(workers):
+        own = int(classes[rank % len(classes)])
+        others = [int(c) for c in classes if c != own]
+        owned.append([own, *(int(c) for c in rng.choice(others, per_worker - 1,
+                                                        replace=False))])
+    return _split_classes(y, owned, rng)
+
+
+def _quantity_skew(samples: int, workers: int, sigma: float,
+                   rng: np.random.Generator) -> list[np.ndarray]:
+    if sigma < 0:
+        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if samples < workers:
+        raise ValueError(f"quantity_skew: {samples} samples cannot give {workers} workers "
+                         "one each")
+    shares = rng.lognormal(0.0, sigma, workers)
+    sizes = 1 + np.floor(shares / shares.sum() * (samples - workers)).astype(np.int64)
+    sizes[: samples - int(sizes.sum())] += 1  # the rounding's remainder, one each
+    order = rng.permutation(samples)
+    return np.split(order, np.cumsum(sizes)[:-1])
+
+
 def _by_class(y: np.ndarray, workers: int, per_worker: int,
               rng: np.random.Generator) -> list[np.ndarray]:
     classes = rng.permutation(np.unique(y))
@@ -62,13 +115,4 @@ def _by_class(y: np.ndarray, workers: int, per_worker: int,
         raise ValueError(f"classes_per_worker must be in 1..{len(classes)}, got {per_worker}")
     owned = [[int(classes[(rank * per_worker + i) % len(classes)]) for i in range(per_worker)]
              for rank in range(workers)]
-    holders: dict[int, list[int]] = {}
-    for rank, mine in enumerate(owned):
-        for cls in mine:
-            holders.setdefault(cls, []).append(rank)
-    parts: list[list[int]] = [[] for _ in range(workers)]
-    for cls, ranks in holders.items():
-        members = rng.permutation(np.flatnonzero(y == cls))
-        for rank, piece in zip(ranks, np.array_split(members, len(ranks)), strict=True):
-            parts[rank].extend(piece.tolist())
-    return [np.asarray(p, dtype=np.int64) for p in parts]
+    return _split_classes(y, owned, rng)

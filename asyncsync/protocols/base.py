@@ -171,6 +171,11 @@ class ServerRule(ABC, Generic[P]):
         """A worker (re)joined a running run (``store.live`` holds it again); it starts
         from the current global model and version."""
 
+    def dropped(self) -> int:
+        """Reports taken and dropped so far (e.g. late for a round that closed without
+        them); none by default."""
+        return 0
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Rule state worth a checkpoint (e.g. an outer optimizer's momentum): the rule's
         own tensors, which it replaces and never writes in place."""

@@ -40,7 +40,7 @@ from asyncsync.protocols.base import (
     register,
 )
 from asyncsync.protocols.ports import Context, Store
-from asyncsync.protocols.rounds import RoundServer
+from asyncsync.protocols.rounds import Cutoff, RoundServer
 from asyncsync.protocols.server_optim import (
     SERVER_OPTIMIZERS,
     AdaptiveOptions,
@@ -51,8 +51,8 @@ from asyncsync.protocols.server_optim import (
 
 
 @dataclass(frozen=True)
-class DilocoParams(AdaptiveOptions):
-    """Parameters of DiLoCo (with the adaptive outer optimizers')."""
+class DilocoParams(AdaptiveOptions, Cutoff):
+    """Parameters of DiLoCo (with the adaptive outer optimizers' and the round policies)."""
 
     inner_steps: int = option(50, lambda v: v >= 1, "must be >= 1",
                               "H: local (inner) steps between outer steps")
@@ -65,6 +65,7 @@ class DilocoParams(AdaptiveOptions):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.check_cutoff()
 
     def make_outer_optimizer(self) -> ServerOptimizer:
         """A fresh outer optimizer as configured."""

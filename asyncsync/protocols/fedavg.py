@@ -20,6 +20,7 @@ Reference: H. B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas,
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -41,9 +42,13 @@ class FedAvgServer(LocalSgdServer):
     """Local SGD's rounds over a sampled fraction of the live workers, weighted by samples."""
 
     def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
-        """``max(1, round(C * n))`` of the n `candidates`, drawn afresh for each round."""
+        """``k = max(1, round(C * n))`` of the n `candidates`, drawn afresh for each round;
+        with over-selection ``ceil(k (1 + overcommit))`` of them, of which the first k
+        reports close the round."""
         pool = sorted(candidates)
-        count = min(len(pool), max(1, round(self.params.fraction * len(pool))))
+        wanted = min(len(pool), max(1, round(self.params.fraction * len(pool))))
+        count = min(len(pool), math.ceil(wanted * (1 + self.params.overcommit) - 1e-9))
+        self.wanted = wanted
         rng = random.Random(self.params.seed * 1_000_003 + version)
         return frozenset(rng.sample(pool, count))
 

@@ -52,12 +52,13 @@ from asyncsync.protocols.base import (
 )
 from asyncsync.protocols.local_sgd import LocalSgdServer
 from asyncsync.protocols.ports import Context, StepResult
+from asyncsync.protocols.rounds import Cutoff
 from asyncsync.protocols.server_optim import ServerOptimizerOptions, apply_delta
 
 
 @dataclass(frozen=True)
-class FedNovaParams(ServerOptimizerOptions):
-    """Parameters of FedNova (with the server optimizer's)."""
+class FedNovaParams(ServerOptimizerOptions, Cutoff):
+    """Parameters of FedNova (with the server optimizer's and the round policies)."""
 
     local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
                               "H: local steps per round when there is no budget")
@@ -69,6 +70,7 @@ class FedNovaParams(ServerOptimizerOptions):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.check_cutoff()
         if self.local_steps > self.max_steps:
             raise ValueError(f"max_steps: must be >= local_steps ({self.local_steps}), "
                              f"got {self.max_steps}")

@@ -45,7 +45,7 @@ from asyncsync.protocols.base import (
     register,
 )
 from asyncsync.protocols.ports import Context, Store
-from asyncsync.protocols.rounds import RoundServer, average, contributions
+from asyncsync.protocols.rounds import Cutoff, RoundServer, average, contributions
 from asyncsync.protocols.server_optim import (
     ServerOptimizerOptions,
     ServerOptimizerState,
@@ -54,8 +54,9 @@ from asyncsync.protocols.server_optim import (
 
 
 @dataclass(frozen=True)
-class LocalSgdParams(ServerOptimizerOptions):
-    """Parameters of local SGD (with FedProx's mu and the server optimizer's)."""
+class LocalSgdParams(ServerOptimizerOptions, Cutoff):
+    """Parameters of local SGD (with FedProx's mu, the server optimizer's and the round
+    policies of `Cutoff`)."""
 
     local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
                               "H: local SGD steps per round")
@@ -64,6 +65,7 @@ class LocalSgdParams(ServerOptimizerOptions):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.check_cutoff()
 
 
 class LocalSgdServer(ServerOptimizerState, RoundServer):
@@ -108,9 +110,12 @@ class LocalSgdServer(ServerOptimizerState, RoundServer):
             self.round = self.participants(self.store.version, self.store.live)
 
     def joined(self, worker: int) -> None:
+        wanted = self.wanted  # (a draw sets it; this one may not be taken)
         drawn = self.participants(self.store.version, self.store.live)
         if worker not in self.round and self.members() <= drawn:
             self.round = drawn
+        else:
+            self.wanted = wanted
 
     def aggregate(self, w: torch.Tensor, pushes: list[Push]) -> torch.Tensor:
         """The next global vector from the round's pushes (in the compute seam): the server

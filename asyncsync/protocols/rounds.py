@@ -38,8 +38,21 @@ parameter dataclass derives from `Cutoff` lets a round close before every member
   worker carries on from the newest version (no refusal, hence no rejoin). The members a
   round closed without are in its `RoundRecord.missing`.
 
+Over-selection (K. Bonawitz et al., "Towards Federated Learning at Scale: System Design",
+MLSys 2019, which selects 130% of the devices a round needs) and adaptive deadlines:
+
+- With ``overcommit = o > 0`` a round closes with its first k reports and drops the rest
+  as late: k is what the rule draws the round for (FedAvg: its ``max(1, round(C n))``
+  sampled workers, of which it draws ``ceil(k (1 + o))``), else ``ceil(M / (1 + o))`` of
+  the round's M members (every live worker takes part, so no more can be drawn).
+- With ``deadline_quantile = q`` or ``deadline_mad_k = k``, a round's deadline (timed from
+  its first push, as ``deadline_s``) is the q-quantile, or the median plus k MADs, of the
+  last ``deadline_window`` rounds' durations (`asyncsync.protocols.deadlines`); until three
+  rounds are known, rounds wait for every member.
+
+Every report dropped by these policies is counted in `late` (the run's ``dropped``).
 Late pushes are recognised by their base version, so only protocols whose pushes are
-based on the current version (`same_version`) may derive their parameters from `Cutoff`.
+based on the current version (`same_version`) may use any of these.
 
 Hooks for variants: `members`, `take` (check a push), `weight`, `left`, `joined`,
 `combine` or `close_round`.
@@ -71,6 +84,7 @@ from asyncsync.protocols.base import (
     unchanged_if_refused,
     wide_history,
 )
+from asyncsync.protocols.deadlines import MIN_ROUNDS, RoundDurations
 from asyncsync.protocols.ports import Contributions, Store
 
 
@@ -104,7 +118,11 @@ def contributions(pushes: dict[int, Push]) -> Contributions:
     return [(push.worker, push.base_version) for push in pushes.values()]
 
 
-@dataclass(frozen=True)
+def _fraction(value: float) -> bool:
+    return 0 <= value <= 1
+
+
+@dataclass(frozen=True, kw_only=True)
 class Cutoff:
     """Parameters that let a round close without its slowest members (see the module
     docstring); a protocol's parameter dataclass derives from this class to offer them."""
@@ -115,9 +133,44 @@ class Cutoff:
     deadline_s: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
                                "a round closes this long after its first push with what "
                                "arrived (0: no deadline)")
+    overcommit: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
+                               "over-selection: a round closes with its first k reports of "
+                               "ceil(k (1 + overcommit)) drawn (0: off)")
+    deadline_quantile: float = option(0.0, _fraction, "must be in [0, 1]",
+                                      "adaptive deadline: this quantile of recent round "
+                                      "durations (0: off)")
+    deadline_mad_k: float = option(0.0, lambda v: 0 <= v < math.inf,
+                                   "must be >= 0 and finite",
+                                   "adaptive deadline: median + k MADs of recent round "
+                                   "durations (0: off)")
+    deadline_window: int = option(10, lambda v: v >= MIN_ROUNDS, f"must be >= {MIN_ROUNDS}",
+                                  "adaptive deadline: how many recent rounds it follows")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.check_cutoff()
+
+    def check_cutoff(self) -> None:
+        """Refuse combinations of these options that contradict each other (a subclass
+        with a ``__post_init__`` of its own calls this)."""
+        chosen = [name for name in ("deadline_s", "deadline_quantile", "deadline_mad_k")
+                  if getattr(self, name)]
+        if len(chosen) > 1:
+            raise ValueError(f"{' and '.join(chosen)}: choose one kind of deadline")
+        if self.backup_workers and self.overcommit:
+            raise ValueError("backup_workers and overcommit: choose one way to close a round "
+                             "early")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the deadline follows recent round durations."""
+        return bool(self.deadline_quantile or self.deadline_mad_k)
+
+    @property
+    def cuts(self) -> bool:
+        """Whether rounds may close without some members (so late pushes can happen)."""
+        return bool(self.backup_workers or self.deadline_s or self.overcommit
+                    or self.adaptive)
 
 
 @dataclass(frozen=True)
@@ -132,6 +185,7 @@ class RoundRecord:
     steps: dict[int, int]
     missing: frozenset[int] = field(default_factory=frozenset)
     refused: bool = False
+    deadline_s: float | None = None
 
 
 class RoundServer(ServerRule[P]):
@@ -146,6 +200,9 @@ class RoundServer(ServerRule[P]):
         rounds: the most recent closed rounds (at most `wide_history(workers)`).
         cutoff: when a round may close early (from the parameters when they derive from
             `Cutoff`, else never); late: late pushes dropped, per worker.
+        wanted: the reports an over-selected round closes with, when the rule draws its
+            members for a count (None: from the members, see the module docstring).
+        durations: recent round durations, with an adaptive deadline (else None).
     """
 
     same_version: ClassVar[bool] = True
@@ -160,7 +217,17 @@ class RoundServer(ServerRule[P]):
         if self.cutoff.backup_workers >= store.workers:
             raise ValueError(f"backup_workers: must be < workers ({store.workers}), "
                              f"got {self.cutoff.backup_workers}")
+        if self.cutoff.cuts and not self.same_version:
+            raise ValueError(f"{type(self).__name__}: its pushes are not all based on the "
+                             "current version, so rounds cannot drop late ones (backup "
+                             "workers, deadlines and over-selection are not offered)")
         self.late: dict[int, int] = {}
+        self.wanted: int | None = None
+        self.durations = (RoundDurations(self.cutoff.deadline_window,
+                                         self.cutoff.deadline_quantile,
+                                         self.cutoff.deadline_mad_k)
+                          if self.cutoff.adaptive else None)
+        self._deadlines: list[float | None] = [None] * len(self.bounds)
         self._answered: dict[tuple[int, int], int] = {}  # (fragment, worker) -> base version
         self._timers: list[asyncio.TimerHandle | None] = [None] * len(self.bounds)
         self._expiring: set[asyncio.Task[None]] = set()  # deadline closes under way
@@ -173,6 +240,18 @@ class RoundServer(ServerRule[P]):
     def members(self, fragment: int) -> Set[int]:
         """The workers the fragment's open round waits for: every live worker."""
         return self.store.live
+
+    def quorum(self, fragment: int) -> int:
+        """How many of the open round's members' pushes close it."""
+        members = len(self.members(fragment))
+        if self.cutoff.overcommit:
+            wanted = self.wanted or math.ceil(members / (1 + self.cutoff.overcommit))
+            return max(1, min(wanted, members))
+        return members - self.cutoff.backup_workers
+
+    def dropped(self) -> int:
+        """Reports dropped so far because their round closed without them."""
+        return sum(self.late.values())
 
     def take(self, push: Push) -> None:
         """Check a push about to join a round (raise a `Refused` to refuse it)."""
@@ -227,7 +306,7 @@ class RoundServer(ServerRule[P]):
         async with self.store.lock:
             pending, number = self.pending[fragment], self.closed[fragment]
             if self.same_version and push.base_version != self.store.version:
-                if push.base_version < self.store.version and self._cuts():
+                if push.base_version < self.store.version and self.cutoff.cuts:
                     return self._drop_late(fragment, push)
                 raise OutOfStep(f"push based on version {push.base_version}, but the round "
                                 f"in progress is at version {self.store.version}")
@@ -239,18 +318,18 @@ class RoundServer(ServerRule[P]):
                                 f"for round {number}")
             self.take(push)
             pending[push.worker] = push
-            if len(pending) == 1 and self.cutoff.deadline_s:
+            if len(pending) == 1:
                 self._arm(fragment)
+            if self.durations is not None:
+                self.durations.report((fragment, push.base_version), self.store.now())
             await self._close_if_complete(fragment)
         return {"fragment": fragment, "round": number}
-
-    def _cuts(self) -> bool:
-        """Whether rounds may close without some members (so late pushes can happen)."""
-        return bool(self.cutoff.backup_workers or self.cutoff.deadline_s)
 
     def _drop_late(self, fragment: int, push: Push) -> dict[str, Any]:
         """Count and drop a push whose round closed without it; its pull is answered."""
         self.late[push.worker] = self.late.get(push.worker, 0) + 1
+        if self.durations is not None:
+            self.durations.report((fragment, push.base_version), self.store.now())
         key = (fragment, push.worker)
         self._answered[key] = max(self._answered.get(key, -1), push.base_version)
         self.store.notify()
@@ -258,7 +337,7 @@ class RoundServer(ServerRule[P]):
 
     async def _close_if_complete(self, fragment: int) -> None:
         pushes, members = self.pending[fragment], self.members(fragment)
-        quorum = len(members) - self.cutoff.backup_workers
+        quorum = self.quorum(fragment)
         # counting the members among the pushes is O(N): only once there can be enough
         if pushes and len(pushes) >= quorum and len(pushes.keys() & members) >= quorum:
             await self._close(fragment)
@@ -277,7 +356,7 @@ class RoundServer(ServerRule[P]):
         self._disarm(fragment)
         self.rounds.append(RoundRecord(fragment, self.closed[fragment], self.store.version,
                                        {w: push.steps for w, push in pushes.items()},
-                                       missing, refused))
+                                       missing, refused, self._deadlines[fragment]))
         for worker, push in pushes.items():
             self._answered[fragment, worker] = push.base_version
         self.pending[fragment] = {}
@@ -285,9 +364,13 @@ class RoundServer(ServerRule[P]):
 
     # ---- the deadline --------------------------------------------------------------------
     def _arm(self, fragment: int) -> None:
-        """Start the open round's deadline (at its first push)."""
-        self._timers[fragment] = asyncio.get_running_loop().call_later(
-            self.cutoff.deadline_s, self._expire, fragment, self.closed[fragment])
+        """Start the open round's deadline, if it has one (at its first push)."""
+        deadline = (self.durations.deadline() if self.durations is not None
+                    else self.cutoff.deadline_s or None)
+        self._deadlines[fragment] = deadline
+        if deadline is not None:
+            self._timers[fragment] = asyncio.get_running_loop().call_later(
+                deadline, self._expire, fragment, self.closed[fragment])
 
     def _disarm(self, fragment: int) -> None:
         timer = self._timers[fragment]

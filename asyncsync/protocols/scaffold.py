@@ -55,7 +55,7 @@ from asyncsync.protocols.base import (
 )
 from asyncsync.protocols.local_sgd import LocalSgdServer
 from asyncsync.protocols.ports import Context, Store
-from asyncsync.protocols.rounds import average
+from asyncsync.protocols.rounds import Cutoff, average
 from asyncsync.protocols.server_optim import ServerOptimizerOptions
 
 PARTS = ("model", "control")
@@ -63,14 +63,15 @@ PARTS = ("model", "control")
 
 
 @dataclass(frozen=True)
-class ScaffoldParams(ServerOptimizerOptions):
-    """Parameters of SCAFFOLD (with the server optimizer's)."""
+class ScaffoldParams(ServerOptimizerOptions, Cutoff):
+    """Parameters of SCAFFOLD (with the server optimizer's and the round policies)."""
 
     local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
                               "K: local steps per round")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.check_cutoff()
 
 
 class ScaffoldServer(LocalSgdServer):
@@ -96,6 +97,8 @@ class ScaffoldServer(LocalSgdServer):
         if push.kind == "delta":
             return await super().on_push(push)
         async with self.store.lock:
+            if push.base_version < self.store.version and self.cutoff.cuts:
+                return {"part": "control", "late": True}  # its delta is counted late
             if push.base_version != self.store.version:
                 raise OutOfStep(f"control variate based on version {push.base_version}, but "
                                 f"the round in progress is at version {self.store.version}")
@@ -121,7 +124,8 @@ class ScaffoldServer(LocalSgdServer):
 
     def aggregate(self, w: torch.Tensor, pushes: list[Push]) -> torch.Tensor:
         """Local SGD's server step; ``c`` becomes the mean of the round's control variates."""
-        self.control = average([self.controls.pop(push.worker) for push in pushes])
+        self.control = average([self.controls[push.worker] for push in pushes])
+        self.controls.clear()  # those of members the round closed without are late
         return super().aggregate(w, pushes)
 
     async def on_pull(self, pull: Pull) -> Reply:

@@ -89,6 +89,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "eval_slipped": bool(gaps and every and max(gaps) > SLIP * every),
         "evaluations": [[e["t"], e["accuracy"]] for e in evals],
         **({"gave_up": stop["reason"]} if "reason" in stop else {}),
+        **({"dropped": stop["dropped"]} if "dropped" in stop else {}),
     }
     for column in COLUMNS:
         if column.derive is not None:
@@ -119,6 +120,7 @@ class Column:
         derive: computes it from the summary's other fields (None: summarize_run sets it).
         shown: whether the terminal table shows it (table.csv has every column).
         relative: a ratio against the baseline's repeat of the same seed (the speedup).
+        when_any: shown (though not `shown`) when some run of the table has it.
     """
 
     key: str
@@ -129,6 +131,7 @@ class Column:
     derive: Callable[[dict[str, Any]], Any] | None = None
     shown: bool = True
     relative: bool = False
+    when_any: bool = False
 
 
 def _mb_moved(summary: dict[str, Any]) -> float:
@@ -152,6 +155,8 @@ COLUMNS = (
     Column("mean_staleness", "stale", "mean staleness of the applied updates (versions)",
            ".2f"),
     Column("versions", "vers", "model versions", ".0f", shown=False),
+    Column("dropped", "drop", "reports dropped by round policies (late for a round that "
+           "closed without them; - when none)", ".0f", shown=False, when_any=True),
     Column("eval_interval_mean_s", "eval", "mean seconds between evaluations", ".1f",
            shown=False),
     Column("eval_interval_max_s", "eval max", "longest gap between evaluations", ".1f",
@@ -226,7 +231,8 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     so that no number is ever cut."""
     target = _fmt(next((s.get("target_accuracy") for s in summaries
                         if s.get("target_accuracy")), None), ".2f")
-    columns = [c for c in COLUMNS if c.shown]
+    columns = [c for c in COLUMNS if c.shown or (
+        c.when_any and any(s.get(c.key) is not None for s in summaries))]
     headers = [c.header.format(target=target) for c in columns]
     repeats = max(len(g) for g in groups(summaries))
     caption = f" - mean±95% interval over {repeats} repeats" if repeats > 1 else ""

@@ -46,7 +46,7 @@ class Kind(StrEnum):
     STOP = "stop"
     LEAVE_TIMEOUT = "leave_timeout"
     # a worker's worker-<rank>.jsonl: spans of computing and requests (named by their
-    # operation: JOIN, PUSH, PULL, QUERY, EXCHANGE, LEAVE), re-syncs, totals
+    # operation: JOIN, PUSH, PULL, QUERY, EXCHANGE, LEAVE), re-syncs, availability, totals
     COMPUTE = "compute"
     PUSH = "push"
     PULL = "pull"
@@ -54,6 +54,8 @@ class Kind(StrEnum):
     EXCHANGE = "exchange"
     LEAVE = "leave"
     REFUSED = "refused"
+    OFFLINE = "offline"  # the availability trace took the worker offline (until: when back)
+    ONLINE = "online"
     FINAL = "final"
 
 

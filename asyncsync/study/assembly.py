@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import ssl
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import ThreadedWorkerSeam, WorkerSeam
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker, model_numel
+from asyncsync.hetero.capacity import Capacity
 from asyncsync.hetero.compute import ComputeProfile, FixedStepCost, StepCost
 from asyncsync.hetero.cost_model import (
     DeviceStepCost,
@@ -109,9 +111,14 @@ def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerS
 def batch_sources(spec: RunSpec, data: Dataset) -> Callable[[int], BatchSource]:
     """Each worker's batches, by rank: its partition of the training set, seeded per rank
     (the partition is drawn once)."""
-    shards = partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
-                       spec.data.alpha, spec.data.classes_per_worker)
+    shards = run_shards(spec, data)
     return lambda rank: BatchSampler(data, shards[rank], seed=spec.seed * 1000 + rank).next
+
+
+def run_shards(spec: RunSpec, data: Dataset) -> list[torch.Tensor]:
+    """Each worker's sample indices (the recipe's partition, drawn with the run's seed)."""
+    return partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
+                     spec.data.alpha, spec.data.classes_per_worker, spec.data.sigma)
 
 
 def checkpoint_file(log_dir: Path) -> Path:
@@ -125,8 +132,13 @@ def link_seed(seed: int, rank: int) -> int:
 
 
 def worker_link(spec: RunSpec, rank: int) -> Link | None:
-    """Worker `rank`'s emulated link (None: not shaped)."""
+    """Worker `rank`'s emulated link (None: not shaped); a capacity trace's bandwidths
+    replace the network section's."""
     link_spec = spec.network.link(rank)
+    rows = spec.population().capacity
+    if rows is not None:
+        link_spec = dataclasses.replace(link_spec, uplink_mbps=rows[rank].up_mbps,
+                                        downlink_mbps=rows[rank].down_mbps)
     return Link(link_spec, seed=link_seed(spec.seed, rank)) if link_spec.shaped else None
 
 
@@ -150,6 +162,9 @@ def step_times(spec: RunSpec, flops: ModelFlops | None = None,
     """Each worker's step cost: the recipe's explicit ``base_step_s``, a calibrated one, or
     the step's FLOPs (`run_flops`) over the worker's device rate."""
     batch = spec.data.batch_size
+    rows = spec.population().capacity
+    if rows is not None:
+        return _capacity_step_times(rows, batch, flops)
     fixed = spec.compute.explicit_step_s or calibrated_s
     if fixed:
         source = "explicit" if spec.compute.explicit_step_s else "calibrated (host-dependent)"
@@ -168,6 +183,25 @@ def step_times(spec: RunSpec, flops: ModelFlops | None = None,
                       "flops_per_step": flops.flops(batch), "ops_per_step": flops.ops,
                       "op_overhead_s": op_s, "step_s": cost.base_s(batch)})
     return StepTimes("device", costs, facts)
+
+
+def _capacity_step_times(rows: list[Capacity], batch: int, flops: ModelFlops | None
+                         ) -> StepTimes:
+    """Each worker's step cost from its capacity row: seconds per sample x the batch, or
+    the step's FLOPs over the row's FLOP/s."""
+    costs: list[StepCost] = []
+    facts = []
+    for rank, row in enumerate(rows):
+        if row.s_per_sample is not None:
+            cost: StepCost = FixedStepCost(row.s_per_sample * batch, batch)
+        elif flops is None:
+            raise ValueError("a capacity trace in FLOP/s needs the model's FLOPs")
+        else:
+            assert row.flops_per_s is not None
+            cost = DeviceStepCost(flops, row.flops_per_s, batch)
+        costs.append(cost)
+        facts.append({"rank": rank, "capacity_row": row.row, "step_s": cost.base_s(batch)})
+    return StepTimes("capacity", costs, facts)
 
 
 def run_flops(spec: RunSpec, model: torch.nn.Module, input_shape: tuple[int, ...]
@@ -197,6 +231,7 @@ def assemble_worker(spec: RunSpec, rank: int, run_id: str, model: torch.nn.Modul
         lr=spec.optim.lr, momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
         batch_size=spec.data.batch_size, device=device, heartbeat_s=spec.fault.heartbeat_s,
         compressor=spec.network.compressor(), seam=seam(spec.compute_profile(rank)),
+        availability=spec.population().online(rank),
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
 
 
@@ -214,7 +249,9 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
     model = run_model(spec, data)
     token = run_worker_token(spec)
     cost = None
-    if spec.compute.explicit_step_s:  # paced; a device charges virtual time only
+    rows = spec.population().capacity
+    if spec.compute.explicit_step_s or (rows and rows[rank].s_per_sample is not None):
+        # paced; a device or a capacity in FLOP/s charges virtual time only
         cost = step_times(spec).costs[rank]
 
     def dial(link: Link | None) -> Transport:

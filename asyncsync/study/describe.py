@@ -13,6 +13,7 @@ from rich.table import Table
 from asyncsync.protocols import discover
 from asyncsync.schema import describe
 from asyncsync.study.recipe import Recipe
+from asyncsync.study.specs import TIMING_MODEL
 
 
 def _changed(params: Any) -> str:
@@ -58,6 +59,10 @@ def check_table(recipe: Recipe) -> Table:
     return table
 
 
+STEP_GROUPS_IN_FULL = 8
+"""Up to this many distinct step times `step_time_table` lists each; above, a summary."""
+
+
 def step_time_table(recipe: Recipe) -> Table:
     """How each run's steps are charged before slowness: per worker (identical workers
     grouped), the device, FLOPs and seconds of one step of the recipe's batch."""
@@ -82,9 +87,71 @@ def step_time_table(recipe: Recipe) -> Table:
             text = (f"{worker['device']} {worker['flops_per_step'] / 1e6:.4g} MFLOP "
                     if "device" in worker else "") + f"{worker['step_s'] * 1e3:.4g} ms"
             groups[text] = groups.get(text, 0) + 1
-        table.add_row(spec.name, times.source,
-                      "; ".join(f"{count} x {text}" for text, count in groups.items()))
+        if len(groups) > STEP_GROUPS_IN_FULL:  # e.g. a capacity trace: a summary
+            seconds = sorted(worker["step_s"] * 1e3 for worker in times.workers)
+            text = (f"{len(seconds)} workers, min / median / max {seconds[0]:.4g} / "
+                    f"{seconds[len(seconds) // 2]:.4g} / {seconds[-1]:.4g} ms")
+        else:
+            text = "; ".join(f"{count} x {text}" for text, count in groups.items())
+        table.add_row(spec.name, times.source, text)
     return table
+
+
+SHARDS_IN_FULL = 32
+"""Up to this many workers `shards_table` lists each worker; above, a summary per run."""
+
+
+def _spread(values: list[int]) -> str:
+    ordered = sorted(values)
+    return f"{ordered[0]} / {ordered[len(ordered) // 2]} / {ordered[-1]}"
+
+
+def shards_table(recipe: Recipe) -> Table:
+    """Each worker's shard: its size and classes (above `SHARDS_IN_FULL` workers, the
+    min / median / max of both per run)."""
+    from asyncsync.study.assembly import run_data, run_shards
+
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                  title="data per worker", title_justify="left")
+    for header in ("run", "partition", "worker", "samples", "classes"):
+        table.add_column(header, overflow="fold")
+    for spec in recipe.runs:
+        if spec.model.name == TIMING_MODEL:
+            continue
+        data = run_data(spec)
+        shards = run_shards(spec, data)
+        labels = [sorted({int(c) for c in data.train_y[shard].tolist()}) for shard in shards]
+        if spec.workers <= SHARDS_IN_FULL:
+            for rank, (shard, held) in enumerate(zip(shards, labels, strict=True)):
+                table.add_row(spec.name if rank == 0 else "",
+                              spec.data.partition if rank == 0 else "", str(rank),
+                              str(len(shard)), ",".join(map(str, held)))
+        else:
+            table.add_row(spec.name, spec.data.partition, f"{spec.workers} (min/med/max)",
+                          _spread([len(s) for s in shards]),
+                          _spread([len(held) for held in labels]) + " classes")
+    return table
+
+
+def population_table(recipe: Recipe) -> Table | None:
+    """Runs with an availability or capacity trace: what share of the budget the workers
+    are online, when none is, and the capacity rows drawn (None: no such run)."""
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                  title="population", title_justify="left")
+    for header in ("run", "availability", "online", "all offline", "capacity rows"):
+        table.add_column(header, overflow="fold")
+    for spec in recipe.runs:
+        facts = spec.population().facts()
+        if not facts:
+            continue
+        online = facts.get("availability", {})
+        rows = facts.get("capacity_rows")
+        table.add_row(spec.name, online.get("source", "-"),
+                      f"{online['mean_online_share']:.0%} mean, {online['never_online']} "
+                      "never" if online else "-",
+                      f"{online['all_offline_s']:g} s" if online else "-",
+                      f"{len(set(rows))} distinct of {len(rows)}" if rows else "-")
+    return table if table.row_count else None
 
 
 def devices_table() -> Table:

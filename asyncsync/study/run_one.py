@@ -29,7 +29,7 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
         return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index)
     await run_nodes(spec, recipe.name, run_dir,
                     lambda status: dashboard.update(spec, index, status))
-    return summarize_run(run_dir)
+    return {**summarize_run(run_dir), **spec.population().facts()}
 
 
 _CALIBRATED: dict[str, float] = {}

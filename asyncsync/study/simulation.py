@@ -155,6 +155,7 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     real_s = wall() - began
     fixed = spec.compute.explicit_step_s or calibrated_s
     return {"clock": "virtual", "base_step_s": fixed or None, **times.facts(),
+            **spec.population().facts(),
             "real_s": round(real_s, 3), "setup_real_s": round(cost.setup_s, 3),
             "math_real_s": round(cost.math_s, 3), "eval_real_s": round(cost.eval_s, 3),
             "virtual_per_real": round(virtual_s / real_s, 3) if real_s > 0 else None,

@@ -22,6 +22,7 @@ from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams
 from asyncsync.runlog.reading import sweep_suffix
 from asyncsync.schema import option
+from asyncsync.study.population import GENERATORS, Population, population
 from asyncsync.training.data import DATASETS
 from asyncsync.wire.codecs import CODECS, Compressor
 
@@ -65,7 +66,10 @@ class DataSpec:
     partition: str = option("iid", lambda v: v in PARTITIONS,
                             f"must be one of {', '.join(PARTITIONS)}")
     alpha: float = option(0.5, _positive, "must be > 0", "dirichlet concentration")
-    classes_per_worker: int = option(2, _positive, "must be > 0", "shards partition")
+    classes_per_worker: int = option(2, _positive, "must be > 0",
+                                     "shards and label_quantity: classes each worker holds")
+    sigma: float = option(1.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
+                          "quantity_skew: sigma of the lognormal shard sizes (0: equal)")
     batch_size: int = option(32, _positive, "must be > 0")
 
 
@@ -247,6 +251,41 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class AvailabilitySpec:
+    """When each worker is online: a CSV trace or a seeded generator (none: always)."""
+
+    trace: str = option("", help="CSV trace: worker, online_from_s, online_to_s (seconds "
+                                 "since the run's start; a worker without rows is never "
+                                 "online); relative to the working directory")
+    generator: str = option("", lambda v: v in ("", *GENERATORS),
+                            f"must be one of {', '.join(GENERATORS)} (or empty)",
+                            "draw the intervals with the run's seed instead of a trace")
+    mean_online_s: float = option(600.0, _positive, "must be > 0",
+                                  "exponential: mean length of an online period")
+    mean_offline_s: float = option(600.0, _positive, "must be > 0",
+                                   "exponential: mean length of an offline period")
+    period_s: float = option(86400.0, _positive, "must be > 0", "diurnal: the day's length")
+    online_fraction: float = option(0.3, lambda v: 0 < v <= 1, "must be in (0, 1]",
+                                    "diurnal: share of each day a worker is online")
+    jitter_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
+                             "diurnal: std. dev. of a day's window start around the phase")
+
+    def __post_init__(self) -> None:
+        if self.trace and self.generator:
+            raise ValueError("availability: give a trace or a generator, not both")
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """Each worker's compute speed and link bandwidth from a trace (none: the compute and
+    network sections decide)."""
+
+    trace: str = option("", help="CSV trace: worker, s_per_sample or flops_per_s, up_mbps, "
+                                 "down_mbps; rows drawn with the seed when the trace is "
+                                 "shorter than the population")
+
+
+@dataclass(frozen=True)
 class TlsSpec:
     """TLS between a run's nodes (PEM files; relative paths are from the working
     directory). With `cert` and `key` the server serves https; workers verify it against
@@ -302,6 +341,8 @@ class RunSpec:
     eval: EvalSpec = field(default_factory=EvalSpec)
     fault: FaultSpec = field(default_factory=FaultSpec)
     tls: TlsSpec = field(default_factory=TlsSpec)
+    availability: AvailabilitySpec = field(default_factory=AvailabilitySpec)
+    capacity: CapacitySpec = field(default_factory=CapacitySpec)
 
     def __post_init__(self) -> None:
         if self.network.server_mbps and self.clock != "virtual":
@@ -316,6 +357,8 @@ class RunSpec:
                              f"eval.interval_s ({self.eval.interval_s:g} s); patience is "
                              "judged at evaluations")
         self._check_compute()
+        self._check_capacity()
+        self.population()  # a malformed trace is refused with the recipe
         if self.model.name == TIMING_MODEL:
             self._check_timing()
         elif self.model.size_mb:
@@ -332,6 +375,26 @@ class RunSpec:
         if self.compute.calibrate and self.clock != "virtual":
             raise ValueError(f"compute.base_step_s: \"{CALIBRATE}\" sets a virtual run's step "
                              "time; a real run times itself (set clock = \"virtual\")")
+
+    def _check_capacity(self) -> None:
+        """A capacity trace sets speeds and bandwidths: no other source may too."""
+        if not self.capacity.trace:
+            return
+        net, compute = self.network, self.compute
+        for key, value in (("compute.base_step_s", compute.base_step_s),
+                           ("compute.flops_per_s", compute.flops_per_s),
+                           ("compute.device", compute.device),
+                           ("network.bandwidth_mbps", net.bandwidth_mbps),
+                           ("network.uplink_mbps", net.uplink_mbps),
+                           ("network.downlink_mbps", net.downlink_mbps)):
+            if value:
+                raise ValueError(f"{key}: capacity.trace sets each worker's speed and "
+                                 "bandwidth; leave this key out")
+
+    def population(self) -> Population:
+        """The run's availability and capacity, per worker (read once per process)."""
+        return population(dataclasses.asdict(self.availability), self.capacity.trace,
+                          self.workers, self.seed, self.stop.time_s)
 
     def _check_timing(self) -> None:
         """Timing-only runs are virtual, declare their size and step time, and have no

@@ -11,7 +11,7 @@ device-wide synchronization; a step returns once its loss is on the host).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -218,3 +218,21 @@ def evaluate(
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(dim=1) == y).sum())
     return correct / len(targets), loss_sum / len(targets)
+
+
+def cycle_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> BatchSource:
+    """Adapt an iterable of ``(inputs, targets)`` (e.g. a DataLoader) to a batch source.
+
+    The iterable's own batch size wins; protocols that resize batches need a callable.
+    """
+    iterator = iter(batches)
+
+    def next_batch(_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal iterator
+        try:
+            return next(iterator)
+        except StopIteration:
+            iterator = iter(batches)
+            return next(iterator)
+
+    return next_batch

@@ -1,0 +1,59 @@
+"""A worker's presence: when its availability trace takes it offline and brings it back.
+
+While offline a worker computes and sends nothing (its protocol loop and heartbeats are
+cancelled), and the server treats it as a worker that left: it sends ``leave`` as it goes.
+When it is next online it rejoins through the worker's own rejoin path. Times are seconds
+since the run's start on the run's clock (virtual or real).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Awaitable, Callable
+
+from asyncsync.clock import sleep
+from asyncsync.hetero.availability import OnlineTimes
+from asyncsync.protocols.base import NotInRun, OutOfStep, RunStopped
+from asyncsync.runlog.metrics import WorkerMetrics
+from asyncsync.runlog.schema import Kind, record
+
+SLACK_S = 1e-6
+"""A wake-up this close to an interval's edge counts as past it (clock arithmetic rounds)."""
+
+
+class WentOffline(Exception):
+    """The worker's availability trace took it offline."""
+
+
+class Presence:
+    """Times a worker's sessions by its online intervals (None: online throughout)."""
+
+    def __init__(self, times: OnlineTimes | None, metrics: WorkerMetrics) -> None:
+        self.times = times
+        self.metrics = metrics
+
+    def watch(self) -> list[asyncio.Task[None]]:
+        """A task that ends when the trace takes the worker offline (none without a
+        trace, or while it never goes offline)."""
+        if self.times is None:
+            return []
+        t = self.metrics.now() + SLACK_S
+        end = self.times.offline_at(t)
+        return [] if end == math.inf else [asyncio.create_task(sleep(end - t + SLACK_S))]
+
+    async def absence(self, leave: Callable[[], Awaitable[object]]) -> None:
+        """Leave (`leave` sends it), then wait, sending nothing, until the worker is online
+        again. Raises `RunStopped` when the run stopped meanwhile or the worker is never
+        online again."""
+        assert self.times is not None
+        t = self.metrics.now() + SLACK_S
+        back = self.times.online_from(t)
+        self.metrics.log.write(record(Kind.OFFLINE, t=round(t, 4), until=back))
+        with contextlib.suppress(OutOfStep, NotInRun, OSError):  # already out: as good
+            await leave()
+        if back is None:
+            raise RunStopped
+        await sleep(back - self.metrics.now())
+        self.metrics.log.write(record(Kind.ONLINE, t=round(self.metrics.now(), 4)))

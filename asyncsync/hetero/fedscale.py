@@ -1,0 +1,174 @@
+"""FedScale's client traces, converted once to asyncsync's CSV traces.
+
+FedScale (F. Lai et al., "FedScale: Benchmarking Model and System Performance of
+Federated Learning at Scale", ICML 2022) ships two Python pickles:
+
+- ``client_behave_trace``: ``{client_id: {"active": [t...], "inactive": [t...],
+  "finish_time": T, ...}}``; a client is online from ``active[i]`` to ``inactive[i]``
+  (seconds), and FedScale replays the trace modulo ``finish_time``.
+- ``client_device_capacity``: ``{client_id: {"computation": ms per sample,
+  "communication": kbit/s}}``.
+
+`read_plain_pickle` reads them with an unpickler that builds only plain containers and
+numbers (dict, list, tuple, int, float, str, bool, None): any other object (a class, a
+function, a numpy value, a set, bytes) is refused with `TraceError`, before anything of
+it runs. The converters write the CSV forms (`asyncsync.hetero.availability`,
+`asyncsync.hetero.capacity`); runs read only CSV. No other pickle is ever loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncsync.hetero.availability import OnlineTimes, merged, write_availability
+from asyncsync.hetero.capacity import Capacity, write_capacity
+from asyncsync.hetero.traces import TraceError
+
+PLAIN = (dict, list, tuple, int, float, str, bool, type(None))
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Refuses every global (class, function) and persistent id."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused {module}.{name}: only plain containers and "
+                                     "numbers are read (dict, list, tuple, int, float, str, "
+                                     "bool, None)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("refused a persistent id")
+
+
+def _check_plain(value: Any, path: str | Path) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) not in PLAIN:
+            raise TraceError(path, 0, f"refused a {type(item).__name__}: only plain "
+                                      "containers and numbers are read")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
+def read_plain_pickle(path: str | Path) -> Any:
+    """The plain data a pickle holds (see the module docstring).
+
+    Raises:
+        TraceError: it is unreadable, or holds anything but plain containers and numbers.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceError(path, 0, f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        value = _PlainUnpickler(io.BytesIO(data)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
+            KeyError, AttributeError, MemoryError) as exc:
+        raise TraceError(path, 0, f"not a plain pickle: {exc}") from None
+    _check_plain(value, path)
+    return value
+
+
+def _clients(value: Any, path: str | Path) -> list[tuple[Any, dict[str, Any]]]:
+    if not isinstance(value, dict) or not value:
+        raise TraceError(path, 0, "expected a non-empty map of client id to a map")
+    items = sorted(value.items(), key=lambda item: (not isinstance(item[0], int),
+                                                    item[0] if isinstance(item[0], int) else 0,
+                                                    str(item[0])))
+    for client, entry in items:
+        if not isinstance(entry, dict):
+            raise TraceError(path, 0, f"client {client!r}: expected a map, got "
+                                      f"{type(entry).__name__}")
+    return items
+
+
+def _pick(count: int, workers: int | None, seed: int) -> list[int]:
+    """Which of `count` clients become ranks 0..workers-1 (all, in order, by default)."""
+    if workers is None or workers >= count:
+        return list(range(count))
+    return sorted(int(i) for i in np.random.default_rng(seed).choice(count, workers,
+                                                                    replace=False))
+
+
+def convert_behave_trace(source: str | Path, out: str | Path, horizon_s: float,
+                         workers: int | None = None, seed: int = 0) -> int:
+    """Write FedScale's availability trace as a CSV availability trace over
+    ``[0, horizon_s)`` (each client's trace repeated modulo its ``finish_time``); with
+    `workers`, that many clients drawn with `seed` become ranks ``0..workers-1``.
+    Returns the number of ranks written."""
+    items = _clients(read_plain_pickle(source), source)
+    chosen = _pick(len(items), workers, seed)
+    times: list[OnlineTimes] = []
+    names = []
+    for index in chosen:
+        client, entry = items[index]
+        times.append(_online(entry, client, horizon_s, source))
+        names.append(str(client))
+    write_availability(out, times, f"converted from FedScale's {Path(source).name} by "
+                                   f"`asyncsync traces convert behave`; horizon {horizon_s:g} s"
+                                   f"\nrank i = client ids: {' '.join(names)}")
+    return len(times)
+
+
+def _online(entry: dict[str, Any], client: Any, horizon_s: float,
+            source: str | Path) -> OnlineTimes:
+    active, inactive = entry.get("active"), entry.get("inactive")
+    if not isinstance(active, list | tuple) or not isinstance(inactive, list | tuple):
+        raise TraceError(source, 0, f"client {client!r}: 'active' and 'inactive' must be lists")
+    pairs = [(float(a), float(b)) for a, b in zip(active, inactive, strict=False)]
+    if any(a < 0 or b <= a for a, b in pairs):
+        raise TraceError(source, 0, f"client {client!r}: an interval is negative or empty")
+    period = float(entry.get("finish_time", 0) or 0)
+    if period <= 0 or not pairs:
+        return merged((a, min(b, horizon_s)) for a, b in pairs if a < horizon_s)
+    intervals = []
+    offset = 0.0
+    while offset < horizon_s:
+        intervals += [(offset + a, min(offset + min(b, period), horizon_s))
+                      for a, b in pairs if offset + a < horizon_s and a < period]
+        offset += period
+    return merged(intervals)
+
+
+def convert_device_capacity(source: str | Path, out: str | Path) -> int:
+    """Write FedScale's device capacities as a CSV capacity trace: ``computation`` (ms per
+    sample) becomes ``s_per_sample``, ``communication`` (kbit/s) both ``up_mbps`` and
+    ``down_mbps`` (FedScale gives one figure). Rows keep FedScale's client ids when they
+    are integers, else their order. Returns the number of rows written."""
+    items = _clients(read_plain_pickle(source), source)
+    own_ids = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c, _ in items)
+    rows = []
+    for index, (client, entry) in enumerate(items):
+        computation, communication = entry.get("computation"), entry.get("communication")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+                   for v in (computation, communication)):
+            raise TraceError(source, 0, f"client {client!r}: 'computation' and "
+                                        "'communication' must be numbers > 0")
+        assert isinstance(computation, int | float) and isinstance(communication, int | float)
+        ident = client if own_ids else index
+        rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
+                             communication / 1000))
+    write_capacity(out, rows, f"converted from FedScale's {Path(source).name} by "
+                              "`asyncsync traces convert capacity`")
+    return len(rows)
+
+
+def convert(kind: str, source: str | Path, out: str | Path, horizon_s: float,
+            workers: int | None, seed: int) -> str:
+    """``asyncsync traces convert``: write `source` (``behave`` or ``capacity``) as a CSV
+    trace at `out`; returns what was written."""
+    if kind == "behave":
+        if not horizon_s > 0 or (workers is not None and workers < 1):
+            raise TraceError(source, 0, "--horizon-s must be > 0 and --workers >= 1")
+        count = convert_behave_trace(source, out, horizon_s, workers, seed)
+        return f"{out}: availability of {count} workers over {horizon_s:g} s"
+    count = convert_device_capacity(source, out)
+    return f"{out}: capacity of {count} clients"

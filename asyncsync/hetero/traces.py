@@ -1,0 +1,83 @@
+"""Reading a population's plain-text traces (CSV): the rows, and errors that name the place.
+
+A trace is a CSV file with a header row naming its columns; blank lines and lines that
+start with ``#`` (comments, e.g. where the rows came from) are skipped. Every problem is a
+`TraceError` naming the file, the line and what is wrong, so the CLI prints it as one
+``error:`` line.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+
+class TraceError(ValueError):
+    """A malformed trace: ``<file>:<line>: <problem>``."""
+
+    def __init__(self, path: str | Path, line: int, problem: str) -> None:
+        super().__init__(f"{path}:{line}: {problem}")
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+
+
+def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] = (),
+             ) -> Iterator[tuple[int, dict[str, str]]]:
+    """The data rows of a CSV trace with their line numbers, as ``{column: text}`` of the
+    known columns present (a missing required column, an unknown column or a row of the
+    wrong width is a `TraceError`)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TraceError(path, 0, f"cannot read: {exc.strerror or exc}") from exc
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1)
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        raise TraceError(path, 1, f"empty trace: expected a header ({', '.join(required)})")
+    reader = csv.reader([line for _, line in lines])
+    header = [name.strip() for name in next(reader)]
+    head_line = lines[0][0]
+    unknown = [name for name in header if name not in (*required, *optional)]
+    if unknown:
+        raise TraceError(path, head_line, f"unknown column {unknown[0]!r} (known: "
+                                          f"{', '.join((*required, *optional))})")
+    missing = [name for name in required if name not in header]
+    if missing:
+        raise TraceError(path, head_line, f"missing column {missing[0]!r} (the header must "
+                                          f"name {', '.join(required)})")
+    for (number, _), cells in zip(lines[1:], reader, strict=True):
+        if len(cells) != len(header):
+            raise TraceError(path, number, f"{len(cells)} fields, the header has "
+                                           f"{len(header)}")
+        yield number, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
+
+
+def number(path: str | Path, line: int, row: dict[str, str], column: str) -> float:
+    """Column `column` of a row as a finite number."""
+    text = row[column]
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(path, line, f"{column} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise TraceError(path, line, f"{column} {text!r} is not finite")
+    return value
+
+
+def rank_of(path: str | Path, line: int, row: dict[str, str], workers: int | None,
+            column: str = "worker") -> int:
+    """Column `column` of a row as a worker's rank, below `workers` when given."""
+    text = row[column]
+    try:
+        rank = int(text)
+    except ValueError:
+        raise TraceError(path, line, f"{column} {text!r} is not an integer") from None
+    if rank < 0:
+        raise TraceError(path, line, f"{column} {rank} is negative")
+    if workers is not None and rank >= workers:
+        raise TraceError(path, line, f"unknown worker {rank}: the run has workers "
+                                     f"0..{workers - 1}")
+    return rank
