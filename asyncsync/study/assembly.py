@@ -123,8 +123,10 @@ def link_seed(seed: int, rank: int) -> int:
 
 
 def worker_link(spec: RunSpec, rank: int) -> Link | None:
-    """Worker `rank`'s emulated link (None: not shaped)."""
+    """Worker `rank`'s emulated link (None: not shaped, or shaped by the kernel)."""
     link_spec = spec.network.link(rank)
+    if spec.network.emulation == "kernel":
+        return None
     return Link(link_spec, seed=link_seed(spec.seed, rank)) if link_spec.shaped else None
 
 
