@@ -91,6 +91,32 @@ def test_specs_accept_kernel_shaping_with_server_link_and_loss() -> None:
     assert spec.network.link(1).loss_pct == 1.0
 
 
+def test_links_get_netem_above_tbf_with_uniform_jitter(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    commands: list[tuple[str, ...]] = []
+    monkeypatch.setattr(netns, "_run", lambda *args: commands.append(args) or "")
+    network = netns.RunNetwork(NetworkSpec(uplink_mbps=[10, 0], downlink_mbps=20,
+                                           latency_ms=50, jitter_ms=[10, 0], loss_pct=[0, 2],
+                                           server_mbps=100, emulation="kernel"), 2)
+    network.create()
+    w0, w1, server = (network.interface(role) for role in ("w0", "w1", "server"))
+    # Worker 0: uplink 10 Mbit/s, one-way delay uniform in [50, 60] ms = 55 +- 5 ms.
+    assert [c[2:] for c in commands if c[0] == "tc" and c[6] == w0 and "netem" in c] == [
+        (network.namespace("w0"), "qdisc", "add", "dev", w0, "root", "handle", "1:", "netem",
+         "limit", "100000", "delay", "55ms", "5ms")]
+    assert [c[7:13] for c in commands if c[0] == "tc" and c[6] == w0] == [
+        ("root", "handle", "1:", "netem", "limit", "100000"),
+        ("parent", "1:1", "handle", "2:", "tbf", "rate")]
+    rates = {(c[2], c[6]): c[c.index("rate") + 1] for c in commands if "tbf" in c}
+    assert rates == {(network.namespace("w0"), w0): "10mbit",
+                     (network.namespace("br"), f"{w0}b"): "20mbit",
+                     (network.namespace("br"), f"{w1}b"): "20mbit",
+                     (network.namespace("server"), server): "100mbit",
+                     (network.namespace("br"), f"{server}b"): "100mbit"}
+    netem_w1 = [c[11:] for c in commands if c[0] == "tc" and c[6] == w1 and "netem" in c]
+    assert netem_w1 == [("limit", "100000", "delay", "50ms", "loss", "2%")]
+
+
 def _recipe(tmp_path: Path, delay_ms: float = 0.0, time_s: float = 3.0) -> Path:
     path = tmp_path / "kernel.toml"
     path.write_text(f"""
