@@ -281,3 +281,20 @@ def test_bsp_run_in_namespaces_after_a_killed_one(tmp_path: Path, delay_ms: floa
                  for r in records if r["event"] == "exchange"]
     assert exchanges and all(took >= nominal * 0.95 for took, nominal in exchanges), exchanges
     assert statistics.median(took / nominal for took, nominal in exchanges) <= 3, exchanges
+
+
+@needs_netns
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_run_removes_its_namespaces(tmp_path: Path,
+                                                signal_number: signal.Signals) -> None:
+    before = _host_network()
+    supervisor = _supervisor(_recipe(tmp_path, time_s=60), tmp_path / "logs")
+    deadline = time.monotonic() + 180
+    while not list((tmp_path / "logs").glob("kernel/*/bsp/worker-1.log")) and \
+            supervisor.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_of(supervisor.pid)) == 4
+    supervisor.send_signal(signal_number)  # SIGINT: what Ctrl-C sends
+    assert supervisor.wait(timeout=120) == 130
+    assert _of(supervisor.pid) == []
+    assert _host_network() == before
