@@ -4,7 +4,9 @@ pacing, and in real time with kernel-shaped links (``network.emulation = "kernel
 Per recipe and protocol it prints time to target, versions, compute proportion and bytes
 moved in each of the three ways (means over ``--repeats``), the differences of virtual and
 app against kernel (target for time to target: within 15 %), and whether the three rank
-the protocols the same way by time to target. First it measures bytes-on-the-wire time
+the protocols the same way by time to target. "msg/model" is the median time a message
+took to move over what the link model charges for it (`message_ratio`): the network's
+part of a difference, apart from the CPU the nodes share. First it measures bytes-on-the-wire time
 through a kernel-shaped link: one large transfer between two namespaces, against what
 tc was told (target: within 10 %).
 
@@ -32,11 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncsync.runlog.reading import worker_logs
+from asyncsync.runlog.schema import HELD, KEY
 from asyncsync.schema import ConfigError
 from asyncsync.study import netns
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.runner import run_recipe
-from asyncsync.study.specs import NetworkSpec
+from asyncsync.study.specs import NetworkSpec, RunSpec
 
 RECIPES = Path(__file__).parents[1] / "recipes"
 TRIANGLE = {"paper_nbsync": [], "paper_wbsp_h2": [],
@@ -128,9 +132,29 @@ def chosen(name: str, runs: str) -> list[str]:
     return [n for n in names if n in runs.split(",")] if runs else names
 
 
-def means(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def message_ratio(run_dir: Path, spec: RunSpec) -> float | None:
+    """Median, over a run's pushes, pulls and exchanges, of the time a message moved (its
+    request's time less what the server held it) over what the link model charges for it
+    (2 x latency + its bytes each way at the worker's rate); None without a shaped link."""
+    ratios = []
+    for rank, records in worker_logs(run_dir).items():
+        link = spec.network.link(rank)
+        up, down = (link.effective_mbps(m) for m in (link.uplink_mbps, link.downlink_mbps))
+        for record in records:
+            if record[KEY] not in ("push", "pull", "exchange"):
+                continue
+            model = 2 * link.latency_ms / 1e3 + sum(
+                record[way] * 8 / (mbps * 1e6) for way, mbps in (("up", up), ("down", down))
+                if mbps)
+            if model > 0:
+                ratios.append((record["dur"] - record[HELD]) / model)
+    return statistics.median(ratios) if ratios else None
+
+
+def means(summaries: list[dict[str, Any]], ratios: dict[str, float | None]
+          ) -> dict[str, dict[str, Any]]:
     """Per run: mean time to target (of the repeats that reached it), versions, compute
-    proportion and MB moved, and how many repeats reached the target."""
+    proportion and MB moved, how many repeats reached the target, and `ratios`' entry."""
     by_run: dict[str, list[dict[str, Any]]] = {}
     for summary in summaries:
         by_run.setdefault(summary["run"], []).append(summary)
@@ -143,7 +167,8 @@ def means(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "versions": statistics.mean(s.get("versions", 0) for s in group),
             "compute": statistics.mean(s.get("compute_proportion", 0.0) for s in group),
             "mb": statistics.mean((s.get("bytes_up", 0) + s.get("bytes_down", 0)) / 1e6
-                                  for s in group)}
+                                  for s in group),
+            "msg": ratios.get(run)}
     return table
 
 
@@ -165,17 +190,18 @@ def show(name: str, results: dict[str, dict[str, dict[str, Any]]],
             print(f"  {way}: {note}")
     ran = [way for way in WAYS if way in results]
     print("| run | " + " | ".join(f"{w} t→target (reached) | {w} versions | {w} compute | "
-                                   f"{w} MB" for w in ran) + " | virtual vs kernel | "
-          "app vs kernel |")
-    print("|---" * (2 + 4 * len(ran) + 1) + "|")
+                                   f"{w} MB | {w} msg/model" for w in ran)
+          + " | virtual vs kernel | app vs kernel |")
+    print("|---" * (2 + 5 * len(ran) + 1) + "|")
     runs = next(iter(results.values()))
     for run in runs:
         cells = []
         for way in ran:
             row = results[way][run]
             ttt = "-" if row["ttt"] is None else f"{row['ttt']:.1f}"
+            msg = "-" if row.get("msg") is None else f"{row['msg']:.2f}"
             cells += [f"{ttt} ({row['reached']})", f"{row['versions']:.0f}",
-                      f"{row['compute']:.2f}", f"{row['mb']:.0f}"]
+                      f"{row['compute']:.2f}", f"{row['mb']:.0f}", msg]
         kernel = results.get("kernel", {}).get(run, {})
         cells += [gap(results[w][run]["ttt"], kernel.get("ttt")) if w in results else "-"
                   for w in ("virtual", "app")]
@@ -222,7 +248,9 @@ def main() -> None:
                 summaries = asyncio.run(run_recipe(recipe, Path(tmp) / way, live=False))
                 print(f"{name} {way}: {time.monotonic() - began:.0f} s, load {load()}",
                       flush=True)
-                results[way] = means(summaries)
+                ratios = {spec.name: message_ratio(next((Path(tmp) / way).glob(
+                    f"{name}/*/{spec.name}*")), spec) for spec in recipe.runs}
+                results[way] = means(summaries, ratios)
             show(name, results, notes)
             everything[name] = {"results": results, "notes": notes}
     print(f"\nload after: {load()}")
