@@ -6,10 +6,18 @@ also back-pressures the socket. Latency is one-way, netem style: it is paid befo
 request goes out and again before its reply is read, so every request costs at least
 ``2 * latency`` on top of its transfer time. Jitter adds a seeded uniform draw in
 ``[0, jitter]`` to each one-way delay.
+
+Loss (`LinkSpec.loss_pct`, random packet loss in each direction) is not dropped here: it
+caps the link's rate at what TCP's congestion avoidance sustains under that loss,
+``MSS / RTT * C / sqrt(p)`` with ``C = sqrt(3/2)`` (Mathis, Semke, Mahdavi and Ott, "The
+macroscopic behavior of the TCP congestion avoidance algorithm", ACM SIGCOMM CCR 27(3),
+1997), for a loss-based congestion control (Reno, CUBIC in its TCP-friendly region).
+Slow start, timeouts and the kernel's queues are not modelled.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,24 +26,62 @@ from asyncsync.clock import now as clock_now
 from asyncsync.clock import sleep
 from asyncsync.wire.frames import ReadAny
 
+EMULATIONS = ("app", "kernel")
+"""Who shapes a real run's links: the client's pacing here (app) or tc qdiscs (kernel)."""
+
+MSS_BYTES = 1448
+"""TCP's segment payload on an Ethernet MTU of 1500 (IP 20, TCP 20, timestamps 12 bytes)."""
+
+MATHIS_C = math.sqrt(3 / 2)
+"""Mathis et al.'s constant for periodic loss with an ACK per segment."""
+
+
+def loss_limited_mbps(round_trip_s: float, loss_pct: float) -> float:
+    """TCP's sustained rate in Mbit/s under random loss `loss_pct` (%) at round trip
+    `round_trip_s`: ``MSS / RTT * C / sqrt(p)`` (Mathis et al. 1997; inf without loss)."""
+    if not 0 <= loss_pct < 100:
+        raise ValueError(f"loss_pct must be in [0, 100), got {loss_pct}")
+    if loss_pct == 0:
+        return math.inf
+    if round_trip_s <= 0:
+        raise ValueError("a loss-limited rate needs a round trip > 0")
+    return MSS_BYTES * 8 / round_trip_s * MATHIS_C / math.sqrt(loss_pct / 100) / 1e6
+
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """One worker's link; 0 means unlimited bandwidth or no delay."""
+    """One worker's link; 0 means unlimited bandwidth, no delay or no loss."""
 
     uplink_mbps: float = 0.0
     downlink_mbps: float = 0.0
     latency_ms: float = 0.0
     jitter_ms: float = 0.0
+    loss_pct: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("uplink_mbps", "downlink_mbps", "latency_ms", "jitter_ms"):
+        for name in ("uplink_mbps", "downlink_mbps", "latency_ms", "jitter_ms", "loss_pct"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.loss_pct >= 100:
+            raise ValueError(f"loss_pct must be below 100, got {self.loss_pct}")
 
     @property
     def shaped(self) -> bool:
-        return any((self.uplink_mbps, self.downlink_mbps, self.latency_ms, self.jitter_ms))
+        return any((self.uplink_mbps, self.downlink_mbps, self.latency_ms, self.jitter_ms,
+                    self.loss_pct))
+
+    @property
+    def round_trip_s(self) -> float:
+        """The mean round trip: both one-way delays with their mean jitter."""
+        return (2 * self.latency_ms + self.jitter_ms) / 1000
+
+    def effective_mbps(self, mbps: float) -> float:
+        """A direction's rate given as `mbps` (0: unlimited) capped by the loss-limited
+        rate (0 again when neither limits it)."""
+        if not self.loss_pct:
+            return mbps
+        capped = loss_limited_mbps(self.round_trip_s, self.loss_pct)
+        return min(mbps, capped) if mbps else capped
 
 
 OVERSHOOT_S = 0.002
@@ -102,8 +148,8 @@ class Link:
 
     def __init__(self, spec: LinkSpec, seed: int = 0) -> None:
         self.spec = spec
-        self.up = Pacer(spec.uplink_mbps)
-        self.down = Pacer(spec.downlink_mbps)
+        self.up = Pacer(spec.effective_mbps(spec.uplink_mbps))
+        self.down = Pacer(spec.effective_mbps(spec.downlink_mbps))
         # Drawn from only with jitter; a generator's state is 2.5 kB, a lot times 100,000.
         self._random = random.Random(seed) if spec.jitter_ms else None
 

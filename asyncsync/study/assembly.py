@@ -132,8 +132,10 @@ def link_seed(seed: int, rank: int) -> int:
 
 
 def worker_link(spec: RunSpec, rank: int) -> Link | None:
-    """Worker `rank`'s emulated link (None: not shaped); a capacity trace's bandwidths
-    replace the network section's."""
+    """Worker `rank`'s emulated link (None: not shaped, or shaped by the kernel); a
+    capacity trace's bandwidths replace the network section's."""
+    if spec.network.emulation == "kernel":
+        return None
     link_spec = spec.network.link(rank)
     rows = spec.population().capacity
     if rows is not None:

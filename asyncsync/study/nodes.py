@@ -7,7 +7,9 @@ server only; the supervisor keeps it to watch the run, and the workers get the w
 token derived from it (ASYNCSYNC_WORKER_TOKEN), which cannot stop the run. Tokens travel
 through the environment, never on a command line or in the logs. With the recipe's
 ``tls.cert`` the server serves https on loopback (the certificate must name 127.0.0.1).
-The nodes write their logs and console output (``*.log``) into the run's folder.
+The nodes write their logs and console output (``*.log``) into the run's folder. With
+``network.emulation = "kernel"`` the nodes run in network namespaces shaped by tc
+(`asyncsync.study.netns`) and the server listens on its namespace's address only.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import secrets
 import ssl
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -27,6 +29,7 @@ from typing import IO, Any
 from asyncsync.clock import now
 from asyncsync.protocols.base import Refused
 from asyncsync.study.assembly import WORKER_TOKEN_ENV, run_client_tls
+from asyncsync.study.netns import RunNetwork, call_in
 from asyncsync.study.specs import TOKEN_ENV, RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.tokens import worker_token
@@ -56,10 +59,11 @@ def node_env(run_token: str, server: bool) -> dict[str, str]:
     return env
 
 
-def _spawn(name: str, args: list[str], run_dir: Path, env: dict[str, str]) -> _Node:
+def _spawn(name: str, args: list[str], run_dir: Path, env: dict[str, str],
+           prefix: Sequence[str] = ()) -> _Node:
     output = (run_dir / f"{name}.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "asyncsync", *args], stdout=output,
-                               stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen([*prefix, sys.executable, "-m", "asyncsync", *args],
+                               stdout=output, stderr=subprocess.STDOUT, env=env)
     return _Node(name, process, output)
 
 
@@ -77,7 +81,22 @@ async def _wait_for_port(port_file: Path, server: _Node, timeout_s: float) -> in
 async def run_nodes(spec: RunSpec, recipe_name: str, run_dir: Path,
                     on_status: StatusSink) -> None:
     """Run `spec` (its recipe.json already in `run_dir`) as processes until the server
-    exits; `on_status` gets the server's status about twice a second."""
+    exits; `on_status` gets the server's status about twice a second. With
+    ``network.emulation = "kernel"`` each node runs in a network namespace of its own
+    (`asyncsync.study.netns`), removed when the run ends however it ends."""
+    if spec.network.emulation != "kernel":
+        await _run_nodes(spec, recipe_name, run_dir, on_status, None)
+        return
+    network = RunNetwork(spec.network, spec.workers)
+    network.create()  # (these two block the loop briefly: nothing may interrupt them)
+    try:
+        await _run_nodes(spec, recipe_name, run_dir, on_status, network)
+    finally:
+        network.remove()
+
+
+async def _run_nodes(spec: RunSpec, recipe_name: str, run_dir: Path, on_status: StatusSink,
+                     network: RunNetwork | None) -> None:
     recipe_file = run_dir / "recipe.json"
     run_id = f"{recipe_name}/{spec.name}/{secrets.token_hex(4)}"
     common = ["--recipe", str(recipe_file), "--run", spec.name, "--run-id", run_id,
@@ -85,28 +104,71 @@ async def run_nodes(spec: RunSpec, recipe_name: str, run_dir: Path,
     port_file = run_dir / "server.port"
     token = spec.resolved_token() or secrets.token_urlsafe(16)  # never written to logs
     tls = run_client_tls(spec)  # (a bad tls.ca fails here, before any node starts)
-    server = _spawn("server", ["server", *common, "--port", "0", "--port-file",
-                               str(port_file)], run_dir, node_env(token, server=True))
+    host = network.address("server") if network else "127.0.0.1"
+    server = _spawn("server", ["server", *common, "--host", host, "--port", "0",
+                               "--port-file", str(port_file)], run_dir,
+                    node_env(token, server=True), network.command("server") if network else ())
     nodes = [server]
     try:
         port = await _wait_for_port(port_file, server, STARTUP_S)
-        url = f"{'https' if spec.tls.cert else 'http'}://127.0.0.1:{port}"
+        url = f"{'https' if spec.tls.cert else 'http'}://{host}:{port}"
         nodes += [_spawn(f"worker-{rank}", ["worker", *common, "--server", url,
                                             "--rank", str(rank)], run_dir,
-                         node_env(token, server=False))
+                         node_env(token, server=False),
+                         network.command(f"w{rank}") if network else ())
                   for rank in range(spec.workers)]
-        await _watch(spec, url, run_id, token, tls, nodes, on_status)
+        status = StatusPoll(url, run_id, token, tls,
+                            network.namespace("server") if network else None)
+        await _watch(spec, status, nodes, on_status)
+    except BaseException:
+        for node in nodes:  # a failed or interrupted run: its nodes stop now
+            if node.process.poll() is None:
+                node.process.terminate()
+        raise
     finally:
         await _reap(nodes)
 
 
+class StatusPoll:
+    """Asks the server for its status; from inside the server's namespace when it has one
+    (a thread of its own there, per request: the supervisor stays in the host's)."""
 
-async def _watch(spec: RunSpec, url: str, run_id: str, token: str,
-                 tls: ssl.SSLContext | None, nodes: list[_Node], on_status: StatusSink
-                 ) -> None:
+    def __init__(self, url: str, run_id: str, token: str, tls: ssl.SSLContext | None,
+                 namespace: str | None) -> None:
+        self.run_id = run_id
+        self.namespace = namespace
+        self._dial = (url, token, tls)
+        self._kept = None if namespace else self._client()
+
+    def _client(self) -> HttpTransport:
+        url, token, tls = self._dial
+        return HttpTransport(url, numel=0, timeout_s=5.0, connect_timeout_s=0.0, token=token,
+                             tls=tls)
+
+    async def __call__(self) -> dict[str, Any]:
+        if self.namespace is None:
+            assert self._kept is not None
+            status, _ = await self._kept.request("status", {"run_id": self.run_id})
+            return status
+        namespace = self.namespace
+        return await asyncio.to_thread(call_in, namespace, lambda: asyncio.run(self._once()))
+
+    async def _once(self) -> dict[str, Any]:
+        client = self._client()
+        try:
+            status, _ = await client.request("status", {"run_id": self.run_id})
+            return status
+        finally:
+            await client.close()
+
+    async def close(self) -> None:
+        if self._kept is not None:
+            await self._kept.close()
+
+
+async def _watch(spec: RunSpec, status: StatusPoll, nodes: list[_Node],
+                 on_status: StatusSink) -> None:
     """Poll the server's status for the dashboard until the server process exits."""
-    status_client = HttpTransport(url, numel=0, timeout_s=5.0, connect_timeout_s=0.0,
-                                  token=token, tls=tls)
     server = nodes[0]
     deadline = now() + STARTUP_S + spec.stop.time_s + 60.0
     try:
@@ -115,14 +177,13 @@ async def _watch(spec: RunSpec, url: str, run_id: str, token: str,
                 raise RuntimeError(f"run {spec.name} did not finish in time; "
                                    f"see {server.output.name}")
             with contextlib.suppress(OSError, asyncio.TimeoutError, Refused):
-                status, _ = await status_client.request("status", {"run_id": run_id})
-                on_status(status)
+                on_status(await status())
             dead = [n.name for n in nodes[1:] if n.process.poll() not in (None, 0)]
             if dead:
                 raise RuntimeError(f"{', '.join(dead)} failed; see its .log in the run directory")
             await asyncio.sleep(0.5)
     finally:
-        await status_client.close()
+        await status.close()
     if server.process.returncode != 0:
         raise RuntimeError(f"the server failed; see {server.output.name}")
 

@@ -42,6 +42,7 @@ from asyncsync.study.executors import (
     slurm_task,
     write_summary,
 )
+from asyncsync.study.netns import preflight
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.run_one import (
     calibration,
@@ -101,6 +102,7 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     finished and the log path, then lets the cancellation go on.
     """
     await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
+    await asyncio.to_thread(preflight, recipe.runs)  # kernel shaping: root, ip, tc, netem
     root = _reopen(recipe, resume) if resume else _new_study(logs / recipe.name)
     (root / "recipe.json").write_text(json.dumps(recipe.as_table(), indent=2))
     slots = [_Slot(index, repeat, run,

@@ -17,7 +17,7 @@ from typing import Any
 from asyncsync.engine.channel import CHANNELS
 from asyncsync.hetero.compute import PROFILES, ComputeProfile, build_profile, profile_params
 from asyncsync.hetero.cost_model import DEFAULT_DEVICE, DEVICES, device
-from asyncsync.hetero.network import LinkSpec
+from asyncsync.hetero.network import EMULATIONS, LinkSpec
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams
 from asyncsync.runlog.reading import sweep_suffix
@@ -86,6 +86,11 @@ PerWorker = float | list[float]
 def _non_negative(value: PerWorker | None) -> bool:
     values = value if isinstance(value, list) else [value]
     return all(v is None or v >= 0 for v in values)
+
+
+def _loss(value: PerWorker) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return all(0 <= v < 100 for v in values)
 
 
 def _pick(value: PerWorker, rank: int) -> float:
@@ -186,7 +191,16 @@ class NetworkSpec:
                                   "uniform extra delay in [0, jitter] per direction")
     server_mbps: float = option(0.0, lambda v: v >= 0, "must be >= 0",
                                 "the server's own link, shared by all workers, each way "
-                                "(0 = unlimited; virtual clock only)")
+                                "(0 = unlimited; virtual clock, or emulation = \"kernel\")")
+    loss_pct: PerWorker = option(0.0, _loss, "must be in [0, 100)",
+                                 "random packet loss in each direction, % (virtual clock: "
+                                 "TCP's loss-limited rate; real clock: emulation = "
+                                 "\"kernel\")")
+    emulation: str = option("app", lambda v: v in EMULATIONS,
+                            f"must be one of {', '.join(EMULATIONS)}",
+                            "real clock: who shapes the links: app (the client paces its "
+                            "bytes and sleeps the latency) or kernel (network namespaces "
+                            "and tc qdiscs; needs root, ip and tc)")
     message_overhead_ms: float = option(0.0, lambda v: 0 <= v < math.inf,
                                         "must be >= 0 and finite",
                                         "software cost of a message (HTTP, framing, checks) "
@@ -219,7 +233,7 @@ class NetworkSpec:
         up = self.bandwidth_mbps if self.uplink_mbps is None else self.uplink_mbps
         down = self.bandwidth_mbps if self.downlink_mbps is None else self.downlink_mbps
         return LinkSpec(_pick(up, rank), _pick(down, rank), _pick(self.latency_ms, rank),
-                        _pick(self.jitter_ms, rank))
+                        _pick(self.jitter_ms, rank), _pick(self.loss_pct, rank))
 
 
 @dataclass(frozen=True)
@@ -345,9 +359,7 @@ class RunSpec:
     capacity: CapacitySpec = field(default_factory=CapacitySpec)
 
     def __post_init__(self) -> None:
-        if self.network.server_mbps and self.clock != "virtual":
-            raise ValueError("network.server_mbps: the server's shared link is modelled on "
-                             "the virtual clock only (set clock = \"virtual\")")
+        self._check_network()
         if self.network.message_overhead_ms and self.clock != "virtual":
             raise ValueError("network.message_overhead_ms: a real run pays its messages' "
                              "software cost itself; it is charged on the virtual clock only "
@@ -364,6 +376,24 @@ class RunSpec:
         elif self.model.size_mb:
             raise ValueError("model.size_mb: only the timing model declares its size "
                              f"(model.name = \"{TIMING_MODEL}\")")
+
+    def _check_network(self) -> None:
+        """Who shapes the links on this clock, and what each way can shape."""
+        network, kernel = self.network, self.network.emulation == "kernel"
+        if kernel and self.clock != "real":
+            raise ValueError("network.emulation: \"kernel\" shapes a real run's sockets "
+                             "(set clock = \"real\")")
+        if network.server_mbps and self.clock != "virtual" and not kernel:
+            raise ValueError("network.server_mbps: the server's shared link is modelled on "
+                             "the virtual clock and shaped by the kernel (set clock = "
+                             "\"virtual\" or network.emulation = \"kernel\")")
+        lossy = [rank for rank in range(self.workers) if network.link(rank).loss_pct]
+        if lossy and self.clock == "real" and not kernel:
+            raise ValueError("network.loss_pct: app pacing cannot drop packets (set "
+                             "network.emulation = \"kernel\", or clock = \"virtual\")")
+        if self.clock == "virtual" and any(network.link(r).round_trip_s == 0 for r in lossy):
+            raise ValueError("network.loss_pct: on the virtual clock loss limits TCP's rate "
+                             "through the round trip, so it needs network.latency_ms > 0")
 
     def _check_compute(self) -> None:
         """Per-worker device lists fit the workers; calibration is a virtual-clock tool."""

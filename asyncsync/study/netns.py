@@ -1,0 +1,291 @@
+"""The network namespaces of a kernel-shaped real run (``network.emulation = "kernel"``).
+
+The server and each worker get a namespace of their own, joined by veth pairs to a bridge
+in one more namespace; addresses come from 198.18.0.0/15, the range set aside for
+benchmarking (RFC 2544). Links are shaped by tc qdiscs on the egress of both ends of each
+pair: a worker's uplink on its own end, its downlink on the bridge's end, and
+``server_mbps`` on both ends of the server's pair (pushes in, replies out). Rate is a
+``tbf``; delay, jitter and loss a ``netem`` above it (the kernel needs
+CONFIG_NET_SCH_NETEM for those). The node namespaces use CUBIC, a loss-based congestion
+control, whatever the host's default (the virtual clock's loss model assumes one); it is
+set on their one route, as the host may allow only its default for ``sysctl``.
+
+Every name is ``asyncsync-<tag>-<pid>-<role>`` (namespaces) or ``as<tag>-<role>``
+(interfaces, inside those namespaces), with a random tag per run and the supervisor's pid:
+nothing is created in the host's namespace, `RunNetwork.remove` deletes it all, and
+`clean_stale` removes the set of a supervisor that no longer runs (killed by SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+from asyncsync.schema import ConfigError
+from asyncsync.study.specs import NetworkSpec, RunSpec
+
+NETNS_DIR = Path("/run/netns")
+PREFIX = "asyncsync-"
+STALE = re.compile(r"^asyncsync-[0-9a-f]{6}-(\d+)-")
+ADDRESSES = ipaddress.IPv4Network("198.18.0.0/15")
+CONGESTION_CONTROL = "cubic"
+MAX_WORKERS = 9999
+"""Interface names have at most 15 characters: ``as<tag>-w<rank>b``."""
+CLONE_NEWNET = 0x40000000
+QUEUE_S = 0.1
+"""How much traffic a shaped link's queue holds, in seconds at its rate (64 KiB at least)."""
+
+T = TypeVar("T")
+
+
+class NetnsError(RuntimeError):
+    """An ``ip`` or ``tc`` command failed."""
+
+
+def tool(name: str) -> str | None:
+    """The path of `name` (``ip``, ``tc``), also where PATH lacks the sbin folders."""
+    found = shutil.which(name)
+    for folder in ("/usr/sbin", "/sbin"):
+        if found is None and os.access(f"{folder}/{name}", os.X_OK):
+            found = f"{folder}/{name}"
+    return found
+
+
+def _run(*args: str) -> str:
+    command = [tool(args[0]) or args[0], *args[1:]]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise NetnsError(f"{' '.join(args)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def missing() -> str | None:
+    """What this host lacks to run kernel-shaped runs (None: nothing)."""
+    if os.geteuid() != 0:
+        return "network.emulation = \"kernel\" needs root (network namespaces and tc)"
+    lacking = [name for name in ("ip", "tc") if tool(name) is None]
+    if lacking:
+        return (f"network.emulation = \"kernel\" needs {' and '.join(lacking)} "
+                "(package iproute2)")
+    return None
+
+
+def needs_netem(network: NetworkSpec, workers: int) -> bool:
+    """Whether any link has delay, jitter or loss (a netem qdisc)."""
+    return any(link.latency_ms or link.jitter_ms or link.loss_pct
+               for link in map(network.link, range(workers)))
+
+
+def check_host(netem: bool) -> None:
+    """Raise ConfigError naming what kernel shaping lacks here (root, ip, tc, netem);
+    removes stale namespaces of killed runs on the way."""
+    problem = missing()
+    if problem:
+        raise ConfigError(problem)
+    clean_stale()
+    if netem:
+        probe = f"{PREFIX}{secrets.token_hex(3)}-{os.getpid()}-probe"
+        _run("ip", "netns", "add", probe)
+        try:
+            _run("tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms")
+        except NetnsError as exc:
+            raise ConfigError("network.emulation = \"kernel\": this kernel cannot shape "
+                              "delay, jitter or loss (no netem qdisc, CONFIG_NET_SCH_NETEM: "
+                              f"{exc})") from None
+        finally:
+            _delete(probe)
+
+
+def preflight(runs: Iterable[RunSpec]) -> None:
+    """`check_host` for the kernel-shaped runs among `runs` (nothing if there are none)."""
+    kernel = [run for run in runs if run.network.emulation == "kernel"]
+    if kernel:
+        check_host(any(needs_netem(run.network, run.workers) for run in kernel))
+
+
+def run_namespaces() -> list[str]:
+    """The names of every asyncsync namespace on this host."""
+    if not NETNS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(PREFIX))
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def clean_stale() -> list[str]:
+    """Remove the namespaces (and the processes, veths, bridge and qdiscs in them) of
+    supervisors that no longer run; returns their names."""
+    stale = [name for name in run_namespaces()
+             if (match := STALE.match(name)) and not _alive(int(match.group(1)))]
+    for name in stale:
+        _delete(name)
+    return stale
+
+
+def _delete(namespace: str) -> None:
+    """End the processes left in `namespace`, then delete it (and what lives in it)."""
+    try:
+        pids = [int(pid) for pid in _run("ip", "netns", "pids", namespace).split()]
+    except NetnsError:
+        pids = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        _run("ip", "netns", "del", namespace)
+    except NetnsError:
+        if (NETNS_DIR / namespace).exists():
+            raise
+
+
+def _enter(namespace: str) -> None:
+    """Move the calling thread into `namespace` (only this thread: setns(2))."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(NETNS_DIR / namespace, os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"setns {namespace}: {os.strerror(error)}")
+    finally:
+        os.close(fd)
+
+
+def call_in(namespace: str, function: Callable[[], T]) -> T:
+    """`function()` in a thread of its own inside `namespace` (its sockets live there)."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            _enter(namespace)
+            result.append(function())
+        except BaseException as exc:  # handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name=f"netns-{namespace}")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+class RunNetwork:
+    """The namespaces of one run: ``server``, ``w0`` ... and the bridge's ``br``.
+
+    Args:
+        network: the run's network keys (per-worker lists as in app pacing).
+        workers: how many workers.
+    """
+
+    def __init__(self, network: NetworkSpec, workers: int) -> None:
+        if not 0 < workers <= MAX_WORKERS:
+            raise ValueError(f"kernel shaping takes 1 to {MAX_WORKERS} workers, got {workers}")
+        self.network = network
+        self.workers = workers
+        self.tag = secrets.token_hex(3)
+        self.created: list[str] = []
+
+    def namespace(self, role: str) -> str:
+        """The namespace of `role` (``server``, ``w<rank>`` or ``br``)."""
+        return f"{PREFIX}{self.tag}-{os.getpid()}-{role}"
+
+    def address(self, role: str) -> str:
+        """The address of node `role` (``server`` or ``w<rank>``)."""
+        index = 1 if role == "server" else int(role.removeprefix("w")) + 2
+        return str(ADDRESSES[index])
+
+    def command(self, role: str) -> list[str]:
+        """The prefix that runs a command in `role`'s namespace."""
+        return [tool("ip") or "ip", "netns", "exec", self.namespace(role)]
+
+    def create(self) -> None:
+        """Namespaces, bridge, veth pairs, addresses and qdiscs; all removed on failure."""
+        clean_stale()
+        try:
+            bridge_ns, bridge = self._add("br"), f"as{self.tag}-br"
+            _run("ip", "-n", bridge_ns, "link", "add", bridge, "type", "bridge")
+            _run("ip", "-n", bridge_ns, "link", "set", bridge, "up")
+            roles = ["server", *(f"w{rank}" for rank in range(self.workers))]
+            for role in roles:
+                self._join(role, bridge_ns, bridge)
+            self._shape()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _add(self, role: str) -> str:
+        name = self.namespace(role)
+        _run("ip", "netns", "add", name)
+        self.created.append(name)
+        return name
+
+    def _join(self, role: str, bridge_ns: str, bridge: str) -> None:
+        """`role`'s namespace, its veth pair to the bridge and its address."""
+        node_ns, end = self._add(role), self.interface(role)
+        _run("ip", "link", "add", "name", end, "netns", node_ns, "type", "veth",
+             "peer", "name", f"{end}b", "netns", bridge_ns)
+        _run("ip", "-n", bridge_ns, "link", "set", f"{end}b", "master", bridge, "up")
+        _run("ip", "-n", node_ns, "addr", "add", f"{self.address(role)}/{ADDRESSES.prefixlen}",
+             "dev", end)
+        _run("ip", "-n", node_ns, "link", "set", end, "up")
+        _run("ip", "-n", node_ns, "link", "set", "lo", "up")
+        _run("ip", "-n", node_ns, "route", "replace", str(ADDRESSES), "dev", end, "scope",
+             "link", "src", self.address(role), "congctl", CONGESTION_CONTROL)
+
+    def interface(self, role: str) -> str:
+        """The node end of `role`'s veth pair (the bridge's end adds ``b``)."""
+        return f"as{self.tag}-{'s' if role == 'server' else role}"
+
+    def _shape(self) -> None:
+        bridge_ns = self.namespace("br")
+        server = self.network.server_mbps
+        if server:
+            _shape(self.namespace("server"), self.interface("server"), server)
+            _shape(bridge_ns, f"{self.interface('server')}b", server)
+        for rank in range(self.workers):
+            link, role = self.network.link(rank), f"w{rank}"
+            delays = (link.latency_ms, link.jitter_ms, link.loss_pct)
+            _shape(self.namespace(role), self.interface(role), link.uplink_mbps, *delays)
+            _shape(bridge_ns, f"{self.interface(role)}b", link.downlink_mbps, *delays)
+
+    def remove(self) -> None:
+        """Delete the run's namespaces with everything in them (processes are killed)."""
+        while self.created:
+            _delete(self.created.pop())
+
+
+def _shape(namespace: str, device: str, mbps: float, delay_ms: float = 0.0,
+           jitter_ms: float = 0.0, loss_pct: float = 0.0) -> None:
+    """Shape `device`'s egress: netem for delay (uniform in [delay, delay + jitter]) and
+    loss, a tbf below it for the rate (nothing for what is 0)."""
+    qdisc = ["tc", "-n", namespace, "qdisc", "add", "dev", device]
+    parent = ["root"]
+    if delay_ms or jitter_ms or loss_pct:
+        netem = ["netem", "limit", "100000"]
+        if delay_ms or jitter_ms:
+            netem += ["delay", f"{delay_ms + jitter_ms / 2:g}ms"]
+            netem += [f"{jitter_ms / 2:g}ms"] if jitter_ms else []
+        if loss_pct:
+            netem += ["loss", f"{loss_pct:g}%"]
+        _run(*qdisc, "root", "handle", "1:", *netem)
+        parent = ["parent", "1:1"]
+    if mbps:
+        rate_bytes = mbps * 1e6 / 8
+        queue = max(65536, round(rate_bytes * (QUEUE_S + 2 * delay_ms / 1000)))
+        burst = max(16384, round(rate_bytes * 0.002))
+        _run(*qdisc, *parent, "handle", "2:", "tbf", "rate", f"{mbps:g}mbit",
+             "burst", str(burst), "limit", str(queue))
