@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -208,7 +209,9 @@ def child_run(recipe: str, out: Path) -> None:
     evals = [r["accuracy"] for r in events if r.get("event") == "eval"]
     stop = [r for r in events if r.get("event") == "stop"]
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kB
     out.write_text(json.dumps({**facts, "final_accuracy": evals[-1] if evals else None,
+                               "peak_rss_bytes": rss,
                                "versions": stop[-1]["versions"] if stop else None,
                                "virtual_s": spec.stop.time_s, "gpu_peak_bytes": peak,
                                "finished": True}))
@@ -299,7 +302,9 @@ def population_section(args: argparse.Namespace, device: torch.device, tmp: Path
                   f"{facts.get('setup_real_s', '-')} s, 1,500 rounds projected "
                   f"{facts['projected_1500_rounds_s'] / 60:.1f} min "
                   f"({facts.get('worker_math', 'stopped early')}, workers on "
-                  f"{facts.get('worker_math_device', 'cpu')})")
+                  f"{facts.get('worker_math_device', 'cpu')}; peak memory "
+                  f"{facts.get('peak_rss_bytes', 0) / 2**30:.1f} GiB host, "
+                  f"{facts.get('gpu_peak_bytes', 0) / 2**30:.1f} GiB GPU)")
         else:
             print(f"   {label}: no round done {facts.get('error', '')}")
     if out.get("on", {}).get("wall_per_round_s") and out.get("off", {}).get("wall_per_round_s"):

@@ -47,12 +47,13 @@ def _source(seed: int, sizes: dict[int, int] | None = None):  # type: ignore[no-
     return batches
 
 
-def _trainers(model: torch.nn.Module, count: int, momentum: float) -> list[Trainer]:
+def _trainers(model: torch.nn.Module, count: int, momentum: float,
+              device: str = "cpu") -> list[Trainer]:
     """`count` trainers of `model` at different points (and different BatchNorm stats)."""
     trainers = []
     for rank in range(count):
         trainer = Trainer(copy.deepcopy(model), _source(rank), lr=0.1, momentum=momentum,
-                          weight_decay=1e-3, device="cpu")
+                          weight_decay=1e-3, device=device)
         with torch.no_grad():
             trainer.flat.add_(0.01 * rank)
         trainers.append(trainer)
@@ -62,8 +63,9 @@ def _trainers(model: torch.nn.Module, count: int, momentum: float) -> list[Train
 def _state(trainer: Trainer) -> list[torch.Tensor]:
     buffer = trainer.optimizer.momentum_buffer
     counters = [b.float() for b in trainer.params.module.buffers() if not b.is_floating_point()]
-    return [trainer.flat.clone(), trainer.params.grad[: trainer.params.num_params].clone(),
-            torch.zeros(0) if buffer is None else buffer.clone(), *counters]
+    return [t.detach().cpu() for t in (
+        trainer.flat, trainer.params.grad[: trainer.params.num_params],
+        torch.zeros(0) if buffer is None else buffer, *counters)]
 
 
 def _round(trainers: list[Trainer], cohort: Cohort | None, works: list[dict[str, Any]]
