@@ -295,3 +295,11 @@ def test_a_step_computes_on_the_state_its_worker_had_when_it_began() -> None:
         assert not torch.equal(seen[-1][0], start)  # the snapshot saw the step done
         assert torch.equal(seen[-1][1], torch.zeros_like(start))  # the adoption came last
     assert torch.allclose(seen[0][0], seen[1][0], rtol=0, atol=TOLERANCE)
+
+
+def test_batching_is_refused_on_the_real_clock(tmp_path: Path) -> None:
+    path = tmp_path / "real.toml"
+    path.write_text(RECIPE.replace('clock = "virtual"', 'clock = "real"').replace(
+        "[defaults.eval]", '[defaults.compute]\nbatched = "on"\n[defaults.eval]'))
+    with pytest.raises(ConfigError, match=r"compute\.batched: .*virtual"):
+        load_recipe(path).run("bsp")
