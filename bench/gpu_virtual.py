@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -182,7 +183,6 @@ def study_section(args: argparse.Namespace, device: torch.device, tmp: Path
 
 def child_run(recipe: str, out: Path) -> None:
     """(In a child process) simulate `recipe`'s run, writing progress then facts to `out`."""
-    from asyncsync.results.report import summarize_run
     from asyncsync.study.recipe import load_recipe
     from asyncsync.study.simulation import simulate
 
@@ -193,17 +193,25 @@ def child_run(recipe: str, out: Path) -> None:
     run_dir.mkdir()
     began = time.perf_counter()
 
+    first: list[float] = []  # real s and version at the first report (set-up is done)
+
     def progress(status: dict[str, Any]) -> None:
-        out.write_text(json.dumps({"virtual_s": status["elapsed_s"], "version":
-                                   status["version"], "accuracy": status["accuracy"],
-                                   "real_s": time.perf_counter() - began}))
+        real = time.perf_counter() - began
+        if not first:
+            first.extend((real, status["version"]))
+        out.write_text(json.dumps({
+            "virtual_s": status["elapsed_s"], "version": status["version"],
+            "accuracy": status["accuracy"], "real_s": real,
+            "loop_real_s": real - first[0], "loop_rounds": status["version"] - first[1]}))
 
     facts = simulate(spec, run_dir, "bench", progress)
-    summary = summarize_run(run_dir)
-    stop = [r for r in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
-            if r.get("event") == "stop"]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    evals = [r["accuracy"] for r in events if r.get("event") == "eval"]
+    stop = [r for r in events if r.get("event") == "stop"]
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
-    out.write_text(json.dumps({**facts, "final_accuracy": summary.get("final_accuracy"),
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kB
+    out.write_text(json.dumps({**facts, "final_accuracy": evals[-1] if evals else None,
+                               "peak_rss_bytes": rss,
                                "versions": stop[-1]["versions"] if stop else None,
                                "virtual_s": spec.stop.time_s, "gpu_peak_bytes": peak,
                                "finished": True}))
@@ -232,10 +240,11 @@ def resnet_section(args: argparse.Namespace, device: torch.device, tmp: Path
                    ) -> dict[str, Any]:
     print(f"\n3. resnet18 in the nbsync setting of {STUDY.name} (8 workers), "
           f"{args.resnet_virtual_s:g} virtual s at most, {args.resnet_wall_s:g} real s at most")
-    recipe = STUDY.read_text().replace('name = "cnn"', 'name = "resnet18"')
-    recipe = recipe.replace("repeats = 5", "repeats = 1").replace('baseline = "fedavg"', "").replace(
-        "time_s = 900", f"time_s = {args.resnet_virtual_s:g}").replace(
-        'clock = "virtual"', f'clock = "virtual"\ndevice = "{device}"')
+    recipe = STUDY.read_text()
+    for old, new in (('name = "cnn"', 'name = "resnet18"'), ('baseline = "fedavg"', ""),
+                     ("time_s = 900", f"time_s = {args.resnet_virtual_s:g}"),
+                     ('clock = "virtual"', f'clock = "virtual"\ndevice = "{device}"')):
+        recipe = recipe.replace(old, new)
     nbsync_only = recipe[: recipe.index("[[runs]]")] + (
         '[[runs]]\nname = "nbsync"\nprotocol = "nbsync"\noptim = { lr = 0.1 }\n')
     facts = in_child(nbsync_only, tmp / "resnet.json", args.resnet_wall_s)
@@ -250,7 +259,8 @@ def resnet_section(args: argparse.Namespace, device: torch.device, tmp: Path
               f"real s of simulation: {rate and round(rate, 3)} virtual s per real s")
         facts["virtual_per_real"] = rate
     else:
-        print(f"   no progress within {args.resnet_wall_s:g} s {facts.get('error', '')}")
+        print(f"   no progress report within {args.resnet_wall_s:g} s (the set-up and the "
+              f"first evaluation took longer) {facts.get('error', '')}")
     return facts
 
 
@@ -260,12 +270,14 @@ def population_run(args: argparse.Namespace, device: torch.device, batched: str,
     recipe = POPULATION.format(device=device, virtual_s=virtual_s, batched=batched,
                                eval_s=max(virtual_s / 2, 1.0))
     facts = in_child(recipe, tmp / f"population-{batched}.json", args.population_wall_s)
-    done = facts.get("versions") if facts.get("finished") else facts.get("version")
+    finished = facts.get("finished")
+    done = facts.get("versions") if finished else facts.get("version")
     facts["rounds"] = done
-    if done:
-        loop_s = (facts["real_s"] - facts.get("setup_real_s", 0.0) if facts.get("finished")
-                  else facts["real_s"])
-        facts["wall_per_round_s"] = loop_s / done
+    loop_rounds = done if finished else facts.get("loop_rounds")
+    if done and loop_rounds:
+        loop_s = (facts["real_s"] - facts.get("setup_real_s", 0.0) if finished
+                  else facts["loop_real_s"])
+        facts["wall_per_round_s"] = loop_s / loop_rounds
         facts["virtual_per_round_s"] = facts["virtual_s"] / done
         facts["projected_1500_rounds_s"] = (facts.get("setup_real_s", 0.0)
                                             + 1500 * facts["wall_per_round_s"])
@@ -290,7 +302,9 @@ def population_section(args: argparse.Namespace, device: torch.device, tmp: Path
                   f"{facts.get('setup_real_s', '-')} s, 1,500 rounds projected "
                   f"{facts['projected_1500_rounds_s'] / 60:.1f} min "
                   f"({facts.get('worker_math', 'stopped early')}, workers on "
-                  f"{facts.get('worker_math_device', 'cpu')})")
+                  f"{facts.get('worker_math_device', 'cpu')}; peak memory "
+                  f"{facts.get('peak_rss_bytes', 0) / 2**30:.1f} GiB host, "
+                  f"{facts.get('gpu_peak_bytes', 0) / 2**30:.1f} GiB GPU)")
         else:
             print(f"   {label}: no round done {facts.get('error', '')}")
     if out.get("on", {}).get("wall_per_round_s") and out.get("off", {}).get("wall_per_round_s"):

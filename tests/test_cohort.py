@@ -47,12 +47,13 @@ def _source(seed: int, sizes: dict[int, int] | None = None):  # type: ignore[no-
     return batches
 
 
-def _trainers(model: torch.nn.Module, count: int, momentum: float) -> list[Trainer]:
+def _trainers(model: torch.nn.Module, count: int, momentum: float,
+              device: str = "cpu") -> list[Trainer]:
     """`count` trainers of `model` at different points (and different BatchNorm stats)."""
     trainers = []
     for rank in range(count):
         trainer = Trainer(copy.deepcopy(model), _source(rank), lr=0.1, momentum=momentum,
-                          weight_decay=1e-3, device="cpu")
+                          weight_decay=1e-3, device=device)
         with torch.no_grad():
             trainer.flat.add_(0.01 * rank)
         trainers.append(trainer)
@@ -62,8 +63,9 @@ def _trainers(model: torch.nn.Module, count: int, momentum: float) -> list[Train
 def _state(trainer: Trainer) -> list[torch.Tensor]:
     buffer = trainer.optimizer.momentum_buffer
     counters = [b.float() for b in trainer.params.module.buffers() if not b.is_floating_point()]
-    return [trainer.flat.clone(), trainer.params.grad[: trainer.params.num_params].clone(),
-            torch.zeros(0) if buffer is None else buffer.clone(), *counters]
+    return [t.detach().cpu() for t in (
+        trainer.flat, trainer.params.grad[: trainer.params.num_params],
+        torch.zeros(0) if buffer is None else buffer, *counters)]
 
 
 def _round(trainers: list[Trainer], cohort: Cohort | None, works: list[dict[str, Any]]
@@ -293,3 +295,11 @@ def test_a_step_computes_on_the_state_its_worker_had_when_it_began() -> None:
         assert not torch.equal(seen[-1][0], start)  # the snapshot saw the step done
         assert torch.equal(seen[-1][1], torch.zeros_like(start))  # the adoption came last
     assert torch.allclose(seen[0][0], seen[1][0], rtol=0, atol=TOLERANCE)
+
+
+def test_batching_is_refused_on_the_real_clock(tmp_path: Path) -> None:
+    path = tmp_path / "real.toml"
+    path.write_text(RECIPE.replace('clock = "virtual"', 'clock = "real"').replace(
+        "[defaults.eval]", '[defaults.compute]\nbatched = "on"\n[defaults.eval]'))
+    with pytest.raises(ConfigError, match=r"compute\.batched: .*virtual"):
+        load_recipe(path).run("bsp")

@@ -123,13 +123,9 @@ def _local_steps(rows: torch.Tensor, grads: torch.Tensor, members: list[Filed],
     params = rows[:, :n]
     g = grads
     if work.center is not None:
-        centers = torch.stack([f.work.center[:n] for f in members  # type: ignore[index]
-                               ]).to(device)
-        g = g + work.rho * (params - centers)
+        g = g + work.rho * (params - _stacked([f.work.center for f in members], n, device))
     if work.correction is not None:
-        corrections = torch.stack([f.work.correction[:n] for f in members  # type: ignore[index]
-                                   ]).to(device)
-        g = g + corrections
+        g = g + _stacked([f.work.correction for f in members], n, device)
     momentum = None
     if optimizer.momentum:
         held = [t.optimizer.momentum_buffer for t in trainers]
@@ -142,6 +138,13 @@ def _local_steps(rows: torch.Tensor, grads: torch.Tensor, members: list[Filed],
     if buffer is not None:
         for i, trainer in enumerate(trainers):
             trainer.optimizer.momentum_buffer = buffer[i]
+
+
+def _stacked(vectors: list[torch.Tensor | None], n: int, device: torch.device
+             ) -> torch.Tensor:
+    """The first `n` elements of each of a group's vectors (all given: the group's key
+    says so), as rows on `device`."""
+    return torch.stack([v[:n] for v in vectors if v is not None]).to(device)
 
 
 def _counter(trainer: Trainer, name: str) -> torch.Tensor:

@@ -5,7 +5,9 @@ The protocol code, the engine, the compute profiles and the link model are the s
 real mode; only the clock and the two compute seams differ. Each local step runs its real
 torch math inline, on the run's device (``device``: workers' math and the evaluation of the
 global model), and is charged its step time x slowdown in virtual seconds; each message
-pays latency and bytes / bandwidth in virtual seconds. Workers are built by
+pays latency and bytes / bandwidth in virtual seconds. On a GPU (``compute.batched``,
+`asyncsync.study.worker_math`), the steps' math runs batched over the workers instead
+(`asyncsync.engine.cohort`), charged the same. Workers are built by
 `asyncsync.study.assembly.assemble_worker`, as in real mode. A step's time comes from the recipe
 alone, never from this host: the FLOPs of one step of the run's model over the worker's
 device rate (`asyncsync.hetero.cost_model`), or the recipe's explicit ``compute.base_step_s``.

@@ -396,7 +396,8 @@ class RunSpec:
                              "through the round trip, so it needs network.latency_ms > 0")
 
     def _check_compute(self) -> None:
-        """Per-worker device lists fit the workers; calibration is a virtual-clock tool."""
+        """Per-worker device lists fit the workers; calibration and batching are
+        virtual-clock tools."""
         for key in ("device", "flops_per_s"):
             value = getattr(self.compute, key)
             if isinstance(value, list) and len(value) != self.workers:
@@ -405,6 +406,10 @@ class RunSpec:
         if self.compute.calibrate and self.clock != "virtual":
             raise ValueError(f"compute.base_step_s: \"{CALIBRATE}\" sets a virtual run's step "
                              "time; a real run times itself (set clock = \"virtual\")")
+        if self.compute.batched != "auto" and self.clock != "virtual":
+            raise ValueError("compute.batched: a real run's workers compute in processes of "
+                             "their own; batching them is for the virtual clock (set clock = "
+                             "\"virtual\")")
 
     def _check_capacity(self) -> None:
         """A capacity trace sets speeds and bandwidths: no other source may too."""

@@ -5,7 +5,8 @@ or one by one, as ``compute.batched`` asks and the model and device allow.
 measured slower than the steps one after another (see docs/gpu.md and
 ``bench/gpu_virtual.py``). ``on`` batches wherever the model can be batched; ``off`` never
 does. A run that asked for batching or runs on CUDA and falls back says so once in the
-log; summary.json records the path and why (`WorkerMath.facts`).
+log (a warning, unless the model is the timing stand-in, which never batches);
+summary.json records the path and why (`WorkerMath.facts`).
 """
 
 from __future__ import annotations
@@ -61,9 +62,10 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
     reason: str | None = "the timing model computes its gradient in closed form"
     if spec.model.name != TIMING_MODEL:
         reason = _probe(model(), batches, device)
-    if reason is not None:
-        LOG.warning("compute.batched = %r: the workers' steps run one by one: %s", asked,
-                    reason)
+    if reason is not None:  # the timing model is meant to: no warning
+        level = logging.INFO if spec.model.name == TIMING_MODEL else logging.WARNING
+        LOG.log(level, "compute.batched = %r: the workers' steps run one by one: %s", asked,
+                reason)
         return WorkerMath(ONE_BY_ONE, reason, str(device))
     why = ("asked (compute.batched = \"on\")" if asked == "on"
            else f"auto: {device.type} device")
