@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from rich.console import Console
@@ -40,8 +40,19 @@ from asyncsync.training.data import DATASETS, DatasetMissing
 from asyncsync.transport.http_client import TlsFailure
 
 
+class _UsageError(Exception):
+    """A command line argparse refused: shown as one ``error:`` line, like any bad input."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its refusals raised as `_UsageError` instead of a usage block and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="asyncsync", description="Run, check and report synchronization-protocol "
         "recipes; serve or join one run on several machines.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -351,8 +362,12 @@ def _report(args: argparse.Namespace, console: Console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     console = make_console()
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return 2
     try:
         if args.command == "run":
             from asyncsync.study.executors import SlurmOptions

@@ -263,3 +263,18 @@ def test_report_leaves_out_an_interrupted_run(capsys: pytest.CaptureFixture[str]
     assert code == 0, out
     assert f"{cut}: left out, it was interrupted (Ctrl-C)" in " ".join(out.split())
     assert not any(line.split()[:1] == ["asp"] for line in out.splitlines())
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["run", "recipes/quickstart.toml", "--clock", "virtaul"],
+     "error: asyncsync run: argument --clock: invalid choice: 'virtaul'"),
+    (["run"], "error: asyncsync run: the following arguments are required: recipe"),
+    (["rnu"], "error: asyncsync: argument command: invalid choice: 'rnu'"),
+])
+def test_a_bad_command_line_is_one_error_line(capsys: pytest.CaptureFixture[str],
+                                             argv: list[str], line: str) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    (printed,) = captured.out.strip().splitlines()
+    assert printed.startswith(line) and printed.endswith(" --help)")

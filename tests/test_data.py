@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -122,3 +123,28 @@ def test_resnet18_for_small_images_and_user_models() -> None:
         build_model("no.such.module:thing", (1, 4, 4), 3, {})
     with pytest.raises(ValueError, match="unknown model"):
         build_model("transformer", (1, 4, 4), 3, {})
+
+
+def test_missing_fashion_mnist_names_the_command_that_installs_it(tmp_path: Path) -> None:
+    with pytest.raises(DatasetMissing, match=r"run `asyncsync data fashion_mnist`"):
+        load_dataset("fashion_mnist", seed=0, root=tmp_path / "nowhere")
+
+
+def test_a_failed_download_leaves_no_empty_folder(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision makes ``<root>/FashionMNIST/raw`` before it downloads: a download that
+    fails (no network here) leaves none of it; a folder that was there stays."""
+    import torchvision.datasets
+
+    def unreachable(self: Any) -> None:
+        Path(self.raw_folder).mkdir(parents=True, exist_ok=True)
+        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz: no network")
+
+    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "download", unreachable)
+    with pytest.raises(DatasetMissing, match="no network"):
+        load_dataset("fashion_mnist", seed=0, root=tmp_path / "data", download=True)
+    assert not (tmp_path / "data").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DatasetMissing):
+        load_dataset("fashion_mnist", seed=0, root=tmp_path / "kept", download=True)
+    assert list((tmp_path / "kept").iterdir()) == []

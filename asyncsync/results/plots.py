@@ -55,12 +55,14 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
     handles: dict[str, Any] = {}
     sizes: set[int] = set()
     marked = False
+    extent = [] if target is None else [target]  # every band whole on the y axis
     for name, group in runs.items():
         point = _point(group[0])
         ax = axes.flat[points.index(point)]
         base = name.removesuffix(point)
         times, curves = repeat_curves(group)
         (line,) = ax.plot(times, curves.mean(axis=0), linewidth=1.6, color=colors[base])
+        extent += [float(curves.min()), float(curves.max())]
         handles.setdefault(base, line)
         sizes.add(len(group))
         if len(group) > 1:
@@ -84,6 +86,9 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
                                                        linewidth=1)
         ax.set_title(_point_text(point), fontsize="medium")
         ax.grid(alpha=0.3)
+    if extent:  # the panels share their y axis
+        pad = 0.04 * (max(extent) - min(extent)) + 0.01
+        axes[0, 0].set_ylim(min(extent) - pad, max(extent) + pad)
     clock = _clock(summaries)
     for i, ax in enumerate(axes.flat):
         if i >= len(points):
@@ -115,7 +120,9 @@ class TargetBars:
         path: the PNG written.
         labels: the runs' tick labels.
         heights: each bar's height (None: no bar, no repeat reached the target).
-        errors: each error bar's half-width (None: none drawn, fewer than 2 values).
+        errors: each error bar's half-width above the bar (None: none drawn, fewer than 2
+            values).
+        bottoms: where each error bar ends below (the interval's low end, at least 0).
         dots: each run's dots, one per repeat that reached the target.
         notes: the text over each bar: ``k/n`` repeats reached the target, ``never``, or "".
         ylabel: the y-axis's label; title: the title.
@@ -125,6 +132,7 @@ class TargetBars:
     labels: list[str]
     heights: list[float | None]
     errors: list[float | None]
+    bottoms: list[float | None]
     dots: list[list[float]]
     notes: list[str]
     ylabel: str
@@ -144,24 +152,24 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
     keys = [(named[label(g[0])].removesuffix(_point(g[0])), _point(g[0])) for g in runs]
     crowded = sum(len(base + point) + 2 for base, point in keys) > 70  # the axis's width
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    names_drawn, heights, errors, dots_drawn, notes = [], [], [], [], []
+    names_drawn, heights, errors, bottoms, dots_drawn, notes = [], [], [], [], [], []
     highest = 0.0
     for x, (group, (base, point)) in enumerate(zip(runs, keys, strict=True)):
         if x and base != keys[x - 1][0] and point != keys[x - 1][1]:
             ax.axvline(x - 0.5, color="grey", linewidth=0.8, linestyle=":")  # the next block
         times = [float(s["time_to_target_s"]) for s in group
                  if s.get("time_to_target_s") is not None]
-        height = error = None
+        height = error = bottom = None
         dots: list[float] = []
         if times:
             mean, half = interval(times)
             (bar,) = ax.bar(x, mean, width=0.7, color=colors[base])
             height = float(bar.get_height())
-            if half is not None:
-                caps = ax.errorbar(x, mean, yerr=half, fmt="none", ecolor="black", capsize=4,
-                                   linewidth=1)
+            if half is not None:  # the whisker stops at 0: no time is negative
+                caps = ax.errorbar(x, mean, yerr=[[min(half, mean)], [half]], fmt="none",
+                                   ecolor="black", capsize=4, linewidth=1)
                 low, high = caps.lines[2][0].get_segments()[0][:, 1]
-                error = float(high - low) / 2
+                error, bottom = float(high) - height, float(low)
             offsets = np.linspace(-0.15, 0.15, len(times)) if len(times) > 1 else [0.0]
             (line,) = ax.plot(x + np.asarray(offsets), times, "o", color="black",
                               markersize=3)
@@ -178,6 +186,7 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
         names_drawn.append(base + point)
         heights.append(height)
         errors.append(error)
+        bottoms.append(bottom)
         dots_drawn.append(dots)
         notes.append(note)
     ax.set_xticks(range(len(names_drawn)), names_drawn, rotation=40 if crowded else 0,
@@ -195,7 +204,8 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return TargetBars(path, [tick.get_text() for tick in ax.get_xticklabels()], heights,
-                      errors, dots_drawn, notes, ax.get_ylabel(), ax.get_title().strip())
+                      errors, bottoms, dots_drawn, notes, ax.get_ylabel(),
+                      ax.get_title().strip())
 
 
 def _target(summaries: list[dict[str, Any]]) -> float | None:

@@ -6,6 +6,7 @@ import csv
 import io
 import itertools
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from asyncsync.runlog.schema import KEY, Kind
 
 SMOOTHING = 3
 """Evaluations in the moving average of `time_to_target_avg_s`."""
+
+WIDE_BELOW = 3
+"""Below this many repeats, the table warns that its 95% intervals are very wide."""
 
 SLIP = 1.5
 """A run's evaluations slipped when two of them lie more than this many intervals apart
@@ -236,7 +240,9 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     headers = [c.header.format(target=target) for c in columns]
     repeats = max(len(g) for g in groups(summaries))
     caption = f" - mean±95% interval over {repeats} repeats" if repeats > 1 else ""
-    heading = f"{title}: comparison (baseline {baseline}){caption}" if title else ""
+    compared = (f"baseline {baseline}" if any(is_baseline(s, baseline) for s in summaries)
+                else f"no baseline: {baseline} did not run")
+    heading = f"{title}: comparison ({compared}){caption}" if title else ""
     rows = _cells(summaries, baseline, columns)
     table = Table(title=heading or None, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     for header in ("run", "protocol", *headers):
@@ -246,6 +252,11 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
         table.add_row(name, protocol, *(cells or [f"[red]failed: {error}[/red]"]))
     legend = [f"{h}: {c.legend.format(target=target)}" for h, c in zip(headers, columns,
                                                                          strict=True)]
+    fewest = min(len(g) for g in groups(summaries))
+    if 1 < fewest < WIDE_BELOW:
+        legend.append(f"with {fewest} repeats the 95% intervals are very wide (Student's t "
+                      f"with {fewest - 1} degree{'s' if fewest > 2 else ''} of freedom): "
+                      f"run {WIDE_BELOW} or more for a usable interval")
     if any(name.endswith(SLIP_MARK) for name, *_ in rows):
         legend.append(f"{SLIP_MARK} evaluations slipped (a gap > 1.5 evaluation intervals): "
                       "a coarser grid for its times to target; see eval_interval_* in table.csv")
@@ -296,7 +307,7 @@ def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pat
 def make_console() -> Console:
     """A console that does not squeeze tables when output goes to a file or pipe."""
     console = Console()
-    if not console.is_terminal:
+    if not console.is_terminal and "COLUMNS" not in os.environ:  # else the width asked
         console.width = max(console.width, 150)
     return console
 

@@ -6,6 +6,7 @@ A run folder holds the run's resolved ``recipe.json`` and, once it ended, its
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -169,13 +170,19 @@ def _settings(run_dir: Path) -> dict[str, Any]:
     return flat
 
 
-def _recipe_order(run_dir: Path) -> tuple[str, int, str]:
-    """Runs of one timestamp in their recipe's order, then by name."""
+def _recipe_order(run_dir: Path) -> tuple[str, int, int, str]:
+    """Runs of one timestamp in their recipe's order (a run's repeats together, in their
+    order: its folders are ``<run>-r<k>``, so the run's own recipe.json names it), then by
+    name."""
     path = run_dir.parent / "recipe.json"
     names = [r.get("name") for r in json.loads(path.read_text()).get("runs", [])] \
         if path.exists() else []
-    index = names.index(run_dir.name) if run_dir.name in names else len(names)
-    return str(run_dir.parent), index, run_dir.name
+    name, repeat = run_dir.name, 0
+    with contextlib.suppress(OSError, ValueError, LookupError, TypeError):
+        written = json.loads((run_dir / "recipe.json").read_text())
+        name, repeat = written["runs"][0]["name"], int(written.get("repeat", 0))
+    index = names.index(name) if name in names else len(names)
+    return str(run_dir.parent), index, repeat, run_dir.name
 
 def recipe_baseline(run_dir: Path) -> str | None:
     """The baseline named by the whole recipe written next to a run (its parent's)."""

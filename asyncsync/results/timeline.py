@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from asyncsync.results.pyplot import pyplot
-from asyncsync.runlog.reading import worker_logs, worker_records
+from asyncsync.runlog.reading import line_rank, worker_logs, worker_records
 from asyncsync.runlog.schema import HELD, KEY, TRANSFERS, Kind
 
 COLORS = {"compute": "#2e8b57", "communicate": "#1f77b4", "held": "#ff8c00"}
@@ -86,7 +86,14 @@ def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> 
     plt = pyplot()
     seen: set[int] = set()
     finals: dict[int, dict[str, Any]] = {}
-    for rank, record in worker_records(run_dir):  # streamed: only the drawn ranks are kept
+
+    def final_or_unknown(line: str) -> bool:  # a shared log's other lines: rank noted only
+        rank = line_rank(line)
+        if rank is not None:
+            seen.add(rank)
+        return rank is None or Kind.FINAL in line
+
+    for rank, record in worker_records(run_dir, final_or_unknown):  # only drawn ranks kept
         seen.add(rank)
         if record.get(KEY) == Kind.FINAL:
             finals[rank] = record

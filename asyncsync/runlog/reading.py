@@ -4,20 +4,36 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind, upgrade
 
+LineFilter = Callable[[str], bool]
+"""Whether a JSONL line may hold a record wanted (False: skipped unparsed)."""
+RANK_HEAD = '{"' + RANK + '":'
+"""How a line of a shared workers' log starts (`RankLog` writes the rank first)."""
 
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+
+def line_rank(line: str) -> int | None:
+    """The rank a shared log's line starts with, without parsing it (None: not known)."""
+    if line.startswith(RANK_HEAD):
+        with contextlib.suppress(ValueError):
+            return int(line[len(RANK_HEAD):line.find(",", len(RANK_HEAD))])
+    return None
+
+
+def iter_jsonl(path: Path, keep: LineFilter | None = None) -> Iterator[dict[str, Any]]:
     """The records of a JSONL log one at a time, in the current schema (old logs' field
     names are renamed, see `asyncsync.runlog.schema`); a torn last line (a killed writer) is
-    skipped. A 100,000-worker run's log is millions of records: readers that need few of
-    them stream it rather than hold it."""
+    skipped, and so is a line `keep` refuses (a cheap test, before parsing). A
+    100,000-worker run's log is millions of records: readers that need few of them stream
+    it rather than hold it."""
     with path.open(encoding="utf-8") as lines:
         for line in lines:
+            if keep is not None and not keep(line):
+                continue
             with contextlib.suppress(json.JSONDecodeError):
                 yield upgrade(json.loads(line))
 
@@ -27,26 +43,35 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return list(iter_jsonl(path))
 
 
-def worker_records(run_dir: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(rank, record)`` for every worker record of a run, streamed from its
-    ``worker-<rank>.jsonl`` files (rank by rank) or its one `WORKERS_LOG` (in the order
-    written, the `RANK` field taken out): readers need not know which layout a run has."""
+def worker_records(run_dir: Path, keep: LineFilter | None = None,
+                   ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(rank, record)`` for every worker record of a run (of the lines `keep` lets
+    through), streamed from its ``worker-<rank>.jsonl`` files (rank by rank) or its one
+    `WORKERS_LOG` (in the order written, the `RANK` field taken out): readers need not know
+    which layout a run has."""
     shared = run_dir / WORKERS_LOG
     if shared.exists():
-        for record in iter_jsonl(shared):
+        for record in iter_jsonl(shared, keep):
             yield int(record.pop(RANK)), record
         return
     paths = {int(path.stem.split("-")[1]): path for path in run_dir.glob("worker-*.jsonl")}
     for rank in sorted(paths):
-        for record in iter_jsonl(paths[rank]):
+        for record in iter_jsonl(paths[rank], keep):
             yield rank, record
 
 
 def worker_logs(run_dir: Path, ranks: Collection[int] | None = None,
                 ) -> dict[int, list[dict[str, Any]]]:
-    """Each worker's records by rank (only those of `ranks`, when given)."""
+    """Each worker's records by rank (only those of `ranks`, when given: a shared log's
+    other lines are skipped unparsed)."""
+    wanted = None if ranks is None else set(ranks)
+
+    def mine(line: str) -> bool:
+        rank = line_rank(line)
+        return wanted is None or rank is None or rank in wanted
+
     logs: dict[int, list[dict[str, Any]]] = {}
-    for rank, record in worker_records(run_dir):
+    for rank, record in worker_records(run_dir, mine):
         if ranks is None or rank in ranks:
             logs.setdefault(rank, []).append(record)
     return dict(sorted(logs.items()))
@@ -54,10 +79,15 @@ def worker_logs(run_dir: Path, ranks: Collection[int] | None = None,
 
 def final_records(run_dir: Path) -> dict[int, dict[str, Any]]:
     """Each worker's last ``final`` record (its run's totals) by rank; a worker that wrote
-    none is absent. Streams the logs, keeping only these."""
-    finals = {rank: record for rank, record in worker_records(run_dir)
+    none is absent. Streams the logs, parsing only the lines that may be one."""
+    finals = {rank: record for rank, record in worker_records(run_dir, _may_be_final)
               if record.get(KEY) == Kind.FINAL}
     return dict(sorted(finals.items()))
+
+
+def _may_be_final(line: str) -> bool:
+    """Whether a line may hold a ``final`` record (its kind's name appears in it)."""
+    return Kind.FINAL in line
 
 
 def label(summary: dict[str, Any]) -> str:

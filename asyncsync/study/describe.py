@@ -40,6 +40,8 @@ def check_table(recipe: Recipe) -> Table:
     for spec in recipe.runs:
         compute = spec.compute
         factors = ",".join(f"{f:g}" for f in compute.slowdown) or "1"
+        if 0 < len(compute.slowdown) < spec.workers:  # the rest run at 1x: say so
+            factors += f" +{spec.workers - len(compute.slowdown)} at 1"
         steps = (f"{factors}x" + (f" {compute.profile['name']}" if compute.profile else "")
                  + (f" step {compute.explicit_step_s:g} s" if compute.explicit_step_s
                     else ""))

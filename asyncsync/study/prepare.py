@@ -35,7 +35,12 @@ from types import MappingProxyType
 from typing import Literal, NamedTuple
 
 from asyncsync.schema import ConfigError
-from asyncsync.training.data import _TORCHVISION, DATASETS, DatasetMissing
+from asyncsync.training.data import (
+    _TORCHVISION,
+    DATASETS,
+    DatasetMissing,
+    no_empty_folders_left,
+)
 
 Kind = Literal["images", "labels"]
 
@@ -205,7 +210,7 @@ def _prepare_idx(name: str, root: Path, system_dir: Path | None, download: bool,
             return f"{name}: unpacked {source} into {raw} ({sizes})"
         tried.append(f"{source}: no {', '.join(absent)}")
     if download:
-        failure = _download(cls_name, root)
+        failure = _download(cls_name, root, raw)
         if failure is None:
             problems = idx_problems(raw, counts)
             if not problems:
@@ -228,7 +233,7 @@ def _prepare_cifar10(root: Path, download: bool) -> str:
     if _cifar10_ready(target):
         return f"cifar10: already prepared in {target} ({CIFAR10_SIZES}); nothing to do"
     if download:
-        failure = _download(cls_name, root)
+        failure = _download(cls_name, root, target)
         if failure is None:
             return (f"cifar10: prepared by torchvision's download (or from the "
                     f"cifar-10-python.tar.gz in {root}) into {target} ({CIFAR10_SIZES})")
@@ -251,14 +256,16 @@ def _cifar10_ready(folder: Path) -> bool:
     return all(check_integrity(str(folder / file), md5) for file, md5 in listed)
 
 
-def _download(cls_name: str, root: Path) -> str | None:
-    """Let torchvision download dataset class `cls_name` into `root`: None, or why it failed."""
+def _download(cls_name: str, root: Path, folder: Path) -> str | None:
+    """Let torchvision download dataset class `cls_name` into `root`: None, or why it failed
+    (then `folder`, where its files go, is not left behind empty)."""
     import torchvision.datasets
 
     cls = getattr(torchvision.datasets, cls_name)
     try:
-        for train in (True, False):
-            cls(str(root), train=train, download=True)
+        with no_empty_folders_left(folder):
+            for train in (True, False):
+                cls(str(root), train=train, download=True)
     # torchvision fails with URLError (no network), RuntimeError (all mirrors failed, bad
     # checksum) or, reading a malformed file already there, AssertionError and others.
     except Exception as exc:

@@ -104,11 +104,12 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
     if not isinstance(defaults, dict):
         raise ConfigError("defaults: expected a table")
     defaults = copy.deepcopy(defaults)
-    for item in overrides:
-        _apply_override(defaults, item)
     runs_raw = raw.get("runs")
     if not isinstance(runs_raw, list) or not runs_raw:
         raise ConfigError("runs: a recipe needs at least one [[runs]] table")
+    for item in overrides:
+        key = _apply_override(defaults, item)
+        _check_override(key, defaults, runs_raw, item)
     runs = []
     for point in _sweep_points(raw.get("sweep", {})):
         table = copy.deepcopy(defaults)
@@ -154,7 +155,8 @@ def _tracking(table: Any) -> dict[str, str]:
     return dict(table)
 
 
-def _apply_override(defaults: dict[str, Any], item: str) -> None:
+def _apply_override(defaults: dict[str, Any], item: str) -> str:
+    """Apply ``--set KEY=VALUE`` to `defaults`; returns the key."""
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
@@ -163,6 +165,23 @@ def _apply_override(defaults: dict[str, Any], item: str) -> None:
     except tomllib.TOMLDecodeError:
         value = text
     _set_default(defaults, key.strip(), value, "--set")
+    return key.strip()
+
+
+def _check_override(key: str, defaults: dict[str, Any], runs: list[Any], item: str) -> None:
+    """Refuse a ``--set`` that would change nothing: a protocol that does not exist, or a
+    key every run sets itself (its own value wins over the defaults)."""
+    if key == "protocol" or key == "protocol.name":
+        named = defaults["protocol"]
+        name = named.get("name") if isinstance(named, dict) else named
+        try:
+            get_protocol(str(name))
+        except ValueError as exc:
+            raise ConfigError(f"--set {item}: {exc}") from None
+    if all(isinstance(run, dict) and _has_key(run, key) for run in runs):
+        raise ConfigError(f"--set {item}: every run sets {key} itself, so it would be "
+                          "ignored; choose runs with --only and edit their tables, or add "
+                          "a run")
 
 
 def _set_default(defaults: dict[str, Any], key: str, value: Any, origin: str) -> None:

@@ -175,6 +175,11 @@ class ComputeSpec:
                 named.op_overhead_s)
 
 
+PER_WORKER_LINKS = ("bandwidth_mbps", "uplink_mbps", "downlink_mbps", "latency_ms",
+                    "jitter_ms")
+"""`NetworkSpec`'s keys that take a value per worker."""
+
+
 @dataclass(frozen=True)
 class NetworkSpec:
     """Each key is one value for all workers or a list with one per worker (missing: 0)."""
@@ -396,13 +401,22 @@ class RunSpec:
                              "through the round trip, so it needs network.latency_ms > 0")
 
     def _check_compute(self) -> None:
-        """Per-worker device lists fit the workers; calibration and batching are
-        virtual-clock tools."""
+        """Per-worker lists fit the workers (device lists exactly; slowdowns and links may
+        be shorter, the rest 1x and 0, never longer: an entry past the last worker would
+        be dropped unseen); calibration and batching are virtual-clock tools."""
         for key in ("device", "flops_per_s"):
             value = getattr(self.compute, key)
             if isinstance(value, list) and len(value) != self.workers:
                 raise ValueError(f"compute.{key}: {len(value)} entries for {self.workers} "
                                  "workers (give one value, or one per worker)")
+        lists = {"compute.slowdown": self.compute.slowdown,
+                 **{f"network.{key}": getattr(self.network, key) for key in PER_WORKER_LINKS}}
+        for key, value in lists.items():
+            if isinstance(value, list) and len(value) > self.workers:
+                raise ValueError(f"{key}: {len(value)} entries for {self.workers} workers: "
+                                 f"entries past worker {self.workers - 1} would be ignored "
+                                 "(give at most one per worker; missing ones are "
+                                 f"{'1' if key == 'compute.slowdown' else '0'})")
         if self.compute.calibrate and self.clock != "virtual":
             raise ValueError(f"compute.base_step_s: \"{CALIBRATE}\" sets a virtual run's step "
                              "time; a real run times itself (set clock = \"virtual\")")

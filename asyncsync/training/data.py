@@ -11,6 +11,8 @@ seconds and protocol differences show up in time-to-accuracy.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +127,24 @@ class DatasetMissing(ValueError):
     """A dataset's files are absent and could not be downloaded."""
 
 
+@contextlib.contextmanager
+def no_empty_folders_left(folder: Path) -> Iterator[None]:
+    """On a failure inside the block, remove `folder` and those of its parents that the
+    block made, if they are empty (a failed download leaves no empty ``raw`` folder)."""
+    absent = []
+    path = folder
+    while not path.exists() and path != path.parent:
+        absent.append(path)
+        path = path.parent
+    try:
+        yield
+    except BaseException:
+        for made in absent:  # the deepest first; a folder holding anything stays
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise
+
+
 def load_dataset(name: str, seed: int, root: str | Path = "data",
                  download: bool = False) -> Dataset:
     """Load a dataset by name.
@@ -144,11 +164,15 @@ def load_dataset(name: str, seed: int, root: str | Path = "data",
 
     cls_name, folder, files, mean, std = _TORCHVISION[name]
     cls = getattr(torchvision.datasets, cls_name)
+    where = Path(root) / folder
     try:
-        train, test = (cls(str(root), train=split, download=download) for split in (True, False))
+        with no_empty_folders_left(where):
+            train, test = (cls(str(root), train=split, download=download)
+                           for split in (True, False))
     except (RuntimeError, OSError) as exc:
-        where = Path(root) / folder
-        hint = "set data.download = true on a machine with internet access, or copy them there"
+        hint = (f"run `asyncsync data {name}` (it installs them offline from a system "
+                f"package where there is one, e.g. Debian's dataset-fashion-mnist), set "
+                f"data.download = true on a machine with internet access, or copy them there")
         raise DatasetMissing(f"{name}: files not found in {where} (expected {files}); {hint}"
                              f" ({type(exc).__name__}: {exc})") from exc
     train_x, train_y = _tensors(train.data, train.targets, mean, std)
