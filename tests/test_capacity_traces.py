@@ -162,3 +162,20 @@ def test_a_capacity_trace_refuses_another_source_of_speed(tmp_path: Path) -> Non
     recipe.write_text(RECIPE.format(trace=trace) + "[defaults.network]\nbandwidth_mbps = 5\n")
     with pytest.raises(ValueError, match=r"network\.bandwidth_mbps: capacity\.trace sets"):
         load_recipe(recipe)
+
+
+def test_the_shipped_study_traces_are_what_their_script_writes(tmp_path: Path) -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1] / "recipes" / "population"
+    loader = importlib.util.spec_from_file_location("make_traces", root / "make_traces.py")
+    assert loader is not None and loader.loader is not None
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    script.main(tmp_path)
+    for name in ("capacity.csv", "availability.csv"):
+        assert (tmp_path / name).read_bytes() == (root / name).read_bytes(), name
+    spec = load_recipe(root / "study.toml").run("fedavg")
+    facts = spec.population().facts()
+    assert len(facts["capacity_rows"]) == 1000
+    assert 0.02 < facts["availability"]["mean_online_share"] < 0.04  # about 30 online

@@ -16,12 +16,13 @@ gradient (its round closed without it) is dropped and counted (``rule.late``, an
 ``RoundRecord.missing`` per round); its worker pulls the newest model and goes on, as in
 the paper, where the late gradients of backup workers are discarded.
 
-Of the other round protocols, none takes them: LB-BSP balances batch sizes so that every
-worker arrives together instead, and its global batch and speed estimates need every
-worker's gradient; ESync and NBSync shape local work so that nobody is waited for; and in
-the delta-averaging rounds (local SGD, FedAvg, DiLoCo, Overlap Local SGD, EASGD) a dropped
-push throws away several local steps, which the paper does not study. Such a protocol
-can still offer them by deriving its parameters from `Cutoff`.
+The same `Cutoff` keys (with over-selection and adaptive deadlines, see
+`asyncsync.protocols.rounds`) are taken by local SGD, FedAvg, FedNova, SCAFFOLD and
+DiLoCo, where a dropped push throws away several local steps (the price of not waiting,
+which federated deployments pay: over-selection is theirs). LB-BSP balances batch sizes
+so that every worker arrives together instead, and its global batch and speed estimates
+need every worker's gradient; ESync and NBSync shape local work so that nobody is waited
+for; Overlap Local SGD and EASGD do not take them.
 
 References: L. G. Valiant, "A bridging model for parallel computation", CACM 1990;
 J. Chen, X. Pan, R. Monga, S. Bengio, R. Jozefowicz, "Revisiting Distributed Synchronous

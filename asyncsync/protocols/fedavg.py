@@ -8,7 +8,10 @@ reproducible), and the deltas are weighted by their sample counts,
 not sampled for a round stay idle until a round includes them. With C = 1 (the default)
 every live worker trains in every round. Local SGD's options apply: FedProx's proximal
 term (``mu``) and a server optimizer on the weighted mean delta (``server_optimizer``:
-FedAdam, FedYogi, FedAdagrad; see `asyncsync.protocols.server_optim`).
+FedAdam, FedYogi, FedAdagrad; see `asyncsync.protocols.server_optim`), and the round
+policies of `asyncsync.protocols.rounds.Cutoff`: with ``overcommit = o`` a round draws
+``ceil(m (1 + o))`` workers and closes with the first m deltas (over-selection, as in
+Bonawitz et al., MLSys 2019); deadlines, fixed or adaptive, close it with what arrived.
 
 Membership is local SGD's: a lost participant's delta is withdrawn and the round closes
 with the others' (it is drawn again if no participant is left); a rejoined worker joins

@@ -60,6 +60,8 @@ _CACHE: dict[str, Population] = {}
 
 def _stamp(path: str) -> list[float]:
     """A trace file's size and modification time (a changed file is read again)."""
+    if not path:
+        return []
     try:
         stat = Path(path).stat()
     except OSError:

@@ -49,12 +49,13 @@ def capacity_rows(rng: np.random.Generator) -> list[Capacity]:
                      round(float(down[i]), 3)) for i in range(DEVICES)]
 
 
-def main() -> None:
+def main(out: Path = HERE) -> None:
+    """Write both traces into `out` (by default beside this script)."""
     rng = np.random.default_rng(SEED)
-    write_capacity(HERE / "capacity.csv", capacity_rows(rng),
+    write_capacity(out / "capacity.csv", capacity_rows(rng),
                    "written by recipes/population/make_traces.py (see its docstring)")
     times = exponential_availability(WORKERS, MEAN_ONLINE_S, MEAN_OFFLINE_S, HORIZON_S, SEED)
-    write_availability(HERE / "availability.csv", times,
+    write_availability(out / "availability.csv", times,
                        "written by recipes/population/make_traces.py (see its docstring)")
 
 
