@@ -16,8 +16,9 @@ ip, tc, and the netem qdisc for delay, jitter and loss. Where the kernel lacks n
 recipe whose links have delay (but no loss) runs all three ways without it, and says so.
 
 Run (as root): ``.venv/bin/python bench/triangle.py [--time-s 30] [--target 0.5]
-[--repeats 1] [--only paper_dssync] [--runs bsp,nbsync] [--transfer-mb 10]``; the load
-of the host (``uptime``) is printed before and after, as the real runs measure it.
+[--repeats 1] [--only paper_dssync] [--runs bsp,nbsync] [--transfer-mb 10] [--logs DIR]``;
+the load of the host (``uptime``) is printed before and after, as the real runs measure
+it. ``--tables-from DIR`` prints the tables again from the logs a run kept in DIR.
 """
 
 from __future__ import annotations
@@ -168,12 +169,15 @@ def means(summaries: list[dict[str, Any]], ratios: dict[str, float | None]
             "compute": statistics.mean(s.get("compute_proportion", 0.0) for s in group),
             "mb": statistics.mean((s.get("bytes_up", 0) + s.get("bytes_down", 0)) / 1e6
                                   for s in group),
+            "best": statistics.mean(s.get("best_accuracy") or 0.0 for s in group),
             "msg": ratios.get(run)}
     return table
 
 
 def ranking(table: dict[str, dict[str, Any]]) -> list[str]:
-    return sorted(table, key=lambda r: (table[r]["ttt"] is None, table[r]["ttt"] or 0.0, r))
+    """Runs by time to target; those that never reached it after, by best accuracy."""
+    return sorted(table, key=lambda r: (table[r]["ttt"] is None, table[r]["ttt"] or 0.0,
+                                        -table[r]["best"], r))
 
 
 def gap(value: float | None, reference: float | None) -> str:
@@ -188,27 +192,23 @@ def show(name: str, results: dict[str, dict[str, dict[str, Any]]],
     for way, note in notes.items():
         if note:
             print(f"  {way}: {note}")
-    ran = [way for way in WAYS if way in results]
-    print("| run | " + " | ".join(f"{w} t→target (reached) | {w} versions | {w} compute | "
-                                   f"{w} MB | {w} msg/model" for w in ran)
-          + " | virtual vs kernel | app vs kernel |")
-    print("|---" * (2 + 5 * len(ran) + 1) + "|")
-    runs = next(iter(results.values()))
-    for run in runs:
-        cells = []
-        for way in ran:
-            row = results[way][run]
-            ttt = "-" if row["ttt"] is None else f"{row['ttt']:.1f}"
-            msg = "-" if row.get("msg") is None else f"{row['msg']:.2f}"
-            cells += [f"{ttt} ({row['reached']})", f"{row['versions']:.0f}",
-                      f"{row['compute']:.2f}", f"{row['mb']:.0f}", msg]
+    print("| run | way | t→target s (reached) | versions | compute | MB moved | msg/model "
+          "| t→target vs kernel | versions vs kernel |")
+    print("|---" * 9 + "|")
+    for run in next(iter(results.values())):
         kernel = results.get("kernel", {}).get(run, {})
-        cells += [gap(results[w][run]["ttt"], kernel.get("ttt")) if w in results else "-"
-                  for w in ("virtual", "app")]
-        print(f"| {run} | " + " | ".join(cells) + " |")
+        for way, table in results.items():
+            row = table[run]
+            ttt = (f"- ({row['reached']}, best {row['best']:.2f})" if row["ttt"] is None
+                   else f"{row['ttt']:.1f} ({row['reached']})")
+            msg = "-" if row.get("msg") is None else f"{row['msg']:.2f}"
+            print(f"| {run} | {way} | {ttt} | {row['versions']:.0f} | "
+                  f"{row['compute']:.2f} | {row['mb']:.0f} | {msg} | "
+                  f"{gap(row['ttt'], kernel.get('ttt'))} | "
+                  f"{gap(row['versions'], kernel.get('versions'))} |")
     orders = {way: ranking(table) for way, table in results.items()}
     same = len({tuple(order) for order in orders.values()}) == 1
-    print("ranking by time to target: " + "; ".join(f"{w} {' < '.join(o)}"
+    print("ranking by time to target (then best accuracy): " + "; ".join(f"{w} {' < '.join(o)}"
                                                     for w, o in orders.items())
           + f": {'same' if same else 'DIFFERENT'}")
 
@@ -226,36 +226,55 @@ def main() -> None:
                         help="only these runs of each recipe (those it has; default all)")
     parser.add_argument("--transfer-mb", type=float, default=10.0,
                         help="the wire-time transfer's size (0: skip it)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the means here")
+    parser.add_argument("--logs", type=Path, default=None,
+                        help="keep the runs' logs here (default: a temporary folder)")
+    parser.add_argument("--tables-from", type=Path, default=None, metavar="LOGS",
+                        help="run nothing: print the tables of the runs kept in LOGS")
     args = parser.parse_args()
+    if args.tables_from:
+        tables(args, args.tables_from, run=False)
+        return
     print(f"load before: {load()} ({os.cpu_count()} CPUs)", flush=True)
     if args.transfer_mb and netns.missing() is None:
         print(wire_time(20.0, args.transfer_mb), flush=True)
-    everything: dict[str, Any] = {}
+    if args.logs:
+        tables(args, args.logs, run=True)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            tables(args, Path(tmp), run=True)
+    print(f"\nload after: {load()}")
+
+
+def tables(args: argparse.Namespace, logs: Path, run: bool) -> None:
+    """Run (`run`) or re-read from `logs` each recipe's ways, and print their table."""
     target = [f"stop.target_accuracy={args.target}"] if args.target else []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.only or TRIANGLE:
-            notes: dict[str, str] = {}
-            results: dict[str, dict[str, dict[str, Any]]] = {}
-            for way, (over, note) in ways(name, TRIANGLE[name]).items():
-                notes[way] = note
-                if not over:
-                    continue
-                recipe: Recipe = load_recipe(RECIPES / f"{name}.toml",
-                                             [*over, f"stop.time_s={args.time_s}", *target],
-                                             chosen(name, args.runs), args.repeats)
+    for name in args.only or TRIANGLE:
+        notes: dict[str, str] = {}
+        results: dict[str, dict[str, dict[str, Any]]] = {}
+        for way, (over, note) in ways(name, TRIANGLE[name]).items():
+            notes[way] = note
+            if not over:
+                continue
+            recipe: Recipe = load_recipe(RECIPES / f"{name}.toml",
+                                         [*over, f"stop.time_s={args.time_s}", *target],
+                                         chosen(name, args.runs), args.repeats)
+            if run:
                 began = time.monotonic()
-                summaries = asyncio.run(run_recipe(recipe, Path(tmp) / way, live=False))
+                asyncio.run(run_recipe(recipe, logs / way, live=False))
                 print(f"{name} {way}: {time.monotonic() - began:.0f} s, load {load()}",
                       flush=True)
-                ratios = {spec.name: message_ratio(next((Path(tmp) / way).glob(
-                    f"{name}/*/{spec.name}*")), spec) for spec in recipe.runs}
-                results[way] = means(summaries, ratios)
-            show(name, results, notes)
-            everything[name] = {"results": results, "notes": notes}
-    print(f"\nload after: {load()}")
-    if args.json:
-        args.json.write_text(json.dumps(everything, indent=2))
+            run_dirs = {spec.name: sorted((logs / way).glob(f"{name}/*/{spec.name}"))[-1:]
+                        + sorted((logs / way).glob(f"{name}/*/{spec.name}-r*"))
+                        for spec in recipe.runs}
+            if not all(run_dirs.values()):
+                notes[way] = f"no runs in {logs / way}"
+                continue
+            summaries = [json.loads((d / "summary.json").read_text())
+                         for dirs in run_dirs.values() for d in dirs]
+            ratios = {spec.name: message_ratio(run_dirs[spec.name][0], spec)
+                      for spec in recipe.runs}
+            results[way] = means(summaries, ratios)
+        show(name, results, notes)
 
 
 if __name__ == "__main__":

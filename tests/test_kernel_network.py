@@ -94,7 +94,12 @@ def test_specs_accept_kernel_shaping_with_server_link_and_loss() -> None:
 def test_links_get_netem_above_tbf_with_uniform_jitter(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     commands: list[tuple[str, ...]] = []
-    monkeypatch.setattr(netns, "_run", lambda *args: commands.append(args) or "")
+
+    def record(*args: str) -> str:
+        commands.append(args)
+        return ""
+
+    monkeypatch.setattr(netns, "_run", record)
     network = netns.RunNetwork(NetworkSpec(uplink_mbps=[10, 0], downlink_mbps=20,
                                            latency_ms=50, jitter_ms=[10, 0], loss_pct=[0, 2],
                                            server_mbps=100, emulation="kernel"), 2)
@@ -146,12 +151,12 @@ def test_kernel_run_lacking_root_or_tools_is_one_error_line(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         tmp_path: Path, lacking: str, message: str) -> None:
     if lacking == "root":
-        monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)
     else:
         real_tool = netns.tool
         monkeypatch.setattr(netns, "tool", lambda name: None if name == "tc" else
                             real_tool(name) or f"/usr/sbin/{name}")
-        monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
+        monkeypatch.setattr(os, "geteuid", lambda: 0)
     logs = tmp_path / "logs"
     line = one_error(run_main(capsys, "run", str(_recipe(tmp_path)), "--logs", str(logs)))
     assert message in line
