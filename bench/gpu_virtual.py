@@ -330,9 +330,9 @@ def main() -> None:
     parser.add_argument("--resnet-virtual-s", type=float, default=40.0)
     parser.add_argument("--resnet-wall-s", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=0,
-                        help="population rounds, batched (default 100; CPU 8)")
+                        help="population rounds, batched (default 50; CPU 8)")
     parser.add_argument("--rounds-one-by-one", type=int, default=-1,
-                        help="population rounds, one by one (default 10; CPU 8; 0 skips)")
+                        help="population rounds, one by one (default 5; CPU 8; 0 skips)")
     parser.add_argument("--population-wall-s", type=float, default=120.0)
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -349,9 +349,9 @@ def main() -> None:
     gpu = device.type == "cuda"
     args.sizes = args.sizes or ("1,8,64,512" if gpu else "1,8,64")
     args.resnet_sizes = args.resnet_sizes or ("1,8,64,512" if gpu else "1,8")
-    args.rounds = args.rounds or (100 if gpu else 8)
+    args.rounds = args.rounds or (50 if gpu else 8)
     if args.rounds_one_by_one < 0:
-        args.rounds_one_by_one = 10 if gpu else 8
+        args.rounds_one_by_one = 5 if gpu else 8
     only = set(args.only.split(",")) if args.only else (
         set(SECTIONS) if gpu else {"steps", "population"})
     if unknown := only - set(SECTIONS):
