@@ -27,6 +27,7 @@ from asyncsync.hetero.compute import FixedStepCost, StaticSlowdown
 from asyncsync.schema import ConfigError
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import simulate
+from asyncsync.study.worker_math import auto_refusal
 from asyncsync.training.batched import BatchedModel
 from asyncsync.training.trainer import Trainer
 from tests.helpers import tiny_bn_cnn
@@ -303,3 +304,11 @@ def test_batching_is_refused_on_the_real_clock(tmp_path: Path) -> None:
         "[defaults.eval]", '[defaults.compute]\nbatched = "on"\n[defaults.eval]'))
     with pytest.raises(ConfigError, match=r"compute\.batched: .*virtual"):
         load_recipe(path).run("bsp")
+
+
+@pytest.mark.parametrize(("device", "workers", "batches"),
+                         [("cpu", 512, False), ("cuda", 1, False), ("cuda", 7, False),
+                          ("cuda", 8, True), ("cuda", 1000, True)])
+def test_auto_batches_only_where_the_gpu_measurements_say_it_pays(
+        device: str, workers: int, batches: bool) -> None:
+    assert (auto_refusal(device, workers) is None) is batches

@@ -27,6 +27,8 @@ LOG = logging.getLogger("asyncsync.simulation")
 BATCHED = "batched"
 ONE_BY_ONE = "one-by-one"
 PROBE_ROWS = 2
+AUTO_MIN_WORKERS = 8
+"""The fewest workers for which ``auto`` batches on a GPU (see `auto_refusal`)."""
 PROBE_BATCH = 2
 
 
@@ -56,9 +58,10 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
     device = resolve_device(spec.device)
     if asked == "off":
         return WorkerMath(ONE_BY_ONE, 'compute.batched = "off"', str(device))
-    if asked == "auto" and device.type != "cuda":
-        return WorkerMath(ONE_BY_ONE, f"auto: a batched call does not pay on {device.type}",
-                          str(device))
+    if asked == "auto":
+        refusal = auto_refusal(device.type, spec.workers)
+        if refusal is not None:
+            return WorkerMath(ONE_BY_ONE, f"auto: {refusal}", str(device))
     reason: str | None = "the timing model computes its gradient in closed form"
     if spec.model.name != TIMING_MODEL:
         reason = _probe(model(), batches, device)
@@ -72,6 +75,21 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
     LOG.info("the workers' steps run batched on %s (%s)", device, why)
     return WorkerMath(BATCHED, why, str(device),
                       Cohort(BatchedModel(model(), device)))
+
+
+def auto_refusal(device_type: str, workers: int) -> str | None:
+    """Why ``auto`` computes one by one (None: it batches).
+
+    Measured with ``bench/gpu_virtual.py`` (docs/gpu.md): on a CPU a batched call was
+    slower at every size; on an H200 one worker's batched step cost 2.0-3.5x its plain
+    step (the mlp, the cnn, resnet18), and from 8 workers on it cost less (1.4-10x).
+    """
+    if device_type != "cuda":
+        return f"a batched call does not pay on {device_type}"
+    if workers < AUTO_MIN_WORKERS:
+        return (f"{workers} worker(s): a batched call pays from {AUTO_MIN_WORKERS} workers "
+                "on a GPU")
+    return None
 
 
 def _probe(module: torch.nn.Module, batches: Callable[[int], BatchSource],
