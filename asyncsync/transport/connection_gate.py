@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -196,8 +197,8 @@ class ConnectionGate:
         """Close the connection of `waiting` that has waited longest and may be evicted;
         False if none may."""
         silent_since = now() - min(SILENT_GRACE_S, self.limits.header_timeout_s / 2)
-        oldest = next((c for c in waiting if c.heard or c.waiting_since <= silent_since),
-                      None)
+        oldest = next((c for c in waiting if (c.heard or c.waiting_since <= silent_since)
+                       and not c.unread()), None)
         if oldest is None:
             self.refused += 1
             CONNECTIONS_LOG.warning("refused a connection from %s: every connection %s is "
@@ -274,6 +275,18 @@ class _Connection(asyncio.Protocol):
         self.gate.opened(self, self.handler)
         self.handler.connection_made(transport)
         self._arm()
+
+    def unread(self) -> bool:
+        """Whether bytes it sent wait unread in the socket (its request, maybe whole: an
+        accepted burst's bytes reach `data_received` some loop iterations later)."""
+        sock = None if self.transport is None else self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            with socket.fromfd(sock.fileno(), sock.family, sock.type) as peek:
+                return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:  # nothing to read now (BlockingIOError), or the socket is gone
+            return False
 
     def _refuse(self) -> None:
         """Answer `BUSY_REPLY`, then drop what the client sends until it closes, for
