@@ -39,9 +39,10 @@ from asyncsync.runlog.reading import worker_logs
 from asyncsync.runlog.schema import HELD, KEY
 from asyncsync.schema import ConfigError
 from asyncsync.study import netns
+from asyncsync.study.hetero_specs import NetworkSpec
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.runner import run_recipe
-from asyncsync.study.specs import NetworkSpec, RunSpec
+from asyncsync.study.specs import RunSpec
 
 RECIPES = Path(__file__).parents[1] / "recipes"
 TRIANGLE = {"paper_nbsync": [], "paper_wbsp_h2": [],

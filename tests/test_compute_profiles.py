@@ -28,7 +28,8 @@ from asyncsync.hetero.compute import (
 )
 from asyncsync.schema import ConfigError, from_mapping
 from asyncsync.study.assembly import build_worker
-from asyncsync.study.specs import ComputeSpec, DataSpec, ModelSpec, RunSpec
+from asyncsync.study.hetero_specs import ComputeSpec
+from asyncsync.study.specs import DataSpec, ModelSpec, RunSpec
 
 
 def assert_pads_by_factor(profile: ComputeProfile, times: list[float]) -> None:

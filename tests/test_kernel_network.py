@@ -24,7 +24,8 @@ import pytest
 from asyncsync.hetero.network import Link, LinkSpec, loss_limited_mbps
 from asyncsync.schema import ConfigError
 from asyncsync.study import netns
-from asyncsync.study.specs import NetworkSpec, RunSpec
+from asyncsync.study.hetero_specs import NetworkSpec
+from asyncsync.study.specs import RunSpec
 from tests.test_cli import one_error, run_main
 
 RATE_MBPS = 20.0

@@ -14,7 +14,8 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.hetero import network
 from asyncsync.hetero.network import Link, LinkSpec
 from asyncsync.study.assembly import build_worker, worker_link
-from asyncsync.study.specs import ModelSpec, NetworkSpec, RunSpec
+from asyncsync.study.hetero_specs import NetworkSpec
+from asyncsync.study.specs import ModelSpec, RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from tests.helpers import tiny_model

@@ -22,9 +22,10 @@ from asyncsync.results.report import summarize_run
 from asyncsync.runlog.reading import read_jsonl
 from asyncsync.runlog.schema import KEY, Kind
 from asyncsync.schema import ConfigError
+from asyncsync.study.hetero_specs import NetworkSpec
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import REAL_TIME_FIELDS, simulate
-from asyncsync.study.specs import NetworkSpec, RunSpec
+from asyncsync.study.specs import RunSpec
 from asyncsync.transport.local import LocalTransport
 from tests.helpers import tiny_model
 

@@ -21,11 +21,12 @@ class LocalWork:
     """One gradient (``local=False``) or one local SGD step of `trainer` on `batch_size`
     samples.
 
-    Args:
+    Attributes:
         trainer: whose parameters, buffers, optimizer and batches it uses.
         batch_size: samples of its batch.
         local: a local SGD step (`Trainer.local_step`); else a gradient (`Trainer.gradient`).
-        center, rho: the proximal term of a local step (``rho/2 ||x - center||^2``).
+        center: the center of a local step's proximal term (``rho/2 ||x - center||^2``).
+        rho: the weight of that proximal term.
         correction: a local step's gradient correction (added to the gradient).
         copy: a gradient is handed back as a copy (else the trainer's own vector, see
             `Trainer.gradient_vector`).

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from asyncsync.schema import ConfigError
-from asyncsync.study.specs import NetworkSpec, RunSpec
+from asyncsync.study.hetero_specs import NetworkSpec
+from asyncsync.study.specs import RunSpec
 
 NETNS_DIR = Path("/run/netns")
 PREFIX = "asyncsync-"
