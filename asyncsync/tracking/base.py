@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from asyncsync.schema import ConfigError
 
 
 class TrackingError(ConfigError):
     """A tracker that cannot be used: a bad ``--track`` spec or a missing package."""
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -112,3 +116,16 @@ def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def opened(runs: Mapping[str, T], run: RunInfo, tool: str) -> T:
+    """What tracker `tool` keeps for `run` since its ``start`` (trackers keep one entry per
+    run, so parallel runs each have their own).
+
+    Raises:
+        TrackingError: `run` was not started (``log`` or ``finish`` before ``start``).
+    """
+    try:
+        return runs[run.run_id]
+    except KeyError:
+        raise TrackingError(f"{tool}: {run.run_id}: log() or finish() before start()") from None

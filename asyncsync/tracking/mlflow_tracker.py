@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from asyncsync.tracking.base import Point, RunInfo, TrackingError, require
+from asyncsync.tracking.base import Point, RunInfo, opened, require
 
 BATCH = 100
 """Params per ``log_batch`` call (MLflow's limit)."""
@@ -78,7 +78,7 @@ class MlflowTracker:
 
     def log(self, run: RunInfo, point: Point, wall: float) -> None:
         """The point's metrics at its version, stamped with `wall` (skipped if already there)."""
-        run_id = self._open(run)
+        run_id = opened(self._open_runs, run, "mlflow")
         if self._skip[run.run_id]:
             self._skip[run.run_id] -= 1
             return
@@ -89,7 +89,7 @@ class MlflowTracker:
 
     def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         """The summary's figures as ``summary/<key>`` (those that changed); ends the run."""
-        run_id = self._open(run)
+        run_id = opened(self._open_runs, run, "mlflow")
         have = self.client.get_run(run_id).data.metrics
         changed = [(f"summary/{key}", value) for key, value in summary.items()
                    if have.get(f"summary/{key}") != value]
@@ -104,10 +104,3 @@ class MlflowTracker:
         """Forget the runs left open (MLflow holds nothing open between calls)."""
         self._open_runs.clear()
         self._skip.clear()
-
-    def _open(self, run: RunInfo) -> str:
-        try:
-            return self._open_runs[run.run_id]
-        except KeyError:
-            raise TrackingError(f"mlflow: {run.run_id}: log() or finish() before "
-                                "start()") from None

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from asyncsync.tracking.base import Point, RunInfo, TrackingError, require
+from asyncsync.tracking.base import Point, RunInfo, opened, require
 
 
 class TensorBoardTracker:
@@ -43,13 +43,13 @@ class TensorBoardTracker:
 
     def log(self, run: RunInfo, point: Point, wall: float) -> None:
         """One scalar per metric at the point's version."""
-        writer = self._open(run)
+        writer = opened(self._writers, run, "tensorboard")
         for key, value in point.metrics.items():
             writer.add_scalar(key, value, global_step=point.step, walltime=wall)
 
     def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         """The summary's figures as ``summary/<key>`` at the last version; closes the run."""
-        writer = self._open(run)
+        writer = opened(self._writers, run, "tensorboard")
         for key, value in summary.items():
             writer.add_scalar(f"summary/{key}", value, global_step=step)
         writer.close()
@@ -60,10 +60,3 @@ class TensorBoardTracker:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
-
-    def _open(self, run: RunInfo) -> Any:
-        try:
-            return self._writers[run.run_id]
-        except KeyError:
-            raise TrackingError(f"tensorboard: {run.run_id}: log() or finish() before "
-                                "start()") from None

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from asyncsync.tracking.base import Point, RunInfo, TrackingError, require
+from asyncsync.tracking.base import Point, RunInfo, opened, require
 
 ID_LENGTH = 64
 """The longest W&B run id used."""
@@ -52,7 +52,7 @@ class WandbTracker:
             for old in self.offline_dirs(run):
                 shutil.rmtree(old)
         self.directory.mkdir(parents=True, exist_ok=True)
-        opened = self._wandb.init(
+        wb_run = self._wandb.init(
             project=self.project, dir=str(self.directory), id=wandb_id(run),
             name=f"{run.stamp}/{run.name}/r{run.repeat}", group=run.group,
             job_type=run.name, tags=[f"seed={run.seed}", run.recipe],
@@ -60,36 +60,29 @@ class WandbTracker:
             resume=None if self.mode == "offline" else "allow", mode=self.mode,
             reinit="create_new",
             settings=self._wandb.Settings(console="off", x_disable_stats=True, silent=True))
-        opened.define_metric("version")
-        opened.define_metric("*", step_metric="version")
-        self._runs[run.run_id] = opened
-        self._skip[run.run_id] = opened.starting_step if opened.resumed else 0
+        wb_run.define_metric("version")
+        wb_run.define_metric("*", step_metric="version")
+        self._runs[run.run_id] = wb_run
+        self._skip[run.run_id] = wb_run.starting_step if wb_run.resumed else 0
 
     def log(self, run: RunInfo, point: Point, wall: float) -> None:
         """One history row: the metrics and ``version`` (rows already sent are skipped)."""
-        opened = self._open(run)
+        wb_run = opened(self._runs, run, "wandb")
         if self._skip[run.run_id]:
             self._skip[run.run_id] -= 1
             return
-        opened.log({"version": point.step, **point.metrics})
+        wb_run.log({"version": point.step, **point.metrics})
 
     def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
         """The summary's figures in the run's summary; ends the run."""
-        opened = self._open(run)
-        opened.summary.update({**summary, "version": step})
-        opened.finish()
+        wb_run = opened(self._runs, run, "wandb")
+        wb_run.summary.update({**summary, "version": step})
+        wb_run.finish()
         del self._runs[run.run_id], self._skip[run.run_id]
 
     def close(self) -> None:
         """End the runs left open."""
-        for opened in self._runs.values():
-            opened.finish()
+        for wb_run in self._runs.values():
+            wb_run.finish()
         self._runs.clear()
         self._skip.clear()
-
-    def _open(self, run: RunInfo) -> Any:
-        try:
-            return self._runs[run.run_id]
-        except KeyError:
-            raise TrackingError(f"wandb: {run.run_id}: log() or finish() before "
-                                "start()") from None
