@@ -38,15 +38,15 @@ from asyncsync.training.data import DATASETS, DatasetMissing
 from asyncsync.transport.http_client import TlsFailure
 
 
-class _UsageError(Exception):
+class UsageError(Exception):
     """A command line argparse refused: shown as one ``error:`` line, like any bad input."""
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, its refusals raised as `_UsageError` instead of a usage block and exit."""
+    """argparse, its refusals raised as `UsageError` instead of a usage block and exit."""
 
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     console = make_console()
     try:
         args = _parser().parse_args(argv)
-    except _UsageError as exc:
+    except UsageError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.cli import _parser
+from asyncsync.cli import UsageError, _parser
 from asyncsync.study.recipe import load_recipe
 from tests.doc_pages import OUTPUT, ROOT, SHELLS, Block, all_blocks
 
@@ -93,7 +93,7 @@ def test_shell_commands_parse_and_name_files_that_exist(block: Block) -> None:
         args = [re.sub(r"^\$\w+$", "0", word) for word in args]  # `--rank $i`
         try:
             parser.parse_args(args)
-        except SystemExit as exc:
+        except UsageError as exc:
             pytest.fail(f"{block.where}: `{command}` does not parse ({exc})")
 
 
@@ -211,6 +211,6 @@ def _fields(params: type) -> list[tuple[str, object, str]]:
 
 def test_the_cli_parser_rejects_what_the_check_must_catch() -> None:
     """The parse check is not vacuous: a misspelt option fails it."""
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError, match="--clok"):
         _parser().parse_args(["run", "recipes/quickstart.toml", "--clok", "virtual"])
     assert isinstance(_parser(), argparse.ArgumentParser)

@@ -183,8 +183,8 @@ SINK = """
 import socket, sys
 s = socket.socket(); s.bind((sys.argv[1], 5001)); s.listen(); print("up", flush=True)
 c, _ = s.accept()
-while (b := c.recv(65536)) != b"x":
-    c.sendall(b)  # small messages come back (round trips)
+while (b := c.recv(1)) not in (b"x", b""):  # one byte at a time: the "x" that ends the
+    c.sendall(b)  # round trips (each echoed) may arrive in one segment with the data
 total = 0
 while (b := c.recv(1 << 20)):
     total += len(b)
