@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "asyncsync"
-SUPERVISOR = {"cli.py", "study/runner.py", "study/dashboard.py",
+SUPERVISOR = {"cli.py", "study/runner.py",
               "results/report.py", "results/plots.py", "study/launch.py", "__main__.py",
               "clock.py"}
 WALL_CLOCK = re.compile(r"\b(time\.(time|monotonic|perf_counter|sleep)|perf_counter|"

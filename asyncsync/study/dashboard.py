@@ -10,7 +10,6 @@ protocol, version, latest and best accuracy, elapsed time against the budget.
 
 from __future__ import annotations
 
-import time
 from types import TracebackType
 from typing import Any
 
@@ -22,6 +21,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from asyncsync.clock import now
 from asyncsync.hetero.network import LinkSpec
 from asyncsync.results.report import make_console
 from asyncsync.study.recipe import Recipe
@@ -75,7 +75,7 @@ class Dashboard:
         self._total = 0
         self._done = 0
         self._counted = 0
-        self._began = time.monotonic()
+        self._began = now()
         self._active: dict[str, tuple[RunSpec, dict[str, Any]]] = {}
 
     def __enter__(self) -> Dashboard:
@@ -100,20 +100,20 @@ class Dashboard:
         if self._live is not None:
             self._status = status
             self._live.update(self.render(spec, index, status))
-        elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S and status.get("started"):
-            self._last_plain = time.monotonic()
+        elif now() - self._last_plain >= PLAIN_EVERY_S and status.get("started"):
+            self._last_plain = now()
             self.console.print(self.plain_line(spec, status), highlight=False, markup=False)
             self.console.file.flush()
 
     def study(self, total: int, done: int = 0) -> None:
         """Start the study's progress: `total` runs, of which `done` already finished."""
-        self._total, self._done, self._began = total, done, time.monotonic()
+        self._total, self._done, self._began = total, done, now()
         self._counted = done
 
     def progress(self) -> str:
         """``done/total runs``, elapsed time and an estimate of the time left (from the
         pace of the runs finished in this session, so it holds for parallel runs)."""
-        elapsed = time.monotonic() - self._began
+        elapsed = now() - self._began
         ran = self._done - self._counted
         left = ("" if not ran or self._done >= self._total
                 else f", about {_duration(elapsed / ran * (self._total - self._done))} left")
@@ -125,8 +125,8 @@ class Dashboard:
         self._active[name] = (spec, status)
         if self._live is not None:
             self._live.update(self.render_study())
-        elif time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
-            self._last_plain = time.monotonic()
+        elif now() - self._last_plain >= PLAIN_EVERY_S:
+            self._last_plain = now()
             self.console.print(self.progress(), highlight=False, markup=False)
             for run, (run_spec, run_status) in self._active.items():
                 if run_status.get("started"):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from asyncsync.clock import now
 from asyncsync.results.report import publish
 from asyncsync.results.studies import LogError
 from asyncsync.schema import ConfigError
@@ -289,8 +290,8 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                     await asyncio.to_thread(feeds[position].poll)
                 summary = _kept_summary(run_dir)
                 if summary is None and await asyncio.to_thread(job.done):
-                    ended.setdefault(position, time.monotonic())
-                    if time.monotonic() - ended[position] < SLURM_GRACE_S:
+                    ended.setdefault(position, now())
+                    if now() - ended[position] < SLURM_GRACE_S:
                         continue
                     summary = failure(run_dir, f"its Slurm task ended ({job.state}) without "
                                                f"a summary.json; see {job.paths.stderr}")
