@@ -253,8 +253,10 @@ def test_mlflow_reads_back_every_evaluation_and_summary(study: Path, tmp_path: P
 def inspect(run_dir: Path, *options: str) -> Any:
     """W&B's own reader of an offline run's transaction log (``wandb leet inspect``)."""
     wandb_cli = Path(sys.executable).with_name("wandb")
-    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", *options, str(run_dir)],
-                         capture_output=True, text=True, check=True, timeout=120).stdout
+    done = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", *options, str(run_dir)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"wandb leet inspect {run_dir.name}: {done.stderr}"
+    out = done.stdout
     if options:
         return json.loads(out)
     return [json.loads(line) for line in out.splitlines() if line.strip()]
@@ -290,6 +292,22 @@ def test_wandb_offline_reads_back_every_evaluation_and_summary(
         for key, value in figures(summary_of(run_dir)).items():
             assert summary["summary"][key] == pytest.approx(value)
         assert summary["summary"]["version"] == summary_of(run_dir)["versions"]
+
+
+def test_wandb_writes_each_run_under_the_folder_current_when_it_starts(
+        study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B's service process keeps the folder it started in: a relative run folder would
+    put a later study's transaction logs under an earlier study's folder."""
+    pytest.importorskip("wandb", reason="wandb not installed (the track extra)")
+    for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(key, str(tmp_path / "home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for where in ("first", "second"):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        export_study(study, [parse_track("wandb=trk-project")])
+        logs = sorted((tmp_path / where / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert len(logs) == 4, f"{where}: {logs}"
 
 
 def scalars(where: Path, tag: str) -> list[tuple[int, float]]:

@@ -30,7 +30,11 @@ def wandb_id(run: RunInfo) -> str:
 
 
 class WandbTracker:
-    """Logs each run to W&B project `project`; files under `directory`/wandb."""
+    """Logs each run to W&B project `project`; files under `directory`/wandb.
+
+    A relative `directory` is taken from the folder current when each run starts, and
+    handed to W&B resolved: its service process keeps the folder it started in.
+    """
 
     def __init__(self, project: str = "asyncsync", directory: Path = Path(),
                  mode: str | None = None) -> None:
@@ -53,7 +57,7 @@ class WandbTracker:
                 shutil.rmtree(old)
         self.directory.mkdir(parents=True, exist_ok=True)
         wb_run = self._wandb.init(
-            project=self.project, dir=str(self.directory), id=wandb_id(run),
+            project=self.project, dir=str(self.directory.resolve()), id=wandb_id(run),
             name=f"{run.stamp}/{run.name}/r{run.repeat}", group=run.group,
             job_type=run.name, tags=[f"seed={run.seed}", run.recipe],
             config={**run.config, "run_id": run.run_id, "repeat": run.repeat},
