@@ -23,10 +23,11 @@ from asyncsync.study.recipe import load_recipe
 from tests.doc_pages import OUTPUT, ROOT, SHELLS, Block, all_blocks
 
 TINY = ["--set", "workers=2", "--set", "compute.slowdown=[1, 2]", "--set", "stop.time_s=2",
-        "--set", "eval.interval_s=1", "--set", "compute.base_step_s=0.05", "--clock",
-        "virtual", "--plain"]
+        "--set", "eval.interval_s=1", "--set", "eval.samples=500", "--set",
+        "compute.base_step_s=0.05", "--clock", "virtual", "--plain", "--jobs", "1"]
 """Appended to each `asyncsync run` of a run block: two workers for 2 virtual seconds of
-paced 50 ms steps, in one process (a later option wins; test_e2e runs the real clock)."""
+paced 50 ms steps, evaluated on 500 test samples, in one process with no child per run (a
+later option wins; test_e2e runs the real clock, test_parallel the children)."""
 
 BLOCKS = all_blocks()
 RUN = [b for b in BLOCKS if b.lang in SHELLS and b.mark == "test: run"]

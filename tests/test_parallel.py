@@ -157,16 +157,31 @@ def test_a_run_that_raises_is_a_failed_row_and_the_others_finish(tmp_path: Path)
         run_cli("--help").stdout.split())
 
 
+INTERRUPTED_TIME_S = 30
+"""The virtual seconds of the studies the interruption tests stop: about 6 real s a run
+here, so the signal lands while runs are in progress."""
+
+
+@pytest.fixture(scope="module")
+def in_one_go(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The study the interruption tests stop, run in one go with --jobs 2."""
+    tmp = tmp_path_factory.mktemp("whole")
+    whole = run_cli(recipe(tmp, time_s=INTERRUPTED_TIME_S), "--logs", str(tmp / "logs"),
+                    "--jobs", "2")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    return outcome(study(tmp / "logs"))
+
+
 @pytest.mark.usefixtures("ctrl_c")
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM],
                          ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_study(
-        tmp_path: Path, signal_number: int) -> None:
+        tmp_path: Path, signal_number: int, in_one_go: dict[str, object]) -> None:
     """Ctrl-C, or SIGTERM (a Slurm time limit, `kill`), while two children run: exit 130,
     their folders marked interrupted (not failed) and their logs no longer growing;
     --resume runs exactly the unfinished runs, and its table and folders equal those of a
     study run in one go."""
-    path = recipe(tmp_path, time_s=200)
+    path = recipe(tmp_path, time_s=INTERRUPTED_TIME_S)
     logs = tmp_path / "logs"
     process = subprocess.Popen(
         [sys.executable, "-m", "asyncsync", "run", path, "--logs", str(logs), "--jobs", "2",
@@ -197,9 +212,7 @@ def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_stu
     resumed = run_cli(path, "--logs", str(logs), "--jobs", "2", "--resume", str(root))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming {root}: " in " ".join(resumed.stdout.split())
-    whole = run_cli(path, "--logs", str(tmp_path / "whole"), "--jobs", "2")
-    assert whole.returncode == 0, whole.stdout + whole.stderr
-    assert outcome(root) == outcome(study(tmp_path / "whole"))
+    assert outcome(root) == in_one_go
 
 
 def test_a_supervisor_killed_outright_leaves_its_runs_interrupted_not_failed(
