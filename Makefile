@@ -10,7 +10,7 @@ run: .venv/installed
 	.venv/bin/asyncsync run recipes/quickstart.toml
 
 test: .venv/installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 lint: .venv/installed
 	$(PY) -m ruff check asyncsync tests bench

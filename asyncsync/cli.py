@@ -217,7 +217,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     reports, notes = find_reports(args.dirs, every=args.all)
     trackers = [parse_track(spec) for spec in args.track]
     for note in notes:
-        console.print(note, highlight=False)
+        console.print(note, highlight=False, soft_wrap=True)
     for run_dirs in reports:
         summaries = [report_summary(d) for d in run_dirs]
         problem = pool_problem(run_dirs, summaries)
@@ -242,7 +242,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         for run_dirs in reports:
             runs = export_runs(run_dirs, trackers)
             console.print(f"tracked {len(runs)} runs: {', '.join(args.track)}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
         for tracker in trackers:
             tracker.close()
     return 0

@@ -12,7 +12,10 @@ Every figure is measured in this one run, on the device it names (``--device``):
    (in a child process, stopped after ``--resnet-wall-s`` real seconds at most);
 4. population: FedAvg over 1,000 clients, 50 a round, batch 10, 5 local steps, the cnn on
    32x32 images: wall time and simulated time per round, and the accuracy reached, batched
-   and one by one (each in a child process with a wall-clock cap).
+   and one by one (each in a child process with a wall-clock cap). The wall time per round
+   is the steady rate, between the first progress report (one virtual second in: set-up,
+   the joins and the first rounds done) and the last; the 1,500 rounds are projected as
+   the time to that first report plus the remaining rounds at that rate.
 
 Run: ``.venv/bin/python bench/gpu_virtual.py [--device auto|cpu|cuda] [--json OUT]``;
 ``--only steps,study,resnet,population`` picks sections; ``--models``, ``--sizes``,
@@ -193,16 +196,16 @@ def child_run(recipe: str, out: Path) -> None:
     run_dir.mkdir()
     began = time.perf_counter()
 
-    first: list[float] = []  # real s and version at the first report (set-up is done)
+    reports: list[tuple[float, int]] = []  # (real s, version) at the first and last report
 
     def progress(status: dict[str, Any]) -> None:
         real = time.perf_counter() - began
-        if not first:
-            first.extend((real, status["version"]))
+        reports[1:] = [(real, status["version"])]
+        if len(reports) == 1:
+            reports.append(reports[0])
         out.write_text(json.dumps({
             "virtual_s": status["elapsed_s"], "version": status["version"],
-            "accuracy": status["accuracy"], "real_s": real,
-            "loop_real_s": real - first[0], "loop_rounds": status["version"] - first[1]}))
+            "accuracy": status["accuracy"], "real_s": real, "reports": reports}))
 
     facts = simulate(spec, run_dir, "bench", progress)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
@@ -214,7 +217,7 @@ def child_run(recipe: str, out: Path) -> None:
                                "peak_rss_bytes": rss,
                                "versions": stop[-1]["versions"] if stop else None,
                                "virtual_s": spec.stop.time_s, "gpu_peak_bytes": peak,
-                               "finished": True}))
+                               "reports": reports, "finished": True}))
 
 
 def in_child(recipe: str, out: Path, limit_s: float) -> dict[str, Any]:
@@ -270,17 +273,15 @@ def population_run(args: argparse.Namespace, device: torch.device, batched: str,
     recipe = POPULATION.format(device=device, virtual_s=virtual_s, batched=batched,
                                eval_s=max(virtual_s / 2, 1.0))
     facts = in_child(recipe, tmp / f"population-{batched}.json", args.population_wall_s)
-    finished = facts.get("finished")
-    done = facts.get("versions") if finished else facts.get("version")
+    done = facts.get("versions") if facts.get("finished") else facts.get("version")
     facts["rounds"] = done
-    loop_rounds = done if finished else facts.get("loop_rounds")
-    if done and loop_rounds:
-        loop_s = (facts["real_s"] - facts.get("setup_real_s", 0.0) if finished
-                  else facts["loop_real_s"])
-        facts["wall_per_round_s"] = loop_s / loop_rounds
-        facts["virtual_per_round_s"] = facts["virtual_s"] / done
-        facts["projected_1500_rounds_s"] = (facts.get("setup_real_s", 0.0)
-                                            + 1500 * facts["wall_per_round_s"])
+    reports = facts.get("reports") or []
+    if len(reports) == 2 and reports[1][1] > reports[0][1]:
+        (first_s, first_v), (last_s, last_v) = reports
+        facts["wall_per_round_s"] = (last_s - first_s) / (last_v - first_v)
+        facts["virtual_per_round_s"] = facts["virtual_s"] / last_v
+        facts["projected_1500_rounds_s"] = first_s + (1500 - first_v) * facts[
+            "wall_per_round_s"]
     return facts
 
 

@@ -1,6 +1,7 @@
 """A report keeps the recipe's order in its table, CSV and plot colours; it warns when
 too few repeats make its intervals very wide and never draws a negative whisker; its title
-names no baseline that did not run; piped output keeps to COLUMNS."""
+names no baseline that did not run; piped output keeps to COLUMNS, but never folds a
+path."""
 
 from __future__ import annotations
 
@@ -91,3 +92,7 @@ def test_piped_output_keeps_to_columns(tmp_path: Path, monkeypatch: pytest.Monke
     assert cli.main(["report", str(study)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines and max(len(line) for line in lines if not line.startswith("wrote ")) <= 80
+    wrote = [line.removeprefix("wrote ") for line in lines if line.startswith("wrote ")]
+    assert len(wrote) >= 3 and len(max(wrote, key=len)) > 80
+    for path in wrote:  # each a whole path (the terminal, not the report, folds it)
+        assert Path(path).is_file(), path

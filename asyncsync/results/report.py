@@ -305,7 +305,11 @@ def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pat
 
 
 def make_console() -> Console:
-    """A console that does not squeeze tables when output goes to a file or pipe."""
+    """A console that does not squeeze tables when output goes to a file or pipe.
+
+    Lines that carry a path or a command to copy are printed with ``soft_wrap``: never
+    folded mid-word (a terminal wraps them for the eye; a pipe gets them whole).
+    """
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:  # else the width asked
         console.width = max(console.width, 150)
@@ -328,5 +332,5 @@ def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str
     elif done:
         files += write_plots([d for d, _ in done], [s for _, s in done], out, baseline)
     for path in files:
-        console.print(f"wrote {path}", highlight=False)
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     return files

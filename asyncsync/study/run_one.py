@@ -117,5 +117,6 @@ async def calibration(spec: RunSpec, dashboard: Dashboard) -> float | None:
     calibrated = await asyncio.to_thread(calibrated_step_s, spec)
     dashboard.console.print(
         f"{spec.name}: calibrated base_step_s = {calibrated:.4g} s on this host "
-        f"(host-dependent); pin it with --set compute.base_step_s={calibrated:.4g}")
+        f"(host-dependent); pin it with --set compute.base_step_s={calibrated:.4g}",
+        soft_wrap=True)
     return calibrated

@@ -115,7 +115,8 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     todo = [i for i in range(len(slots)) if i not in study.done]
     if resume:
         study.dashboard.console.print(f"resuming {root}: {len(study.done)} of {len(slots)} "
-                                      f"runs done, {len(todo)} to run", highlight=False)
+                                      f"runs done, {len(todo)} to run", highlight=False,
+                                      soft_wrap=True)
     virtual = [i for i in todo if slots[i].spec.clock == "virtual"]
     if slurm is not None and len(virtual) < len(todo):
         raise ConfigError("--executor slurm runs virtual-clock runs only (real-clock runs "
@@ -133,7 +134,8 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     except asyncio.CancelledError:
         study.dashboard.console.print(
             "[yellow]interrupted[/yellow]: the runs in progress are marked interrupted in "
-            f"their summary.json; continue with --resume {root}", highlight=False)
+            f"their summary.json; continue with --resume {root}", highlight=False,
+            soft_wrap=True)
         _publish(study)
         raise
     finally:
@@ -263,7 +265,8 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
     problem = shared_problem(study.root) if executor.cluster == "slurm" else None
     if problem:
         console.print(f"[yellow]warning:[/yellow] {problem}; the log root must be on a "
-                      "filesystem the compute nodes share (--logs)", highlight=False)
+                      "filesystem the compute nodes share (--logs)", highlight=False,
+                      soft_wrap=True)
     dirs = [str(study.slots[position].run_dir) for position in todo]
     array = await asyncio.to_thread(executor.map_array, slurm_task, dirs, calibrated)
     array_id = str(array[0].job_id).split("_")[0]
@@ -272,11 +275,11 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
          "runs": [Path(d).name for d in dirs]}, indent=2))
     console.print(f"submitted {len(array)} runs as job array {array_id} "
                   f"({executor.cluster}); task logs: {study.root / '.submitit'}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
     if not wait:
         console.print(f"collect the results once it is done: asyncsync report {study.root} "
                       f"(or asyncsync run RECIPE --resume {study.root} to run what is "
-                      "missing)", highlight=False)
+                      "missing)", highlight=False, soft_wrap=True)
         return False
     pending = dict(zip(todo, array, strict=True))
     feeds = {position: RunFeed(study.slots[position].run_dir, study.trackers)
@@ -329,7 +332,7 @@ def _publish(study: _Study) -> None:
         publish([study.slots[i].run_dir for i in order], [study.done[i] for i in order],
                 study.recipe.baseline, study.root, study.dashboard.console,
                 title=study.recipe.name)
-    study.dashboard.console.print(f"logs: {study.root}", highlight=False)
+    study.dashboard.console.print(f"logs: {study.root}", highlight=False, soft_wrap=True)
 
 
 def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
