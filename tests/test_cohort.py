@@ -192,12 +192,12 @@ FAMILIES = ["bsp", "asp", "local_sgd", "fedavg", "esync", "lbbsp", "lbbsp_mlp", 
             "fednova"]
 
 
-def _run(tmp_path: Path, name: str, batched: str, folder: str,
-         recipe: str = RECIPE) -> tuple[Path, dict[str, Any]]:
+def _run(tmp_path: Path, name: str, batched: str, folder: str, recipe: str = RECIPE,
+         slowdown: str = "[1, 2, 3]") -> tuple[Path, dict[str, Any]]:
     path = tmp_path / "cohort.toml"
     path.write_text(recipe.replace("[defaults.eval]",
                                    f'[defaults.compute]\nbase_step_s = 0.05\n'
-                                   f'slowdown = [1, 2, 3]\nbatched = "{batched}"\n'
+                                   f'slowdown = {slowdown}\nbatched = "{batched}"\n'
                                    "[defaults.eval]"))
     run_dir = tmp_path / folder
     run_dir.mkdir()

@@ -35,9 +35,13 @@ def test_batched_steps_on_the_gpu_equal_one_by_one_steps_on_the_cpu(
     _compare(one, on_gpu)
 
 
-def test_a_virtual_run_on_cuda_batches_by_default(tmp_path: Path) -> None:
+def test_a_virtual_run_on_cuda_batches_by_default_from_8_workers(tmp_path: Path) -> None:
     recipe = RECIPE.replace('clock = "virtual"', 'clock = "virtual"\ndevice = "cuda"')
-    _, facts = _run(tmp_path, "nbsync", "auto", "cuda", recipe)
+    _, facts = _run(tmp_path, "nbsync", "auto", "three", recipe)
+    assert facts["worker_math"] == "one-by-one"
+    assert "3 worker(s): a batched call pays from 8 workers" in facts["worker_math_reason"]
+    recipe = recipe.replace("workers = 3", "workers = 8")
+    _, facts = _run(tmp_path, "nbsync", "auto", "eight", recipe, "[1, 2, 3, 1, 2, 3, 1, 2]")
     assert facts["worker_math"] == "batched"
     assert facts["worker_math_device"].startswith("cuda")
     assert facts["batched_steps"] > facts["batched_calls"] > 0
