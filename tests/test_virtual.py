@@ -89,6 +89,32 @@ def test_the_same_recipe_and_seed_give_identical_logs(tmp_path: Path, protocol: 
     assert first["setup_real_s"] > 0
 
 
+def test_virtual_workers_send_no_heartbeats_and_none_is_dropped_for_silence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A straggler's 3 virtual s steps outlast a 1 s worker timeout: in virtual time no
+    heartbeat reaches the server and no worker is dropped (none can fall silent)."""
+    from asyncsync.engine.core import ServerCore
+
+    ops: list[str] = []
+    handle = ServerCore.handle
+
+    async def counted(self: ServerCore, op: str, *args: Any) -> Any:
+        ops.append(op)
+        return await handle(self, op, *args)
+
+    monkeypatch.setattr(ServerCore, "handle", counted)
+    spec = spec_of(tmp_path, "asp")
+    spec = dataclasses.replace(
+        spec, fault=dataclasses.replace(spec.fault, heartbeat_s=0.2, worker_timeout_s=1.0),
+        compute=dataclasses.replace(spec.compute, slowdown=(1.0, 1.0, 60.0)))
+    run(spec, tmp_path / "asp")
+    assert "push" in ops and "heartbeat" not in ops
+    events = read_jsonl(tmp_path / "asp" / "events.jsonl")
+    assert not [e for e in events if e[KEY] == Kind.WORKER_LOST]
+    finals = [r for r in read_jsonl(tmp_path / "asp" / "worker-2.jsonl") if r[KEY] == Kind.FINAL]
+    assert finals and finals[0]["steps"] >= 1  # the straggler's steps counted to the end
+
+
 def test_steps_are_charged_base_step_times_slowdown(tmp_path: Path) -> None:
     """asp never waits, and without link costs its messages take no virtual time: in 6
     virtual s a worker does 6 / (0.05 x factor) steps."""

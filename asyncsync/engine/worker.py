@@ -253,7 +253,9 @@ class Worker:
         weight_decay: local SGD's weight decay.
         batch_size: default local batch size.
         max_steps: stop after this many local steps (None: until the server stops).
-        heartbeat_s: seconds between heartbeats (keep well under the server's timeout).
+        heartbeat_s: seconds between heartbeats (keep well under the server's timeout);
+            None sends none, for a worker that cannot fall silent (one in the server's
+            process, on a virtual clock: it leaves when it goes offline or ends).
         max_rejoins: give up after rejoining this many times.
         log_path: a JSONL file for this worker's spans and totals.
         seam: how it computes and what a step is charged (default: a compute thread, no
@@ -281,7 +283,7 @@ class Worker:
         batch_size: int = 32,
         device: str = "auto",
         max_steps: int | None = None,
-        heartbeat_s: float = 2.0,
+        heartbeat_s: float | None = 2.0,
         max_rejoins: int = 20,
         log_path: Path | None = None,
         seam: WorkerSeam | None = None,
@@ -291,7 +293,7 @@ class Worker:
         self.transport = checked_transport(transport)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if heartbeat_s <= 0:
+        if heartbeat_s is not None and heartbeat_s <= 0:
             raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s}")
         self.heartbeat_s = heartbeat_s
         self.max_rejoins = max_rejoins
@@ -425,13 +427,16 @@ class Worker:
         computed work goes unaccounted.
         """
         loop = asyncio.create_task(self.protocol.worker(self.protocol_params).run(self.ctx))
-        beats = asyncio.create_task(self._heartbeats())
-        tasks = {loop, beats, *self.presence.watch()}
+        beats = (None if self.heartbeat_s is None
+                 else asyncio.create_task(self._heartbeats(self.heartbeat_s)))
+        watch = self.presence.watch()
+        tasks = {loop, *watch} | ({beats} if beats else set())
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if len(tasks) > 2 and not loop.done() and not beats.done():
+            beating = beats is not None and not beats.done()
+            if watch and not loop.done() and (beats is None or beating):
                 raise WentOffline  # (the watch ended first)
-            if beats.done() and not loop.done():
+            if beats is not None and not beating and not loop.done():
                 beats.result()  # a failed heartbeat (e.g. not in the run) ends the session
                 await loop
             loop.result()
@@ -440,10 +445,10 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _heartbeats(self) -> None:
+    async def _heartbeats(self, every_s: float) -> None:
         """Tell the server this worker is alive, also while it computes or waits."""
         while True:
-            await sleep(self.heartbeat_s)
+            await sleep(every_s)
             reply, _ = await self.transport.request("heartbeat", self.ctx.heartbeat_header())
             if reply.get("stop"):
                 return

@@ -224,14 +224,15 @@ SeamFor = Callable[[ComputeProfile], WorkerSeam]
 
 def assemble_worker(spec: RunSpec, rank: int, run_id: str, model: torch.nn.Module,
                     batches: BatchSource, transport: TransportFor, seam: SeamFor,
-                    log_dir: Path | None, device: str) -> Worker:
+                    log_dir: Path | None, device: str, heartbeat_s: float | None) -> Worker:
     """Worker `rank` of a run on either clock: its compute profile, its link (one seed
-    rule), its seam and its transport, the last two made by the clock's factories."""
+    rule), its seam and its transport, the last two made by the clock's factories; it
+    sends a heartbeat every `heartbeat_s` (None: none, see `Worker`)."""
     return Worker(
         rank, transport(worker_link(spec, rank)), model, batches,
         get_protocol(spec.protocol.name), protocol_params=spec.protocol.params, run_id=run_id,
         lr=spec.optim.lr, momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
-        batch_size=spec.data.batch_size, device=device, heartbeat_s=spec.fault.heartbeat_s,
+        batch_size=spec.data.batch_size, device=device, heartbeat_s=heartbeat_s,
         compressor=spec.network.compressor(), seam=seam(spec.compute_profile(rank)),
         availability=spec.population().online(rank),
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
@@ -264,4 +265,4 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         return ThreadedWorkerSeam(profile, f"asyncsync-compute-{rank}", cost)
 
     return assemble_worker(spec, rank, run_id, model, batch_sources(spec, data)(rank), dial,
-                           threaded, log_dir, spec.device)
+                           threaded, log_dir, spec.device, spec.fault.heartbeat_s)

@@ -99,9 +99,10 @@ class FaultSpec:
     """Failure handling: when a silent worker is dropped, heartbeats, checkpoints."""
 
     worker_timeout_s: float = option(30.0, _positive, "must be > 0",
-                                     "drop a worker not heard from for this long")
+                                     "drop a worker not heard from for this long (real "
+                                     "clock)")
     heartbeat_s: float = option(2.0, _positive, "must be > 0",
-                                "seconds between a worker's heartbeats")
+                                "seconds between a worker's heartbeats (real clock)")
     checkpoint_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
                                  "server checkpoint period (0 = off)")
 
