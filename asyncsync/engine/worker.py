@@ -254,8 +254,7 @@ class Worker:
         batch_size: default local batch size.
         max_steps: stop after this many local steps (None: until the server stops).
         heartbeat_s: seconds between heartbeats (keep well under the server's timeout);
-            None sends none, for a worker that cannot fall silent (one in the server's
-            process, on a virtual clock: it leaves when it goes offline or ends).
+            None: none, for a worker that cannot fall silent (in the server's process).
         max_rejoins: give up after rejoining this many times.
         log_path: a JSONL file for this worker's spans and totals.
         seam: how it computes and what a step is charged (default: a compute thread, no
@@ -400,9 +399,8 @@ class Worker:
         return final
 
     async def _join(self) -> None:
-        """Join (or re-sync) and adopt the global model; a join refused because an earlier
-        session of this rank is still live (this process restarted before the server
-        dropped it) is retried until that session times out, for `JOIN_WAIT_S` at most."""
+        """Join (or re-sync) and adopt the global model; a join refused while an earlier
+        session of this rank is live (a restart) is retried for `JOIN_WAIT_S` at most."""
         waited = 0.0
         while True:
             try:
@@ -427,18 +425,16 @@ class Worker:
         computed work goes unaccounted.
         """
         loop = asyncio.create_task(self.protocol.worker(self.protocol_params).run(self.ctx))
-        beats = (None if self.heartbeat_s is None
-                 else asyncio.create_task(self._heartbeats(self.heartbeat_s)))
-        watch = self.presence.watch()
-        tasks = {loop, *watch} | ({beats} if beats else set())
+        beats = ([] if self.heartbeat_s is None
+                 else [asyncio.create_task(self._heartbeats(self.heartbeat_s))])
+        tasks = {loop, *beats, *self.presence.watch()}
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            beating = beats is not None and not beats.done()
-            if watch and not loop.done() and (beats is None or beating):
-                raise WentOffline  # (the watch ended first)
-            if beats is not None and not beating and not loop.done():
-                beats.result()  # a failed heartbeat (e.g. not in the run) ends the session
+            if not loop.done() and any(beat.done() for beat in beats):
+                beats[0].result()  # a failed heartbeat (e.g. not in the run) ends the session
                 await loop
+            elif not loop.done():
+                raise WentOffline  # (the watch ended first)
             loop.result()
         finally:
             for task in tasks:
