@@ -92,6 +92,26 @@ async def test_a_trickling_stream_frame_is_answered_408(server: ParameterServer)
     writer.close()
 
 
+async def test_a_stream_closed_on_an_unread_frame_lingers(server: ParameterServer) -> None:
+    """After the 408 the server ends its side and drops what still comes: a client still
+    sending reads the answer and then the end, not a reset."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                 b"Upgrade: tcp\r\nContent-Length: 0\r\n\r\n")
+    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WITHIN_S)
+    writer.write(REQUEST.pack(len(b"status"), len(BODY)) + b"status")
+    status, length = REPLY.unpack(await asyncio.wait_for(reader.readexactly(REPLY.size),
+                                                         WITHIN_S))
+    assert status == 408
+    await reader.readexactly(length)
+    for _ in range(5):  # the rest of the body, after the answer
+        writer.write(BODY[:20])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+    assert await asyncio.wait_for(reader.read(), WITHIN_S) == b""
+    writer.close()
+
+
 @pytest.mark.parametrize("channel", ["http", "stream"])
 async def test_a_body_at_a_normal_pace_is_answered(server: ParameterServer,
                                                    channel: str) -> None:

@@ -18,7 +18,8 @@ What stays as over HTTP: the upgrade passes the connection gate and the token ch
 any request (a worker token's stream may not call the run token's ops), every frame is
 read and answered by `answers.answer_frame` (the same limits, NaN check, refusals and
 reasons), and a frame the server could not read to its end (a malformed or oversized
-one) is answered and its connection closed, since the next frame's start is unknown. A
+one) is answered and its connection closed, since the next frame's start is unknown
+(after a lingering close: see `_Receiver.linger`). A
 stream that sends nothing for the gate's keep-alive time, between frames or inside one,
 is closed. The HTTP API serves every op as
 before; the stream is a faster way to the same handler.
@@ -27,6 +28,7 @@ before; the stream is a faster way to the same handler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import struct
 from collections.abc import AsyncIterator, Callable
@@ -47,6 +49,8 @@ UPGRADE = "tcp"
 REQUEST = struct.Struct(">BQ")
 REPLY = struct.Struct(">HQ")
 MAX_OP_BYTES = 32
+LINGER_S = 2.0
+"""How long a stream closed on an unread frame reads and drops what still comes."""
 BUFFER_BYTES = 1 << 16
 """Each end's receive buffer for heads and small frames (a frame's tensor is received
 straight into its vector); reading pauses while more than this waits unread."""
@@ -131,7 +135,10 @@ async def _answer_next(request: web.Request, receiver: _Receiver, core: ServerCo
                                 pace)
     if answer.status != 200:
         await _refuse(receiver, answer.status, answer.reason)
-        return bool(frame.remaining == 0)
+        if frame.remaining:
+            await receiver.linger(LINGER_S)
+            return False
+        return True
     size = len(answer.head) + (0 if answer.vector is None else answer.vector.nbytes)
     receiver.write(REPLY.pack(200, size) + answer.head)
     if answer.vector is not None:
@@ -318,6 +325,21 @@ class _Receiver(asyncio.BufferedProtocol):
             return self._filled
         finally:
             self._target = None
+
+    async def linger(self, seconds: float) -> None:
+        """A lingering close's first half: end this side (the peer reads the answer, then
+        the end), then read and drop what still comes, until the peer ends or `seconds`
+        pass. A close with bytes unread would be a reset, and a reset can drop the
+        answer before the peer has read it."""
+        if self.transport is None or self.lost:
+            return
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._pending.clear()
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            async with asyncio.timeout(seconds):
+                while await self.read_some(BUFFER_BYTES):
+                    pass
 
     def frame(self, length: int) -> _Frame:
         """The next `length` bytes, as a frame's readers."""
