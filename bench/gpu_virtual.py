@@ -200,9 +200,8 @@ def child_run(recipe: str, out: Path) -> None:
 
     def progress(status: dict[str, Any]) -> None:
         real = time.perf_counter() - began
-        reports[1:] = [(real, status["version"])]
-        if len(reports) == 1:
-            reports.append(reports[0])
+        report = (real, status["version"])
+        reports[:] = [reports[0] if reports else report, report]
         out.write_text(json.dumps({
             "virtual_s": status["elapsed_s"], "version": status["version"],
             "accuracy": status["accuracy"], "real_s": real, "reports": reports}))

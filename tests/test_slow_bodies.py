@@ -25,21 +25,25 @@ TRICKLE_S = 0.05
 
 @pytest.fixture
 async def server() -> AsyncIterator[ParameterServer]:
-    # The pace is judged from header_timeout_s into the body, and the server closes the
-    # connection after its 408: a client still trickling then gets a reset, which drops
-    # whatever of the 408 it has not read yet. 2 s leaves a loaded test time to read it.
+    # The pace is judged from header_timeout_s into the body; over HTTP the gate closes
+    # the connection that long after the 408, and a client still trickling then gets a
+    # reset, which drops what of the 408 it has not read: 2 s leaves a loaded test time.
     limits = ConnectionLimits(header_timeout_s=2.0, min_body_bytes_per_s=100)
     async with ParameterServer(tiny_model(), "asp", 1, connections=limits) as live:
         yield live
 
 
-async def closed(reader: asyncio.StreamReader) -> bool:
-    """Whether the server closed the connection: an end of stream, or a reset (a close
-    with the client's last trickled bytes unread)."""
-    try:
-        return await asyncio.wait_for(reader.read(), WITHIN_S) == b""
-    except ConnectionResetError:
-        return True
+async def open_stream(server: ParameterServer,
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A stream upgraded on a new connection, and the head of a status frame of `BODY`'s
+    length sent (its body is the caller's to send)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                 b"Upgrade: tcp\r\nContent-Length: 0\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WITHIN_S)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    writer.write(REQUEST.pack(len(b"status"), len(BODY)) + b"status")
+    return reader, writer
 
 
 async def trickle(writer: asyncio.StreamWriter, body: bytes, answered: asyncio.Task[bytes],
@@ -73,12 +77,7 @@ async def test_a_trickling_http_body_is_answered_408(server: ParameterServer) ->
 
 
 async def test_a_trickling_stream_frame_is_answered_408(server: ParameterServer) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
-                 b"Upgrade: tcp\r\nContent-Length: 0\r\n\r\n")
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WITHIN_S)
-    assert head.startswith(b"HTTP/1.1 101")
-    writer.write(REQUEST.pack(len(b"status"), len(BODY)) + b"status")
+    reader, writer = await open_stream(server)
 
     async def answer() -> bytes:
         status, length = REPLY.unpack(await reader.readexactly(REPLY.size))
@@ -88,18 +87,14 @@ async def test_a_trickling_stream_frame_is_answered_408(server: ParameterServer)
     await trickle(writer, BODY, answered)
     reply = await answered
     assert reply.startswith(b"408 the body arrived slower than 100 bytes/s"), reply
-    assert await closed(reader)
+    assert await asyncio.wait_for(reader.read(), WITHIN_S) == b""  # then closed, lingering
     writer.close()
 
 
 async def test_a_stream_closed_on_an_unread_frame_lingers(server: ParameterServer) -> None:
     """After the 408 the server ends its side and drops what still comes: a client still
     sending reads the answer and then the end, not a reset."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"POST /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
-                 b"Upgrade: tcp\r\nContent-Length: 0\r\n\r\n")
-    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WITHIN_S)
-    writer.write(REQUEST.pack(len(b"status"), len(BODY)) + b"status")
+    reader, writer = await open_stream(server)
     status, length = REPLY.unpack(await asyncio.wait_for(reader.readexactly(REPLY.size),
                                                          WITHIN_S))
     assert status == 408

@@ -40,6 +40,7 @@ from aiohttp.http_writer import StreamWriter
 from asyncsync.clock import now
 from asyncsync.engine.core import ServerCore
 from asyncsync.transport.answers import BodyPace, answer_frame
+from asyncsync.transport.connection_gate import LINGER_S
 from asyncsync.transport.tokens import BearerTokens
 from asyncsync.wire.frames import CHUNK_BYTES, Limits, tensor_chunks
 
@@ -49,8 +50,6 @@ UPGRADE = "tcp"
 REQUEST = struct.Struct(">BQ")
 REPLY = struct.Struct(">HQ")
 MAX_OP_BYTES = 32
-LINGER_S = 2.0
-"""How long a stream closed on an unread frame reads and drops what still comes."""
 BUFFER_BYTES = 1 << 16
 """Each end's receive buffer for heads and small frames (a frame's tensor is received
 straight into its vector); reading pauses while more than this waits unread."""
@@ -330,7 +329,8 @@ class _Receiver(asyncio.BufferedProtocol):
         """A lingering close's first half: end this side (the peer reads the answer, then
         the end), then read and drop what still comes, until the peer ends or `seconds`
         pass. A close with bytes unread would be a reset, and a reset can drop the
-        answer before the peer has read it."""
+        answer before the peer has read it. (The gate's refusals linger the same way, for
+        the same `LINGER_S`, on its own protocol: `connection_gate`.)"""
         if self.transport is None or self.lost:
             return
         if self.transport.can_write_eof():
