@@ -262,12 +262,17 @@ def inspect(run_dir: Path, *options: str) -> Any:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def test_wandb_offline_reads_back_every_evaluation_and_summary(
-        study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B offline, its config, cache and data under `tmp_path`/home (skips without it)."""
     pytest.importorskip("wandb", reason="wandb not installed (the track extra)")
     for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(key, str(tmp_path / "home"))
     monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+def test_wandb_offline_reads_back_every_evaluation_and_summary(
+        study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    offline_wandb(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     for _ in range(2):  # the second export replaces each run's offline folder
         export_study(study, [parse_track("wandb=trk-project")])  # under ./wandb
@@ -298,10 +303,7 @@ def test_wandb_writes_each_run_under_the_folder_current_when_it_starts(
         study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """W&B's service process keeps the folder it started in: a relative run folder would
     put a later study's transaction logs under an earlier study's folder."""
-    pytest.importorskip("wandb", reason="wandb not installed (the track extra)")
-    for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(key, str(tmp_path / "home"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    offline_wandb(tmp_path, monkeypatch)
     for where in ("first", "second"):
         (tmp_path / where).mkdir()
         monkeypatch.chdir(tmp_path / where)

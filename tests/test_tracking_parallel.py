@@ -10,7 +10,14 @@ import pytest
 
 from asyncsync import cli
 from asyncsync.tracking.feed import figures, run_dirs_of
-from tests.test_tracking import RECIPE, evaluations, inspect, scalars, summary_of
+from tests.test_tracking import (
+    RECIPE,
+    evaluations,
+    inspect,
+    offline_wandb,
+    scalars,
+    summary_of,
+)
 
 
 def run_study(tmp_path: Path, *options: str) -> Path:
@@ -39,10 +46,7 @@ def assert_tensorboard_has_every_run(where: Path, root: Path) -> None:
 def test_parallel_runs_are_each_tracked_in_full(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("tensorboard", reason="tensorboard not installed (the track extra)")
-    pytest.importorskip("wandb", reason="wandb not installed (the track extra)")
-    for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(key, str(tmp_path / "home"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
+    offline_wandb(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     root = run_study(tmp_path, "--jobs", "2", "--track", f"tensorboard={tmp_path / 'tb'}",
                      "--track", "wandb=trk-project")
