@@ -13,6 +13,8 @@ import asyncio
 import copy
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +251,22 @@ def test_a_model_that_cannot_be_batched_falls_back_logged_and_recorded(
     assert "batched gradient failed" in facts["worker_math_reason"]
     said = [r for r in caplog.records if "one by one" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
+
+
+def test_a_batched_run_never_imports_torch_dynamo(tmp_path: Path) -> None:
+    """functorch's gradient imported ``torch._dynamo`` on its first call: 2.5-4 s of every
+    batched run's start. The batched path takes its gradient with plain autograd."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tests.test_cohort import _run\n"
+        "_, facts = _run(Path(sys.argv[1]), 'esync', 'on', 'run')\n"
+        "assert facts['worker_math'] == 'batched', facts\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1], check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_auto_computes_one_by_one_on_a_cpu(tmp_path: Path) -> None:
