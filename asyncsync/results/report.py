@@ -316,6 +316,18 @@ def make_console() -> Console:
     return console
 
 
+def preload_plots() -> None:
+    """Import what `publish` draws with (matplotlib's pyplot, the plot modules), if
+    matplotlib is installed. A study calls it in a thread while its runs go in child
+    processes, so the import (0.5-1 s) is not paid after the last run."""
+    from asyncsync.results import pyplot
+
+    if pyplot.matplotlib_available():
+        import asyncsync.results.plots  # noqa: F401
+
+        pyplot.pyplot()
+
+
 def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str, out: Path,
             console: Console, title: str = "") -> list[Path]:
     """Print the comparison table; write it as CSV and, with matplotlib, the PNG plots."""

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from asyncsync.clock import now
-from asyncsync.results.report import publish
+from asyncsync.results.report import preload_plots, publish
 from asyncsync.results.studies import LogError
 from asyncsync.schema import ConfigError
 from asyncsync.study.dashboard import Dashboard
@@ -233,12 +233,13 @@ async def _pool(study: _Study, todo: list[int], jobs: int) -> None:
                 await child.close()
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(min(jobs, len(todo)))]
+    plots = asyncio.ensure_future(asyncio.to_thread(preload_plots))  # while the runs go
     try:
         await asyncio.gather(*tasks)
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, plots, return_exceptions=True)
 
 
 SLURM_POLL_S = 5.0
