@@ -328,9 +328,7 @@ def _timing_parts(spec: RunSpec) -> _Parts:
     constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def model() -> torch.nn.Module:
-        # The CPU generator only: torch.manual_seed also queues a CUDA seeding that records
-        # a stack trace, 1.6 ms a worker (the stand-in never leaves the CPU).
-        torch.default_generator.manual_seed(spec.seed)
+        torch.default_generator.manual_seed(spec.seed)  # the CPU's only, as `run_model`
         return StandIn((1,), TIMING_CLASSES, memo, batch_bytes)
 
     def batches(rank: int) -> BatchSource:
