@@ -283,11 +283,15 @@ def main(argv: list[str] | None = None) -> int:
             status = status_printer() if args.status else None
             return 0 if run_folder(str(args.run_dir), args.calibrated_s, status) else 1
         if args.command == "check":
-            from asyncsync.study.run_one import check_data
+            from asyncsync.study.run_one import check_data, device_problem
 
             recipe = load_recipe(args.recipe, args.overrides)
             console.print(check_table(recipe))
             check_data(recipe)
+            if problem := device_problem(recipe):
+                console.print(f"note: {problem}: `asyncsync run` refuses it on this host (a "
+                              "Slurm task's node may have the device)", markup=False,
+                              highlight=False)
             console.print(step_time_table(recipe))
             console.print(shards_table(recipe))
             if (population := population_table(recipe)) is not None:

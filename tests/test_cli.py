@@ -230,6 +230,22 @@ def test_check_and_run_find_missing_data_before_any_folder(
     assert not (tmp_path / "logs").exists()
 
 
+def test_run_refuses_a_device_this_host_lacks_before_any_folder(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Each run failed on its own: a real run's server with a traceback in its log and "the
+    server exited early" in the table. `check` notes it (a Slurm node may have it)."""
+    device = ["--set", 'device="cuda:99"']  # no host here has 100 GPUs
+    for clock in ("real", "virtual"):
+        code, out = run_main(capsys, "run", QUICKSTART, "--plain", "--clock", clock,
+                             "--logs", str(tmp_path / "logs"), *device)
+        assert one_error((code, out)).startswith(
+            "error: device 'cuda:99' requested but "), out
+        assert "(runs: bsp, asp)" in out
+        assert not (tmp_path / "logs").exists()
+    code, out = run_main(capsys, "check", QUICKSTART, *device)
+    assert code == 0 and "note: device 'cuda:99' requested but " in " ".join(out.split())
+
+
 def test_protocols_prints_toml_values_own_parameters_first(
         capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run_main(capsys, "protocols")

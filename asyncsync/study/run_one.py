@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsync.results.report import summarize_run
+from asyncsync.schema import ConfigError
 from asyncsync.study.assembly import run_data
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import error_line, write_summary
@@ -20,6 +21,7 @@ from asyncsync.study.nodes import run_nodes
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.simulation import calibrate_step_s, simulate
 from asyncsync.study.specs import RunSpec
+from asyncsync.training.trainer import resolve_device
 
 
 async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,
@@ -75,6 +77,32 @@ def check_data(recipe: Recipe) -> None:
         if spec.data.name != "synthetic" and key not in seen:
             seen.add(key)
             run_data(spec)
+
+
+def device_problem(recipe: Recipe) -> str | None:
+    """Why this host cannot run some of the recipe's runs on their ``device`` (None: it
+    can), naming the key and the runs."""
+    problems: dict[str, list[str]] = {}
+    for spec in recipe.runs:
+        try:
+            resolve_device(spec.device)
+        except ValueError as exc:
+            problems.setdefault(str(exc), []).append(spec.name)
+    return "; ".join(f"{problem} (runs: {', '.join(names)})"
+                     for problem, names in problems.items()) or None
+
+
+def check_devices(recipe: Recipe) -> None:
+    """Refuse, before any run starts, runs whose ``device`` this host lacks (run here, each
+    would fail on its own, a real run's server with a traceback in its log).
+
+    Raises:
+        ConfigError: `device_problem`'s reason.
+    """
+    problem = device_problem(recipe)
+    if problem:
+        raise ConfigError(f'{problem}; use device = "cpu", or "auto" for CUDA where there is '
+                          "one")
 
 
 async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dashboard,

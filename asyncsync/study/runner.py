@@ -48,6 +48,7 @@ from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.run_one import (
     calibration,
     check_data,
+    check_devices,
     prepare_folder,
     run_and_record,
 )
@@ -103,6 +104,8 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     finished and the log path, then lets the cancellation go on.
     """
     await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
+    if slurm is None:  # a Slurm task's node has its own devices
+        check_devices(recipe)
     await asyncio.to_thread(preflight, recipe.runs)  # kernel shaping: root, ip, tc, netem
     root = _reopen(recipe, resume) if resume else _new_study(logs / recipe.name)
     (root / "recipe.json").write_text(json.dumps(recipe.as_table(), indent=2))
