@@ -21,7 +21,7 @@ Every figure is measured in this one run, on the device it names (``--device``):
 
 Run: ``.venv/bin/python bench/gpu_virtual.py [--device auto|cpu|cuda] [--json OUT]``;
 ``--only steps,study,resnet,population`` picks sections; ``--models``, ``--sizes``,
-``--resnet-sizes`` and ``--rounds`` bound them. The defaults take about 4 minutes on one
+``--resnet-sizes`` and ``--rounds`` bound them. The defaults take about 5 minutes on one
 H100/H200 and a few minutes on 2 CPU cores (which skip the study and the resnet18 run
 unless named with ``--only``).
 """
