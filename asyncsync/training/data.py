@@ -87,8 +87,9 @@ class BatchSampler:
         self._x = data.train_x
         self._y = data.train_y
         self._indices = indices
+        self._size = len(indices)  # a Python int: len() of a tensor costs a call into torch
         self._gen = torch.Generator().manual_seed(seed)
-        self._order = self._indices[torch.randperm(len(indices), generator=self._gen)]
+        self._order = self._indices[torch.randperm(self._size, generator=self._gen)]
         self._cursor = 0
 
     def next(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,15 +97,15 @@ class BatchSampler:
         picked: list[torch.Tensor] = []
         needed = batch_size
         while needed > 0:
-            if self._cursor == len(self._order):
-                perm = torch.randperm(len(self._indices), generator=self._gen)
+            if self._cursor == self._size:
+                perm = torch.randperm(self._size, generator=self._gen)
                 self._order = self._indices[perm]
                 self._cursor = 0
-            take = min(needed, len(self._order) - self._cursor)
+            take = min(needed, self._size - self._cursor)
             picked.append(self._order[self._cursor : self._cursor + take])
             self._cursor += take
             needed -= take
-        rows = torch.cat(picked)
+        rows = picked[0] if len(picked) == 1 else torch.cat(picked)
         return self._x[rows], self._y[rows]
 
 
