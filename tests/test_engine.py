@@ -17,7 +17,14 @@ from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.store import ParameterStore
-from asyncsync.protocols.base import BadRequest, Forbidden, NotInRun, OutOfStep, Unacceptable
+from asyncsync.protocols.base import (
+    BadRequest,
+    Forbidden,
+    NotInRun,
+    OutOfStep,
+    RunStopped,
+    Unacceptable,
+)
 from asyncsync.protocols.rounds import average
 from asyncsync.protocols.wbsp import WbspParams
 from asyncsync.runlog.metrics import JsonlLog
@@ -88,6 +95,38 @@ async def test_a_wait_ends_when_its_worker_is_dropped() -> None:
     store.notify()
     with pytest.raises(NotInRun):
         await asyncio.wait_for(waiting, 5)
+
+
+async def test_a_notify_resumes_only_the_held_requests_whose_condition_holds() -> None:
+    """An idle held request (a FedAvg worker not sampled) is not resumed at each notify:
+    its condition is checked outside its task, and it waits on; a request whose condition
+    holds goes on, and a stopping run ends the rest."""
+    store = ParameterStore(torch.zeros(4), 3, FlatSGD(0.1))
+    store.live.update({0, 1, 2})
+    checked_in: list[asyncio.Task[Any] | None] = []
+    drawn = [False]
+
+    def idle() -> bool:
+        checked_in.append(asyncio.current_task())
+        return False
+
+    held = asyncio.create_task(store.wait_for(idle, 1))
+    drawn_pull = asyncio.create_task(store.wait_for(lambda: drawn[0], 2))
+    await asyncio.sleep(0)
+    assert checked_in == [held, held]  # on arrival, then at the top of its loop
+    for _ in range(5):
+        store.notify()
+        store.notify()  # one check for both
+        await asyncio.sleep(0)
+    assert checked_in[2:] == [None] * 5 and not held.done()
+    drawn[0] = True
+    store.notify()
+    await asyncio.wait_for(drawn_pull, 5)
+    assert not held.done() and store.held == {1}
+    store.stop()
+    with pytest.raises(RunStopped):
+        await asyncio.wait_for(held, 5)
+    assert store.held == set()
 
 
 async def test_wbsp_continues_from_the_resumed_model(tmp_path: Any) -> None:

@@ -141,7 +141,9 @@ class Store(Protocol):
         ...
 
     def notify(self) -> None:
-        """Wake coroutines in `wait_for` so they re-check their condition."""
+        """Have the requests held in `wait_for` check their conditions again, once the code
+        running now is done: call it after every change that can make a condition true
+        (the conditions are checked only then, and the store's own changes call it)."""
         ...
 
     async def wait_for(self, ready: Callable[[], bool], worker: int) -> None:
