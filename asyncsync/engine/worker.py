@@ -425,13 +425,13 @@ class Worker:
         computed work goes unaccounted.
         """
         loop = asyncio.create_task(self.protocol.worker(self.protocol_params).run(self.ctx))
-        beats = ([] if self.heartbeat_s is None
-                 else [asyncio.create_task(self._heartbeats(self.heartbeat_s))])
-        tasks = {loop, *beats, *self.presence.watch()}
+        beats = (None if self.heartbeat_s is None
+                 else asyncio.create_task(self._heartbeats(self.heartbeat_s)))
+        tasks = {loop, *self.presence.watch(), *([beats] if beats else [])}
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if not loop.done() and any(beat.done() for beat in beats):
-                beats[0].result()  # a failed heartbeat (e.g. not in the run) ends the session
+            if not loop.done() and beats is not None and beats.done():
+                beats.result()  # a failed heartbeat (e.g. not in the run) ends the session
                 await loop
             elif not loop.done():
                 raise WentOffline  # (the watch ended first)

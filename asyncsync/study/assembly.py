@@ -101,7 +101,8 @@ def run_worker_token(spec: RunSpec) -> str | None:
 
 
 def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerSettings:
-    """The server settings a run's recipe gives."""
+    """The server settings a run's recipe gives. On the virtual clock no worker is dropped
+    for silence: its workers send no heartbeats (`asyncsync.study.simulation`)."""
     return ServerSettings(
         run_id=run_id, lr=spec.optim.lr, momentum=spec.optim.momentum,
         weight_decay=spec.optim.weight_decay, eval_interval_s=spec.eval.interval_s,
@@ -109,7 +110,7 @@ def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerS
         eval_batch=spec.eval.batch_size,
         time_s=spec.stop.time_s, target_accuracy=spec.stop.target_accuracy,
         stop_at_target=spec.stop.stop_at_target, patience_s=spec.stop.patience_s,
-        worker_timeout_s=spec.fault.worker_timeout_s,
+        worker_timeout_s=spec.fault.worker_timeout_s if spec.clock == "real" else None,
         checkpoint_path=checkpoint_file(log_dir) if spec.fault.checkpoint_s and log_dir
         else None, checkpoint_s=spec.fault.checkpoint_s or 10.0,
         max_batch=spec.data.batch_size * spec.workers)  # LB-BSP may give one worker all
@@ -231,15 +232,17 @@ SeamFor = Callable[[ComputeProfile], WorkerSeam]
 
 def assemble_worker(spec: RunSpec, rank: int, run_id: str, model: torch.nn.Module,
                     batches: BatchSource, transport: TransportFor, seam: SeamFor,
-                    log_dir: Path | None, device: str, heartbeat_s: float | None) -> Worker:
+                    log_dir: Path | None, device: str) -> Worker:
     """Worker `rank` of a run on either clock: its compute profile, its link (one seed
-    rule), its seam and its transport, the last two made by the clock's factories; it
-    sends a heartbeat every `heartbeat_s` (None: none, see `Worker`)."""
+    rule), its seam and its transport, the last two made by the clock's factories; on the
+    real clock it sends the recipe's heartbeats, on the virtual clock none (a worker in the
+    server's process cannot fall silent: `asyncsync.study.simulation`)."""
     return Worker(
         rank, transport(worker_link(spec, rank)), model, batches,
         get_protocol(spec.protocol.name), protocol_params=spec.protocol.params, run_id=run_id,
         lr=spec.optim.lr, momentum=spec.optim.momentum, weight_decay=spec.optim.weight_decay,
-        batch_size=spec.data.batch_size, device=device, heartbeat_s=heartbeat_s,
+        batch_size=spec.data.batch_size, device=device,
+        heartbeat_s=spec.fault.heartbeat_s if spec.clock == "real" else None,
         compressor=spec.network.compressor(), seam=seam(spec.compute_profile(rank)),
         availability=spec.population().online(rank),
         log_path=log_dir / f"worker-{rank}.jsonl" if log_dir else None)
@@ -272,4 +275,4 @@ def build_worker(spec: RunSpec, rank: int, url: str, run_id: str,
         return ThreadedWorkerSeam(profile, f"asyncsync-compute-{rank}", cost)
 
     return assemble_worker(spec, rank, run_id, model, batch_sources(spec, data)(rank), dial,
-                           threaded, log_dir, spec.device, spec.fault.heartbeat_s)
+                           threaded, log_dir, spec.device)

@@ -105,7 +105,7 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     """
     await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
     if slurm is None:  # a Slurm task's node has its own devices
-        check_devices(recipe)
+        await asyncio.to_thread(check_devices, recipe)  # a driver query, off the loop
     await asyncio.to_thread(preflight, recipe.runs)  # kernel shaping: root, ip, tc, netem
     root = _reopen(recipe, resume) if resume else _new_study(logs / recipe.name)
     (root / "recipe.json").write_text(json.dumps(recipe.as_table(), indent=2))

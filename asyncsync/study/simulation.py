@@ -18,7 +18,7 @@ summary.json then says so.
 (``fault.heartbeat_s`` and ``fault.worker_timeout_s`` are for real runs): a worker in the
 server's process cannot fall silent; it leaves when its availability takes it offline or
 its run ends. Heartbeats were a third of the engine's time in a 1,000-client population,
-for 100 bytes every 2 s on each link.
+for 100 bytes every 2 s on each link. (`asyncsync.study.assembly` builds both sides so.)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import asyncio
 import json
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -189,8 +189,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
     parts = _timing_parts(spec) if spec.model.name == TIMING_MODEL else _training_parts(spec)
     math = choose_worker_math(spec, parts.model, parts.batches)
     core = build_core(parts.model(), protocol, spec.workers,
-                      replace(server_settings(spec, run_id, None), worker_timeout_s=None),
-                      protocol_params=spec.protocol.params,
+                      server_settings(spec, run_id, None), protocol_params=spec.protocol.params,
                       test_data=parts.test_data, events=JsonlLog(run_dir / "events.jsonl"),
                       seam=_TimedServerSeam(cost))
     server_link = ServerLink(spec.network.server_mbps) if spec.network.server_mbps else None
@@ -207,7 +206,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
 
     shared = JsonlLog(run_dir / WORKERS_LOG) if spec.workers > SHARED_LOG_ABOVE else None
     workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
-                               timed(rank), None if shared else run_dir, math.device, None)
+                               timed(rank), None if shared else run_dir, math.device)
                for rank in range(spec.workers)]
     if shared is not None:
         for worker in workers:
