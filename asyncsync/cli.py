@@ -10,32 +10,22 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 
-from asyncsync.engine.checkpoint import CheckpointError
-from asyncsync.hetero.traces import TraceError
+from asyncsync.errors import InputError
 from asyncsync.results.comparison import is_baseline
 from asyncsync.results.report import make_console, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
 from asyncsync.runlog.reading import label
 from asyncsync.schema import ConfigError
-from asyncsync.study.describe import (
-    check_table,
-    devices_table,
-    population_table,
-    print_protocols,
-    shards_table,
-    step_time_table,
-)
-from asyncsync.study.launch import DEFAULT_PORT
-from asyncsync.study.node_commands import node_command
-from asyncsync.study.recipe import load_recipe
-from asyncsync.study.specs import TOKEN_ENV
+from asyncsync.study.launch import DEFAULT_PORT, TOKEN_ENV
 from asyncsync.tracking import export_runs, parse_track
-from asyncsync.training.data import DATASETS, DatasetMissing
-from asyncsync.transport.http_client import TlsFailure
+from asyncsync.training.catalog import DATASETS
+
+# The commands import torch (and what needs it) when they run, not here: `run` starts its
+# child processes first, so that their imports of torch overlap its own
+# (asyncsync.study.children), and `report` or --help never load it.
 
 
 class UsageError(Exception):
@@ -248,6 +238,33 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    """``run``: start the child processes the recipe's virtual runs will want, then import
+    the runner (and torch) while they import theirs, then run the recipe."""
+    from asyncsync.study.children import Spares, children_needed
+
+    clock = [f'clock="{args.clock}"'] if args.clock else []
+    overrides = [*args.overrides, *clock]
+    local = args.executor != "slurm"
+    spares = Spares.start(children_needed(args.recipe, overrides, args.only, args.repeats,
+                                          args.jobs) if local else 0)
+    try:
+        from asyncsync.study.executors import SlurmOptions
+        from asyncsync.study.runner import run_recipe_file
+
+        slurm = SlurmOptions(args.slurm_partition, args.slurm_time, args.slurm_cpus,
+                             args.slurm_gpus, args.slurm_array_parallelism)
+        summaries = run_recipe_file(args.recipe, overrides, args.only, args.logs,
+                                    repeats=args.repeats, live=False if args.plain else None,
+                                    trackers=[parse_track(s) for s in args.track],
+                                    jobs=args.jobs, resume=args.resume,
+                                    slurm=None if local else slurm, wait=not args.no_wait,
+                                    spares=spares)
+    finally:
+        spares.close()
+    return 1 if any("error" in s for s in summaries) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     console = make_console()
     try:
@@ -257,21 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "run":
-            from asyncsync.study.executors import SlurmOptions
-            from asyncsync.study.runner import run_recipe_file
-
-            clock = [f'clock="{args.clock}"'] if args.clock else []
-            slurm = SlurmOptions(args.slurm_partition, args.slurm_time, args.slurm_cpus,
-                                 args.slurm_gpus, args.slurm_array_parallelism)
-            summaries = run_recipe_file(args.recipe, [*args.overrides, *clock], args.only,
-                                        args.logs, repeats=args.repeats,
-                                        live=False if args.plain else None,
-                                        trackers=[parse_track(s) for s in args.track],
-                                        jobs=args.jobs, resume=args.resume,
-                                        slurm=slurm if args.executor == "slurm" else None,
-                                        wait=not args.no_wait)
-            return 1 if any("error" in s for s in summaries) else 0
+            return _run(args)
         if args.command == "simulate":
+            import torch
+
             from asyncsync.study.executors import run_folder, serve, status_printer
 
             torch.set_num_threads(1)
@@ -283,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
             status = status_printer() if args.status else None
             return 0 if run_folder(str(args.run_dir), args.calibrated_s, status) else 1
         if args.command == "check":
+            from asyncsync.study.describe import (
+                check_table,
+                population_table,
+                shards_table,
+                step_time_table,
+            )
+            from asyncsync.study.recipe import load_recipe
             from asyncsync.study.run_one import check_data, device_problem
 
             recipe = load_recipe(args.recipe, args.overrides)
@@ -304,8 +317,12 @@ def main(argv: list[str] | None = None) -> int:
             console.print(escape(convert(args.kind, args.source, args.out, args.horizon_s,
                                          args.workers, args.seed)), highlight=False)
         elif args.command == "protocols":
+            from asyncsync.study.describe import print_protocols
+
             print_protocols(console)
         elif args.command == "devices":
+            from asyncsync.study.describe import devices_table
+
             console.print(devices_table())
         elif args.command == "worker-token":
             from asyncsync.transport.tokens import worker_token
@@ -323,10 +340,13 @@ def main(argv: list[str] | None = None) -> int:
                                                  download=not args.no_download)),
                           highlight=False, soft_wrap=True)
         else:
+            import torch
+
+            from asyncsync.study.node_commands import node_command
+
             torch.set_num_threads(1)
             asyncio.run(node_command(args))
-    except (ConfigError, DatasetMissing, CheckpointError, TlsFailure, LogError,
-            TraceError) as exc:
+    except InputError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False,
                       soft_wrap=True)
         return 2

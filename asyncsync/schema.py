@@ -11,10 +11,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from asyncsync.errors import InputError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError, ValueError):
     """A configuration value is missing, unknown or ill-typed; the message names the key."""
 
 

@@ -12,8 +12,9 @@ from asyncsync.cli import main
 from asyncsync.engine.channel import RequestRejected
 from asyncsync.protocols.base import Forbidden
 from asyncsync.study.assembly import WORKER_TOKEN_ENV, run_worker_token
+from asyncsync.study.launch import TOKEN_ENV
 from asyncsync.study.nodes import node_env
-from asyncsync.study.specs import TOKEN_ENV, RunSpec
+from asyncsync.study.specs import RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer, is_loopback
 from asyncsync.transport.tokens import worker_token

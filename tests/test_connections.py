@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from asyncsync.clock import now
-from asyncsync.study.specs import TOKEN_ENV
+from asyncsync.study.launch import TOKEN_ENV
 from asyncsync.transport.connection_gate import ConnectionLimits
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from asyncsync.hetero.partition import partition
-from asyncsync.training.data import DatasetMissing, load_dataset
+from asyncsync.training.catalog import DatasetMissing
+from asyncsync.training.data import load_dataset
 from asyncsync.training.models import build_model
 from asyncsync.training.trainer import FlatModule
 

@@ -12,7 +12,8 @@ import pytest
 
 from asyncsync.schema import ConfigError
 from asyncsync.study.prepare import IDX_COUNTS, SYSTEM_PACKAGES, prepare_dataset
-from asyncsync.training.data import DatasetMissing, load_dataset
+from asyncsync.training.catalog import DatasetMissing
+from asyncsync.training.data import load_dataset
 from tests.test_cli import one_error, run_main
 
 SMALL = {"train": 12, "t10k": 4}

@@ -13,8 +13,10 @@ import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from asyncsync.errors import InputError
 
-class TraceError(ValueError):
+
+class TraceError(InputError, ValueError):
     """A malformed trace: ``<file>:<line>: <problem>``."""
 
     def __init__(self, path: str | Path, line: int, problem: str) -> None:

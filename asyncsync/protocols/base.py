@@ -52,6 +52,7 @@ from typing import Any, ClassVar, Generic
 import torch
 from typing_extensions import TypeVar
 
+from asyncsync.errors import InputError
 from asyncsync.protocols.messages import (
     BadRequest,
     Forbidden,
@@ -95,7 +96,7 @@ def wide_history(workers: int) -> int:
     return max(8, min(HISTORY, HISTORY_ENTRIES // max(workers, 1)))
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError, ValueError):
     """A checkpoint is missing, unreadable, belongs to another run or model, or holds
     state that does not fit (what `ServerRule.load_state_dict` raises)."""
 

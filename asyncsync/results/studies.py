@@ -11,10 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asyncsync.errors import InputError
 from asyncsync.runlog.reading import label, sweep_suffix
 
 
-class LogError(ValueError):
+class LogError(InputError, ValueError):
     """A directory that is not a readable run log."""
 
 

@@ -2,19 +2,18 @@
 one Slurm job array through submitit (``--executor slurm``).
 
 The run folder is the interface. The supervisor prepares a run's folder (its recipe.json);
-`run_folder` simulates that run there and writes its summary.json, whoever calls it: the
-``asyncsync simulate`` command that ``--jobs`` starts once per run, or a Slurm array task.
+`run_folder` simulates that run there and writes its summary.json, whoever calls it: a
+child of `asyncsync.study.children` (``asyncsync simulate --serve``), or a Slurm array task.
 Only paths and plain strings go in, nothing but the folder comes back (no pickled results).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,9 +130,9 @@ def _tell_supervisor(message: dict[str, Any]) -> None:
 
 
 def serve(lines: Iterable[str]) -> None:
-    """Run folders one after another, as `Child` sends them: each line holds a run folder
-    and its calibrated step time (or nothing), tab-separated. Prints the runs' status
-    lines, then ``{"done": FOLDER}`` after each."""
+    """Run folders one after another, as `asyncsync.study.children.Child` sends them: each
+    line holds a run folder and its calibrated step time (or nothing), tab-separated.
+    Prints the runs' status lines, then ``{"done": FOLDER}`` after each."""
     status = status_printer()
     for line in lines:
         run_dir, _, calibrated = line.rstrip("\n").partition("\t")
@@ -142,68 +141,6 @@ def serve(lines: Iterable[str]) -> None:
             _tell_supervisor({"done": run_dir})
         except SupervisorGone:  # nobody left to send runs: stop
             return
-
-
-class Child:
-    """A child process (``asyncsync simulate --serve``) with one torch thread that runs
-    prepared run folders one at a time; it lives for many runs, so a study pays Python's
-    and torch's start-up once per job, not once per run.
-
-    The child is in a session of its own, so a terminal's Ctrl-C reaches only the
-    supervisor, which terminates it (`close`).
-    """
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.errors: list[str] = []
-        self._drain = asyncio.ensure_future(self._keep_errors())
-
-    @classmethod
-    async def start(cls) -> Child:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "PYTHONUNBUFFERED": "1"}
-        return cls(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "asyncsync", "simulate", "--serve",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True, limit=1 << 26))
-
-    async def _keep_errors(self) -> None:
-        assert self.process.stderr is not None
-        async for line in self.process.stderr:
-            self.errors = [*self.errors[-19:], line.decode(errors="replace").rstrip()]
-
-    @property
-    def alive(self) -> bool:
-        return self.process.returncode is None
-
-    async def run(self, run_dir: Path, calibrated_s: float | None,
-                  on_status: Callable[[dict[str, Any]], None]) -> None:
-        """Run one folder, passing its status lines to `on_status`.
-
-        Raises:
-            RuntimeError: the child ended before the run did (killed, crashed).
-        """
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(f"{run_dir}\t{calibrated_s or ''}\n".encode())
-        await self.process.stdin.drain()
-        async for line in self.process.stdout:
-            with contextlib.suppress(ValueError):
-                message = json.loads(line)
-                if "done" in message:
-                    return
-                on_status(message)
-        code = await self.process.wait()
-        await self._drain
-        last = next((e for e in reversed(self.errors) if e.strip()), "no output")
-        raise RuntimeError(f"its process ended with status {code}: {last}")
-
-    async def close(self) -> None:
-        """Terminate the child (idle, or on Ctrl-C in the middle of a run)."""
-        if self.alive:
-            self.process.terminate()
-        await self.process.wait()
-        self._drain.cancel()
-        await asyncio.gather(self._drain, return_exceptions=True)
 
 
 @dataclass(frozen=True)

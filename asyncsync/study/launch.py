@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 DEFAULT_PORT = 8470
 
+TOKEN_ENV = "ASYNCSYNC_TOKEN"
+"""The environment variable that carries a run's secret token to its server and workers."""
+
 
 @dataclass(frozen=True)
 class LaunchEnv:

@@ -29,8 +29,9 @@ from typing import IO, Any
 from asyncsync.clock import now
 from asyncsync.protocols.base import Refused
 from asyncsync.study.assembly import WORKER_TOKEN_ENV, run_client_tls
+from asyncsync.study.launch import TOKEN_ENV
 from asyncsync.study.netns import RunNetwork, call_in
-from asyncsync.study.specs import TOKEN_ENV, RunSpec
+from asyncsync.study.specs import RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.tokens import worker_token
 

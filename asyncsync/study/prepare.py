@@ -35,9 +35,9 @@ from types import MappingProxyType
 from typing import Literal, NamedTuple
 
 from asyncsync.schema import ConfigError
-from asyncsync.training.data import (
-    _TORCHVISION,
+from asyncsync.training.catalog import (
     DATASETS,
+    TORCHVISION,
     DatasetMissing,
     no_empty_folders_left,
 )
@@ -166,7 +166,7 @@ def prepare_dataset(name: str, root: Path, *, system_dir: Path | None = None,
     """Make dataset `name` loadable from `root`; return a one-line account of what was done.
 
     Args:
-        name: one of `asyncsync.training.data.DATASETS`.
+        name: one of `asyncsync.training.catalog.DATASETS`.
         root: the recipes' ``data.root``, the folder of torchvision's datasets.
         system_dir: a folder holding the four gzipped IDX files (mnist, fashion_mnist);
             default: the system package's folder, if the dataset has one.
@@ -179,7 +179,7 @@ def prepare_dataset(name: str, root: Path, *, system_dir: Path | None = None,
     """
     if name == "synthetic":
         return "synthetic: built in (made from the run's seed); nothing to prepare"
-    if name not in _TORCHVISION:
+    if name not in TORCHVISION:
         raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     if name == "cifar10":
         if system_dir is not None:
@@ -192,7 +192,7 @@ def prepare_dataset(name: str, root: Path, *, system_dir: Path | None = None,
 def _prepare_idx(name: str, root: Path, system_dir: Path | None, download: bool,
                  counts: Mapping[str, int]) -> str:
     """`prepare_dataset` for mnist and fashion_mnist."""
-    cls_name, folder, files, _, _ = _TORCHVISION[name]
+    cls_name, folder, files, _, _ = TORCHVISION[name]
     raw = root / folder
     sizes = f"{counts['train']:,} train, {counts['t10k']:,} test images"
     problems = idx_problems(raw, counts)
@@ -228,7 +228,7 @@ def _prepare_idx(name: str, root: Path, system_dir: Path | None, download: bool,
 
 def _prepare_cifar10(root: Path, download: bool) -> str:
     """`prepare_dataset` for cifar10: the files already there, else torchvision's download."""
-    cls_name, folder, files, _, _ = _TORCHVISION["cifar10"]
+    cls_name, folder, files, _, _ = TORCHVISION["cifar10"]
     target = root / folder
     if _cifar10_ready(target):
         return f"cifar10: already prepared in {target} ({CIFAR10_SIZES}); nothing to do"

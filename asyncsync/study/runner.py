@@ -30,10 +30,10 @@ from asyncsync.clock import now
 from asyncsync.results.report import preload_plots, publish
 from asyncsync.results.studies import LogError
 from asyncsync.schema import ConfigError
+from asyncsync.study.children import Child, Spares
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import (
     SUBMITTED,
-    Child,
     SlurmOptions,
     error_line,
     failure,
@@ -91,14 +91,18 @@ class _Study:
 async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | None = None,
                      trackers: Sequence[Tracker] = (), *, jobs: int = 1,
                      resume: Path | None = None, slurm: SlurmOptions | None = None,
-                     wait: bool = True) -> list[dict[str, Any]]:
+                     wait: bool = True, spares: Spares | None = None,
+                     ) -> list[dict[str, Any]]:
     """Run every run of `recipe`; returns their summaries and prints the table.
 
     Virtual-clock runs go `jobs` at a time, each in a process of its own, or with `slurm`
     as one Slurm job array (without `wait`, this returns at once, with no summaries);
     real-clock runs go one after another (they measure the host). With `resume` (a study
     folder of this recipe), only the runs without a summary.json of a finished run are run
-    again, from their start. Each run's logs stream to the `trackers` while it runs.
+    again, from their start. Each run's logs stream to the `trackers` while it runs. The
+    child processes come from `spares` while it has any (started early, see
+    `asyncsync.study.children`); those left are closed before the real-clock runs, and by
+    the caller if this raises before.
 
     On Ctrl-C (the task is cancelled) it prints "interrupted", the table of the runs that
     finished and the log path, then lets the cancellation go on.
@@ -132,7 +136,9 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
                     return []
             else:
                 if jobs > 1:
-                    await _pool(study, virtual, jobs)
+                    await _pool(study, virtual, jobs, spares)
+                if spares is not None:  # no child left idle beside runs that time the host
+                    await asyncio.to_thread(spares.close)
                 await _in_turn(study, [i for i in todo if i not in study.done])
     except asyncio.CancelledError:
         study.dashboard.console.print(
@@ -199,9 +205,9 @@ async def _in_turn(study: _Study, todo: list[int]) -> None:
                                       if study.trackers else job))
 
 
-async def _pool(study: _Study, todo: list[int], jobs: int) -> None:
-    """Run the (virtual) slots `todo` in up to `jobs` child processes, each taking the next
-    run in the recipe's order when its last one is done."""
+async def _pool(study: _Study, todo: list[int], jobs: int, spares: Spares | None) -> None:
+    """Run the (virtual) slots `todo` in up to `jobs` child processes (from `spares` first),
+    each taking the next run in the recipe's order when its last one is done."""
     queue = list(reversed(todo))
 
     async def one(position: int, child: Child) -> dict[str, Any]:
@@ -229,7 +235,7 @@ async def _pool(study: _Study, todo: list[int], jobs: int) -> None:
             while queue:
                 position = queue.pop()
                 if child is None or not child.alive:
-                    child = await Child.start()
+                    child = await Child.start(spares)
                 study.record(position, await one(position, child))
         finally:
             if child is not None:
@@ -344,13 +350,14 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
                     repeats: int | None = None, trackers: Sequence[Tracker] = (), *,
                     jobs: int = 1, resume: Path | None = None,
                     slurm: SlurmOptions | None = None, wait: bool = True,
-                    ) -> list[dict[str, Any]]:
+                    spares: Spares | None = None) -> list[dict[str, Any]]:
     """Load and run a recipe file (the CLI's ``run``); see `run_recipe`. The recipe's own
     ``[tracking]`` trackers join `trackers`."""
     recipe = load_recipe(path, overrides, only, repeats)
     trackers = [*trackers, *(parse_track(spec) for spec in recipe.track_specs)]
     return asyncio.run(_terminable(run_recipe(recipe, logs, live, trackers, jobs=jobs,
-                                              resume=resume, slurm=slurm, wait=wait)))
+                                              resume=resume, slurm=slurm, wait=wait,
+                                              spares=spares)))
 
 
 async def _terminable(job: Coroutine[Any, Any, T]) -> T:

@@ -28,10 +28,9 @@ from asyncsync.study.hetero_specs import (
     ComputeSpec,
     NetworkSpec,
 )
+from asyncsync.study.launch import TOKEN_ENV
 from asyncsync.study.population import Population, population
-from asyncsync.training.data import DATASETS
-
-TOKEN_ENV = "ASYNCSYNC_TOKEN"
+from asyncsync.training.catalog import DATASETS
 
 
 def _positive(value: float) -> bool:

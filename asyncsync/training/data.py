@@ -11,14 +11,19 @@ seconds and protocol differences show up in time-to-accuracy.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from asyncsync.training.catalog import (
+    DATASETS,
+    TORCHVISION,
+    DatasetMissing,
+    no_empty_folders_left,
+)
 
 
 @dataclass(frozen=True)
@@ -109,43 +114,6 @@ class BatchSampler:
         return self._x[rows], self._y[rows]
 
 
-DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10")
-
-# Per-dataset: torchvision class name, folder under root, the files it expects, channel
-# means and standard deviations for normalization.
-_TORCHVISION = {
-    "mnist": ("MNIST", "MNIST/raw", "train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-              "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte", (0.1307,), (0.3081,)),
-    "fashion_mnist": ("FashionMNIST", "FashionMNIST/raw", "train-images-idx3-ubyte, "
-                      "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
-                      "t10k-labels-idx1-ubyte", (0.2860,), (0.3530,)),
-    "cifar10": ("CIFAR10", "cifar-10-batches-py", "data_batch_1..5, test_batch, batches.meta",
-                (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-}
-
-
-class DatasetMissing(ValueError):
-    """A dataset's files are absent and could not be downloaded."""
-
-
-@contextlib.contextmanager
-def no_empty_folders_left(folder: Path) -> Iterator[None]:
-    """On a failure inside the block, remove `folder` and those of its parents that the
-    block made, if they are empty (a failed download leaves no empty ``raw`` folder)."""
-    absent = []
-    path = folder
-    while not path.exists() and path != path.parent:
-        absent.append(path)
-        path = path.parent
-    try:
-        yield
-    except BaseException:
-        for made in absent:  # the deepest first; a folder holding anything stays
-            with contextlib.suppress(OSError):
-                made.rmdir()
-        raise
-
-
 def load_dataset(name: str, seed: int, root: str | Path = "data",
                  download: bool = False) -> Dataset:
     """Load a dataset by name.
@@ -159,11 +127,11 @@ def load_dataset(name: str, seed: int, root: str | Path = "data",
     """
     if name == "synthetic":
         return synthetic(seed=seed)
-    if name not in _TORCHVISION:
+    if name not in TORCHVISION:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     import torchvision.datasets
 
-    cls_name, folder, files, mean, std = _TORCHVISION[name]
+    cls_name, folder, files, mean, std = TORCHVISION[name]
     cls = getattr(torchvision.datasets, cls_name)
     where = Path(root) / folder
     try:

@@ -18,6 +18,7 @@ import torch
 
 from asyncsync.clock import now
 from asyncsync.engine.channel import CHANNELS, Dial, register_scheme
+from asyncsync.errors import InputError
 from asyncsync.hetero.network import Link
 from asyncsync.training.buffers import VectorPool
 from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
@@ -39,7 +40,7 @@ BUSY = 503
 """The server's gate refused the connection unread (too many connections): safe to retry."""
 
 
-class TlsFailure(ConnectionError):
+class TlsFailure(InputError, ConnectionError):
     """The TLS handshake with the server failed (e.g. its certificate is not trusted)."""
 
 
