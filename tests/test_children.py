@@ -64,6 +64,11 @@ def test_the_children_needed_are_the_virtual_runs_times_repeats_at_most_jobs(
     real.write_text(path.read_text().replace('clock = "virtual"', 'clock = "real"'))
     assert children_needed(real, [], [], None, jobs=8) == 0
     assert children_needed(real, ['clock="virtual"'], [], None, jobs=8) == 4
+    swept = tmp_path / "swept.toml"
+    swept.write_text(path.read_text().replace("[defaults]\n",
+                                              '[sweep]\n"optim.lr" = [0.1, 0.3, 1.0]\n\n'
+                                              "[defaults]\n"))
+    assert children_needed(swept, [], ["bsp"], 1, jobs=8) == 3
     broken = tmp_path / "broken.toml"
     broken.write_text("[defaults\nclock = 'virtual'")
     assert children_needed(broken, [], [], None, jobs=8) == 0

@@ -42,14 +42,14 @@ def spawn() -> subprocess.Popen[bytes]:
 def children_needed(recipe: Path, overrides: Sequence[str], only: Sequence[str],
                     repeats: int | None, jobs: int) -> int:
     """How many children a local ``asyncsync run`` of `recipe` will use, judged from its
-    TOML alone: its virtual-clock runs (those named by `only`, if any) times its repeats,
-    at most `jobs`; 0 with one job (the runs then go in the supervisor) or a file that does
-    not parse (loading the recipe will say why).
+    TOML alone: its virtual-clock runs (those named by `only`, if any) times its sweep's
+    points and its repeats, at most `jobs`; 0 with one job (the runs then go in the
+    supervisor) or a file that does not parse (loading the recipe will say why).
 
-    It is an estimate: the recipe is loaded, and checked, only once torch is imported. It
-    does not count a sweep's points, nor know which runs a ``--resume`` finds done. A child
-    too many is closed unused; one too few starts when it is needed, as every child did
-    before the early start.
+    It is an estimate: the recipe is loaded, and checked, only once torch is imported, and
+    it does not know which runs a ``--resume`` finds done. A child too many is closed
+    unused; one too few starts when it is needed, as every child did before the early
+    start.
     """
     try:
         raw = tomllib.loads(recipe.read_text())
@@ -62,7 +62,9 @@ def children_needed(recipe: Path, overrides: Sequence[str], only: Sequence[str],
         runs = [run for run in raw.get("runs", [])
                 if run.get("clock", clock) == "virtual" and (not only or run.get("name")
                                                              in only)]
-        count = len(runs) * (repeats or int(raw.get("repeats", 1)))
+        sweep = raw.get("sweep", {})  # one key, a list of values: one run each
+        points = len(next(iter(sweep.values()))) if sweep else 1
+        count = len(runs) * points * (repeats or int(raw.get("repeats", 1)))
     except (OSError, ValueError, AttributeError, TypeError):
         return 0
     return min(jobs, count) if jobs > 1 else 0
