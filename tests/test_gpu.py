@@ -108,6 +108,23 @@ def test_no_device_wide_synchronization_and_pinned_copies(
     assert all(copy.is_pinned() and not copy.is_cuda for copy in copies)
 
 
+def test_copies_never_ask_the_driver_for_its_device_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device is named by index: torch's lookup of the current device (a stream call
+    without one) asks the driver for its device count, several times a copy before."""
+    trainer = Trainer(wide_mlp(), wide_batches(0), device=DEVICE)
+    anchor = torch.zeros(trainer.numel)
+    asked: list[int] = []
+    count = torch._C._cuda_getDeviceCount
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount",
+                        lambda: asked.append(1) or count())
+    trainer.load(anchor + 1)
+    copy = trainer.vector_copy()
+    trainer.delta_since(anchor)
+    assert asked == []
+    assert torch.equal(copy, anchor + 1)
+
+
 def test_a_copy_to_the_host_waits_for_the_compute_that_made_it() -> None:
     trainer = Trainer(wide_mlp(), wide_batches(0), device=DEVICE)
     trainer.local_step(32)  # its update is still running when the step returns
