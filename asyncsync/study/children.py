@@ -73,7 +73,7 @@ def children_needed(recipe: Path, overrides: Sequence[str], only: Sequence[str],
 class Spares:
     """Children started ahead of need: `take` hands out one, `close` ends those left."""
 
-    def __init__(self, processes: Sequence[subprocess.Popen[bytes]] = ()) -> None:
+    def __init__(self, processes: Sequence[subprocess.Popen[bytes]]) -> None:
         self._processes = list(processes)
 
     @classmethod
