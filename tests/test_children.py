@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncsync.study.children import children_needed
+from asyncsync.study.children import Child, Spares, children_needed
 from tests.test_parallel import ROOT, recipe
 
 SPY = """
@@ -73,3 +73,17 @@ def test_the_children_needed_are_the_virtual_runs_times_repeats_at_most_jobs(
     broken.write_text("[defaults\nclock = 'virtual'")
     assert children_needed(broken, [], [], None, jobs=8) == 0
     assert children_needed(tmp_path / "absent.toml", [], [], None, jobs=8) == 0
+
+
+async def test_a_spare_that_died_waiting_is_not_handed_a_run() -> None:
+    pipe = subprocess.PIPE
+    dead = subprocess.Popen([sys.executable, "-c", "pass"], stdin=pipe, stdout=pipe,
+                            stderr=pipe)
+    dead.wait()
+    spares = Spares([dead])
+    child = await Child.start(spares)
+    try:
+        assert child.process is not dead and child.alive
+    finally:
+        await child.close()
+        spares.close()

@@ -81,16 +81,27 @@ class Spares:
         return cls([spawn() for _ in range(count)])
 
     def take(self) -> subprocess.Popen[bytes] | None:
-        return self._processes.pop(0) if self._processes else None
+        """The next spare still running, or None; one that died waiting (killed, out of
+        memory) is dropped, so that no run is handed to it."""
+        while self._processes:
+            process = self._processes.pop(0)
+            if process.poll() is None:
+                return process
+            _close_pipes(process)
+        return None
 
     def close(self) -> None:
         for process in self._processes:
             process.terminate()
             process.wait()
-            for pipe in (process.stdin, process.stdout, process.stderr):
-                if pipe is not None:
-                    pipe.close()
+            _close_pipes(process)
         self._processes = []
+
+
+def _close_pipes(process: subprocess.Popen[bytes]) -> None:
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 async def _reader(pipe: IO[bytes]) -> tuple[asyncio.StreamReader, asyncio.ReadTransport]:
