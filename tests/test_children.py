@@ -64,6 +64,7 @@ def test_the_children_needed_are_the_virtual_runs_times_repeats_at_most_jobs(
     real.write_text(path.read_text().replace('clock = "virtual"', 'clock = "real"'))
     assert children_needed(real, [], [], None, jobs=8) == 0
     assert children_needed(real, ['clock="virtual"'], [], None, jobs=8) == 4
+    assert children_needed(real, ["clock=virtual"], [], None, jobs=8) == 4  # a bare word
     swept = tmp_path / "swept.toml"
     swept.write_text(path.read_text().replace("[defaults]\n",
                                               '[sweep]\n"optim.lr" = [0.1, 0.3, 1.0]\n\n'

@@ -20,10 +20,11 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from asyncsync.study.recipe_table import apply_override, read_recipe_table
 
 SERVE = ("-m", "asyncsync", "simulate", "--serve")
 """The arguments of ``python`` that make a child."""
@@ -42,9 +43,10 @@ def spawn() -> subprocess.Popen[bytes]:
 def children_needed(recipe: Path, overrides: Sequence[str], only: Sequence[str],
                     repeats: int | None, jobs: int) -> int:
     """How many children a local ``asyncsync run`` of `recipe` will use, judged from its
-    TOML alone: its virtual-clock runs (those named by `only`, if any) times its sweep's
-    points and its repeats, at most `jobs`; 0 with one job (the runs then go in the
-    supervisor) or a file that does not parse (loading the recipe will say why).
+    file alone (`read_recipe_table`, ``--set`` applied as a recipe applies it): its
+    virtual-clock runs (those named by `only`, if any) times its sweep's points and its
+    repeats, at most `jobs`; 0 with one job (the runs then go in the supervisor) or a file
+    that does not parse (loading the recipe will say why).
 
     It is an estimate: the recipe is loaded, and checked, only once torch is imported, and
     it does not know which runs a ``--resume`` finds done. A child too many is closed
@@ -52,20 +54,18 @@ def children_needed(recipe: Path, overrides: Sequence[str], only: Sequence[str],
     start.
     """
     try:
-        raw = tomllib.loads(recipe.read_text())
-        defaults = raw.get("defaults", {})
-        clock = defaults.get("clock", "real")
+        raw = read_recipe_table(recipe)
+        defaults = raw.setdefault("defaults", {})
         for item in overrides:  # --set KEY=VALUE, and --clock as clock="..."
-            key, _, value = item.partition("=")
-            if key.strip() == "clock":
-                clock = tomllib.loads(f"value = {value}")["value"]
+            apply_override(defaults, item)
+        clock = defaults.get("clock", "real")
         runs = [run for run in raw.get("runs", [])
                 if run.get("clock", clock) == "virtual" and (not only or run.get("name")
                                                              in only)]
         sweep = raw.get("sweep", {})  # one key, a list of values: one run each
         points = len(next(iter(sweep.values()))) if sweep else 1
         count = len(runs) * points * (repeats or int(raw.get("repeats", 1)))
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError):  # ConfigError is a ValueError
         return 0
     return min(jobs, count) if jobs > 1 else 0
 

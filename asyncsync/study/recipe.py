@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 from asyncsync.protocols.base import get_protocol
 from asyncsync.runlog.reading import sweep_suffix
 from asyncsync.schema import ConfigError, from_mapping
+from asyncsync.study.recipe_table import apply_override, read_recipe_table, set_default
 from asyncsync.study.specs import ProtocolSpec, RunSpec
 
 
@@ -81,14 +80,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (),
         repeats: overrides the recipe's ``repeats``.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
-    try:
-        raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.')}: {exc}") from exc
+    raw = read_recipe_table(path)
     if repeats is not None:
         raw = {**raw, "repeats": repeats}
     return resolve(raw, path.stem, overrides, only)
@@ -108,13 +100,13 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
     if not isinstance(runs_raw, list) or not runs_raw:
         raise ConfigError("runs: a recipe needs at least one [[runs]] table")
     for item in overrides:
-        key = _apply_override(defaults, item)
+        key = apply_override(defaults, item)
         _check_override(key, defaults, runs_raw, item)
     runs = []
     for point in _sweep_points(raw.get("sweep", {})):
         table = copy.deepcopy(defaults)
         for key, value in point.items():
-            _set_default(table, key, value, "sweep")
+            set_default(table, key, value, "sweep")
         for index, run in enumerate(runs_raw):
             spec = _resolve_run(table, run, index)
             runs.append(dataclasses.replace(spec, name=spec.name + sweep_suffix(point),
@@ -155,19 +147,6 @@ def _tracking(table: Any) -> dict[str, str]:
     return dict(table)
 
 
-def _apply_override(defaults: dict[str, Any], item: str) -> str:
-    """Apply ``--set KEY=VALUE`` to `defaults`; returns the key."""
-    key, sep, text = item.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text
-    _set_default(defaults, key.strip(), value, "--set")
-    return key.strip()
-
-
 def _check_override(key: str, defaults: dict[str, Any], runs: list[Any], item: str) -> None:
     """Refuse a ``--set`` that would change nothing: a protocol that does not exist, or a
     key every run sets itself (its own value wins over the defaults)."""
@@ -182,17 +161,6 @@ def _check_override(key: str, defaults: dict[str, Any], runs: list[Any], item: s
         raise ConfigError(f"--set {item}: every run sets {key} itself, so it would be "
                           "ignored; choose runs with --only and edit their tables, or add "
                           "a run")
-
-
-def _set_default(defaults: dict[str, Any], key: str, value: Any, origin: str) -> None:
-    """``defaults.KEY = value`` for a dotted `key` (tables made on the way)."""
-    parts = key.split(".")
-    table = defaults
-    for part in parts[:-1]:
-        table = table.setdefault(part, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"{origin} {key}: defaults.{part} is not a table")
-    table[parts[-1]] = value
 
 
 def _sweep_points(sweep: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,55 @@
+"""A recipe as its file holds it: the table read from TOML (or a run's JSON), and the
+``--set`` overrides applied to its defaults. No torch here: `asyncsync.study.children`
+reads a recipe this way before the command line imports torch; `asyncsync.study.recipe`
+resolves the table into typed runs."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from asyncsync.schema import ConfigError
+
+
+def read_recipe_table(path: Path) -> dict[str, Any]:
+    """The table of the recipe file `path` (``.toml``, or the ``.json`` a run writes).
+
+    Raises:
+        ConfigError: the file cannot be read or does not parse (the message names it).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
+    try:
+        raw: dict[str, Any] = json.loads(text) if path.suffix == ".json" \
+            else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.')}: {exc}") from exc
+    return raw
+
+
+def apply_override(defaults: dict[str, Any], item: str) -> str:
+    """Apply ``--set KEY=VALUE`` to `defaults`; returns the key."""
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    set_default(defaults, key.strip(), value, "--set")
+    return key.strip()
+
+
+def set_default(defaults: dict[str, Any], key: str, value: Any, origin: str) -> None:
+    """``defaults.KEY = value`` for a dotted `key` (tables made on the way)."""
+    parts = key.split(".")
+    table = defaults
+    for part in parts[:-1]:
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{origin} {key}: defaults.{part} is not a table")
+    table[parts[-1]] = value
