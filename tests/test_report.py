@@ -181,6 +181,22 @@ def test_the_quickstart_table_is_one_row_per_run_in_80_columns() -> None:
     assert ["asp", "asp", "6.0", "6.0", "0.923", "3.33x", "0.46", "12346", "12.35"] in rows
 
 
+def test_a_table_without_a_target_has_no_target_columns() -> None:
+    """No run set a target accuracy: no ``t@-`` column of dashes, and the legend says why."""
+    summaries = [summary("bsp", "bsp", 0, None, target_accuracy=None),
+                 summary("asp", "asp", 0, None, target_accuracy=None)]
+    console = Console(record=True, width=100, color_system=None)
+    publish_table = __import__("asyncsync.results.report", fromlist=["comparison_table"])
+    console.print(publish_table.comparison_table(summaries, "bsp", "mine", 100))
+    printed = console.export_text()
+    rows = [line.split() for line in printed.splitlines()]
+    assert ["run", "protocol", "best", "comp", "smp/s", "stale"] in rows
+    text = " ".join(printed.split())
+    assert "t@" not in text and "avg3" not in text
+    assert "asp asp 0.923 0.46 12346 12.35" in text
+    assert "no run set stop.target_accuracy" in text
+
+
 def test_the_mean_of_repeats_that_stopped_at_the_target_reaches_it() -> None:
     """stop_at_target ends each repeat at its crossing: the first at 4 s, the second at 6 s."""
     group = [{"evaluations": [[0, 0.1], [2, 0.4], [4, 0.72]]},

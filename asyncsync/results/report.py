@@ -125,6 +125,8 @@ class Column:
         shown: whether the terminal table shows it (table.csv has every column).
         relative: a ratio against the baseline's repeat of the same seed (the speedup).
         when_any: shown (though not `shown`) when some run of the table has it.
+        needs_target: measured against the target accuracy: the terminal table leaves it
+            out when no run of it has a target (its every cell would be ``-``).
     """
 
     key: str
@@ -136,6 +138,7 @@ class Column:
     shown: bool = True
     relative: bool = False
     when_any: bool = False
+    needs_target: bool = False
 
 
 def _mb_moved(summary: dict[str, Any]) -> float:
@@ -144,13 +147,13 @@ def _mb_moved(summary: dict[str, Any]) -> float:
 
 COLUMNS = (
     Column("time_to_target_s", "t@{target}", "seconds to the first evaluation >= {target}",
-           ".1f"),
+           ".1f", needs_target=True),
     Column("time_to_target_avg_s", "avg3", "seconds until the mean of 3 evaluations >= "
-           "{target}", ".1f"),
+           "{target}", ".1f", needs_target=True),
     Column("best_accuracy", "best", "best test accuracy"),
     Column("final_accuracy", "final", "last test accuracy", shown=False),
     Column("speedup", "speedup", "baseline's t@target / this run's (>=: a lower bound)",
-           ".2f", "x", relative=True),
+           ".2f", "x", relative=True, needs_target=True),
     Column("compute_proportion", "comp", "compute proportion (time computing / wall time)",
            ".2f"),
     Column("samples_per_s", "smp/s", "samples per second, all workers", ".0f"),
@@ -233,10 +236,12 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     """The comparison: one row per run (with repeats, the mean and its 95% interval), short
     headers and a legend; where the table is wider than `width`, one block per run instead,
     so that no number is ever cut."""
-    target = _fmt(next((s.get("target_accuracy") for s in summaries
-                        if s.get("target_accuracy")), None), ".2f")
-    columns = [c for c in COLUMNS if c.shown or (
-        c.when_any and any(s.get(c.key) is not None for s in summaries))]
+    accuracy = next((s.get("target_accuracy") for s in summaries
+                     if s.get("target_accuracy")), None)
+    target = _fmt(accuracy, ".2f")
+    columns = [c for c in COLUMNS if (c.shown or (
+        c.when_any and any(s.get(c.key) is not None for s in summaries))) and not (
+        c.needs_target and accuracy is None)]
     headers = [c.header.format(target=target) for c in columns]
     repeats = max(len(g) for g in groups(summaries))
     caption = f" - mean±95% interval over {repeats} repeats" if repeats > 1 else ""
@@ -252,6 +257,9 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
         table.add_row(name, protocol, *(cells or [f"[red]failed: {error}[/red]"]))
     legend = [f"{h}: {c.legend.format(target=target)}" for h, c in zip(headers, columns,
                                                                          strict=True)]
+    if accuracy is None:
+        legend.append("no run set stop.target_accuracy, so no time to a target and no "
+                      "speedup")
     fewest = min(len(g) for g in groups(summaries))
     if 1 < fewest < WIDE_BELOW:
         legend.append(f"with {fewest} repeats the 95% intervals are very wide (Student's t "
