@@ -137,7 +137,7 @@ def work(rank: int, protocol: str, port: int, results: Any) -> None:
         shard = partition(data.train_y, WORKERS, "iid", seed=0)[rank]
         model = build_model(MODEL, data.input_shape, data.num_classes, {})
         worker = Worker.connect(rank, f"http://127.0.0.1:{port}", model,
-                                BatchSampler(data, shard, seed=rank).next, protocol, lr=LR,
+                                BatchSampler(data, shard, seed=rank), protocol, lr=LR,
                                 batch_size=BATCH, device="cuda",
                                 link=Link(LinkSpec(LINK_MBPS, LINK_MBPS), seed=rank))
         streams = TimedStreams(worker.trainer.device)

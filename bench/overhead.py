@@ -48,7 +48,7 @@ def plain_loop(seconds: float) -> float:
     sampler = BatchSampler(data, torch.arange(len(data.train_y)), seed=0)
     steps, began = 0, time.perf_counter()
     while time.perf_counter() - began < seconds:
-        x, y = sampler.next(BATCH)
+        x, y = sampler(BATCH)
         optimizer.zero_grad()
         torch.autograd.backward(F.cross_entropy(model(x), y))
         optimizer.step()
@@ -84,7 +84,7 @@ async def asyncsync_loop(seconds: float, channel: str,
     data = synthetic(seed=0)
     model = build_model("cnn", data.input_shape, data.num_classes, {})
     sampler = BatchSampler(data, torch.arange(len(data.train_y)), seed=0)
-    worker = Worker.connect(0, f"http://127.0.0.1:{port.value}", model, sampler.next, "bsp",
+    worker = Worker.connect(0, f"http://127.0.0.1:{port.value}", model, sampler, "bsp",
                     lr=LR, batch_size=BATCH, device="cpu", channel=channel)
     final = await worker.run()
     await asyncio.to_thread(proc.join)

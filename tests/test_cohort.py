@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import simulate
 from asyncsync.study.worker_math import auto_refusal
 from asyncsync.training.batched import BatchedModel
+from asyncsync.training.data import BatchSampler, Dataset
 from asyncsync.training.trainer import Trainer
 from tests.helpers import tiny_bn_cnn
 
@@ -126,6 +128,40 @@ def test_unequal_batches_share_a_call_when_the_model_mixes_no_samples() -> None:
                                                          abs=TOLERANCE)
     _compare(one, batched)
     assert cohort.calls == 3  # one padded call a round
+
+
+def test_batches_drawn_as_rows_are_gathered_to_the_same_bits() -> None:
+    gathered_rows_equal_stacked_batches("cpu")
+
+
+def gathered_rows_equal_stacked_batches(device: str) -> None:
+    """Workers whose batches come from a `BatchSampler` have the cohort gather their rows
+    in one call (on `device`, where it copies the training split); the steps are those of
+    the same batches drawn and stacked, to the bit, for equal and for unequal sizes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 3))
+    data = Dataset(torch.randn(60, 1, 8, 8), torch.randint(3, (60,)), torch.zeros(0),
+                   torch.zeros(0), 3)
+    runs = []
+    for gathered in (True, False):
+        trainers = _trainers(model, 3, 0.5, device)
+        for rank, trainer in enumerate(trainers):
+            sampler = BatchSampler(data, torch.arange(20 * rank, 20 * rank + 20), seed=rank)
+            # its bound method is a plain source: drawn and stacked
+            trainer.batches = sampler if gathered else sampler.__call__
+        cohort = Cohort(BatchedModel(model, torch.device(device)))
+        with mock.patch.object(cohort.model, "stack", wraps=cohort.model.stack) as stack:
+            losses = [_round(trainers, cohort, [dict(batch_size=size, local=True)] * 3)
+                      for size in (8, 8, 12)]
+            losses.append(_round(trainers, cohort, [dict(batch_size=size, local=True)
+                                                    for size in (4, 9, 16)]))
+        runs.append((losses, [_state(t) for t in trainers]))
+        assert stack.call_count == (1 if gathered else 4)  # gathered: all but the unequal
+    (gathered_losses, gathered_states), (stacked_losses, stacked_states) = runs
+    assert gathered_losses == stacked_losses
+    for a, b in zip(gathered_states, stacked_states, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_unequal_batches_of_a_batchnorm_model_are_called_apart() -> None:

@@ -13,7 +13,15 @@ import torch
 from asyncsync.engine.cohort import Cohort
 from asyncsync.training.batched import BatchedModel
 from tests.helpers import tiny_bn_cnn
-from tests.test_cohort import RECIPE, TOLERANCE, _compare, _round, _run, _trainers
+from tests.test_cohort import (
+    RECIPE,
+    TOLERANCE,
+    _compare,
+    _round,
+    _run,
+    _trainers,
+    gathered_rows_equal_stacked_batches,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: batched math on the device")
@@ -45,3 +53,7 @@ def test_a_virtual_run_on_cuda_batches_by_default_from_8_workers(tmp_path: Path)
     assert facts["worker_math"] == "batched"
     assert facts["worker_math_device"].startswith("cuda")
     assert facts["batched_steps"] > facts["batched_calls"] > 0
+
+
+def test_batches_gathered_on_the_gpu_are_the_stacked_batches_to_the_bit() -> None:
+    gathered_rows_equal_stacked_batches("cuda")

@@ -80,7 +80,7 @@ def test_batch_sampler_stays_in_its_shard_and_wraps() -> None:
     data = synthetic(seed=0, train_size=100, test_size=10)
     shard = torch.arange(10)
     sampler = BatchSampler(data, shard, seed=0)
-    seen = torch.cat([sampler.next(7)[1] for _ in range(5)])
+    seen = torch.cat([sampler(7)[1] for _ in range(5)])
     assert len(seen) == 35
-    x, _ = sampler.next(3)
+    x, _ = sampler(3)
     assert any(torch.equal(x[0], data.train_x[i]) for i in range(10))

@@ -26,22 +26,47 @@ from asyncsync.engine.compute import Charged, VirtualWorkerSeam
 from asyncsync.engine.work import LocalWork
 from asyncsync.hetero.compute import ComputeProfile, StepCost, step_seconds
 from asyncsync.training.batched import BatchedModel, sgd_rows
+from asyncsync.training.data import BatchSampler
 from asyncsync.training.trainer import Computed, Trainer
 
 T = TypeVar("T")
 GroupKey = tuple[Any, ...]
+RESIDENT_BYTES = 4 << 30
+"""A training split up to this size is copied to a GPU once, where the cohort gathers each
+call's batches (4 GiB: CIFAR-10 in float32 is 0.6 GB); a larger one stays in host memory."""
 
 
 class Filed:
-    """A step filed with a cohort: its work, its batch (drawn when it began) and, once
-    computed, its result."""
+    """A step filed with a cohort: its work, its batch (drawn when it began: as rows of
+    the training split when the worker's batches come from a `BatchSampler`, gathered
+    with the other steps' at the call) and, once computed, its result."""
 
-    __slots__ = ("batch", "result", "work")
+    __slots__ = ("batch", "result", "rows", "sampler", "size", "work")
 
     def __init__(self, work: LocalWork) -> None:
         self.work = work
-        self.batch = work.trainer.batches(work.batch_size)
+        source = work.trainer.batches
+        self.sampler = source if isinstance(source, BatchSampler) else None
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.sampler is not None:
+            self.rows = self.sampler.rows(work.batch_size)
+            self.size = work.batch_size
+        else:
+            self.batch = source(work.batch_size)
+            self.size = len(self.batch[1])  # a source may keep a size of its own
         self.result: Computed | None = None
+
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one input sample."""
+        inputs = self.drawn()[0] if self.sampler is None else self.sampler.inputs
+        return tuple(inputs.shape[1:])
+
+    def drawn(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch itself."""
+        if self.sampler is not None:
+            return self.sampler.gather(self.rows)
+        assert self.batch is not None  # drawn from its source when filed
+        return self.batch
 
 
 class Cohort:
@@ -60,6 +85,7 @@ class Cohort:
         self.steps = 0
         """Steps computed."""
         self._filed: list[Filed] = []
+        self._resident: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def file(self, work: LocalWork) -> Filed:
         """File `work` (its batch is drawn now); computed at the latest by `compute`."""
@@ -77,8 +103,8 @@ class Cohort:
         for one in filed:
             groups.setdefault(self._key(one), []).append(one)
         for members in groups.values():
-            widest = max(len(f.batch[1]) for f in members)
-            rows = self.model.rows_per_call(widest, tuple(members[0].batch[0].shape[1:]))
+            widest = max(f.size for f in members)
+            rows = self.model.rows_per_call(widest, members[0].sample_shape())
             for at in range(0, len(members), rows):
                 self._run(members[at : at + rows])
         self.steps += len(filed)
@@ -88,7 +114,7 @@ class Cohort:
         """Steps of one key share a call: same kind, terms and optimizer settings, and the
         same batch size unless the model pads."""
         work, optimizer = filed.work, filed.work.trainer.optimizer
-        size = None if self.model.pads else len(filed.batch[1])
+        size = None if self.model.pads else filed.size
         return (work.local, size, work.center is not None, work.correction is not None,
                 work.rho, optimizer.lr, optimizer.momentum, optimizer.weight_decay)
 
@@ -101,7 +127,7 @@ class Cohort:
         rows = torch.stack([t.flat.detach() for t in trainers]).to(device)
         counters = {name: torch.stack([_counter(t, name) for t in trainers]).to(device)
                     for name in model.counters}
-        grads, losses = model.gradients(rows, counters, [f.batch for f in members])
+        grads, losses = model.stacked_gradients(rows, counters, *self._inputs(members))
         work = members[0].work
         with torch.no_grad():
             if work.local:
@@ -112,7 +138,35 @@ class Cohort:
                 for name, values in counters.items():
                     _counter(trainer, name).copy_(values[i])
         for filed, loss in zip(members, losses.tolist(), strict=True):
-            filed.result = Computed(float(loss), len(filed.batch[1]))
+            filed.result = Computed(float(loss), filed.size)
+
+    def _inputs(self, members: list[Filed],
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The group's batches stacked on the device (`BatchedModel.stack`): gathered in
+        one call when they are equal rows of one training split, as they are in a run."""
+        first = members[0]
+        if first.sampler is None or any(
+                f.sampler is None or f.sampler.inputs is not first.sampler.inputs
+                or f.sampler.targets is not first.sampler.targets or f.size != first.size
+                for f in members):
+            return self.model.stack([f.drawn() for f in members])
+        inputs, targets = self._split_on_device(first.sampler)
+        rows = torch.cat([f.rows for f in members]).to(inputs.device)
+        shape = (len(members), first.size)
+        x = inputs.index_select(0, rows).view(*shape, *inputs.shape[1:])
+        y = targets.index_select(0, rows).view(shape)
+        return x.to(self.model.device), y.to(self.model.device), None
+
+    def _split_on_device(self, sampler: BatchSampler) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sampler`'s training split, copied to the device once if it fits in
+        `RESIDENT_BYTES` (else the rows are gathered where it is, then copied)."""
+        held = self._resident.get(id(sampler.inputs))
+        if held is None or held[0] is not sampler.inputs:  # (ids are reused once freed)
+            inputs, targets = sampler.inputs, sampler.targets
+            if inputs.nbytes + targets.nbytes <= RESIDENT_BYTES:
+                inputs, targets = inputs.to(self.model.device), targets.to(self.model.device)
+            held = self._resident[id(sampler.inputs)] = (sampler.inputs, inputs, targets)
+        return held[1], held[2]
 
 
 def _local_steps(rows: torch.Tensor, grads: torch.Tensor, members: list[Filed],

@@ -120,7 +120,7 @@ def batch_sources(spec: RunSpec, data: Dataset) -> Callable[[int], BatchSource]:
     """Each worker's batches, by rank: its partition of the training set, seeded per rank
     (the partition is drawn once)."""
     shards = run_shards(spec, data)
-    return lambda rank: BatchSampler(data, shards[rank], seed=spec.seed * 1000 + rank).next
+    return lambda rank: BatchSampler(data, shards[rank], seed=spec.seed * 1000 + rank)
 
 
 def run_shards(spec: RunSpec, data: Dataset) -> list[torch.Tensor]:

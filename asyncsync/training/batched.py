@@ -119,20 +119,30 @@ class BatchedModel:
     def gradients(self, rows: torch.Tensor, counters: Tensors,
                   batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradient of each row's loss on its batch (`stacked_gradients` of the
+        batches, `stack`ed)."""
+        return self.stacked_gradients(rows, counters, *self.stack(batches))
+
+    def stacked_gradients(self, rows: torch.Tensor, counters: Tensors, x: torch.Tensor,
+                          y: torch.Tensor, weight: torch.Tensor | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
         """The gradient of each row's loss on its batch, and the losses.
 
         `rows` (``(n, numel)``, on the device) get their buffer columns updated in place as
-        each row's forward updates them; `counters` (name to ``(n, ...)``) likewise.
+        each row's forward updates them; `counters` (name to ``(n, ...)``) likewise. Row
+        ``i``'s batch is ``x[i]``, ``y[i]`` (on the device), its samples weighted by
+        ``weight[i]`` when the batches were padded (`stack`).
         Returns the gradients ``(n, num_params)`` and the losses ``(n,)``.
         """
-        n = len(batches)
+        n = len(rows)
         leaf = rows[:, : self.num_params].detach().requires_grad_(True)
         params = self._split(leaf, self.params, 0)
         buffers = {name: t.clone() for name, t in
                    self._split(rows, self.buffers, self.num_params).items()}
         buffers.update(counters)
         with torch.enable_grad():
-            losses = self._losses(params, buffers, batches)
+            losses = (self._plain(params, buffers, x, y) if weight is None
+                      else self._masked(params, buffers, x, y, weight))
             (flat,) = torch.autograd.grad(losses.sum(), leaf)
         with torch.no_grad():
             offset = self.num_params
@@ -143,16 +153,17 @@ class BatchedModel:
                 counters[name].copy_(buffers[name])
         return flat, losses.detach()
 
-    def _losses(self, params: Tensors, buffers: Tensors,
-                batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Each row's loss on its batch (padded and masked when the sizes differ)."""
+    def stack(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`batches` as one ``x``, ``y`` on the device, and when their sizes differ (padded
+        to the longest) the weights that mask the padding out of each row's mean loss."""
         sizes = [len(y) for _, y in batches]
         width = max(sizes)
         n = len(batches)
         if all(size == width for size in sizes):
             x = torch.stack([b[0] for b in batches]).to(self.device, non_blocking=True)
             y = torch.stack([b[1] for b in batches]).to(self.device, non_blocking=True)
-            return self._plain(params, buffers, x, y)
+            return x, y, None
         if not self.pads:
             raise ValueError("rows of unequal batches need a model that mixes no samples")
         first = batches[0][0]
@@ -163,8 +174,7 @@ class BatchedModel:
             x[i, : len(by)] = bx
             y[i, : len(by)] = by
             weight[i, : len(by)] = 1.0 / len(by)
-        return self._masked(params, buffers, x.to(self.device), y.to(self.device),
-                            weight.to(self.device))
+        return x.to(self.device), y.to(self.device), weight.to(self.device)
 
     @staticmethod
     def _split(rows: torch.Tensor, layout: list[tuple[str, torch.Size, int]],

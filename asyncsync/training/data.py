@@ -86,13 +86,18 @@ def synthetic(
 
 
 class BatchSampler:
-    """Draws mini-batches from `indices` (a worker's shard) in seeded, reshuffled epochs."""
+    """Draws mini-batches from `indices` (a worker's shard) in seeded, reshuffled epochs.
+
+    Called with a batch size it is a `BatchSource`. `rows` draws the same batch as row
+    indices into `inputs` and `targets` (the whole training split), for a caller that
+    gathers many workers' batches at once (`asyncsync.engine.cohort`).
+    """
 
     def __init__(self, data: Dataset, indices: torch.Tensor, seed: int) -> None:
         if len(indices) == 0:
             raise ValueError("a worker's data shard is empty")
-        self._x = data.train_x
-        self._y = data.train_y
+        self.inputs = data.train_x
+        self.targets = data.train_y
         self._indices = indices
         self._size = len(indices)  # a Python int: len() of a tensor costs a call into torch
         self._gen = torch.Generator().manual_seed(seed)
@@ -102,8 +107,9 @@ class BatchSampler:
     def _shuffled(self) -> torch.Tensor:
         return self._indices.index_select(0, torch.randperm(self._size, generator=self._gen))
 
-    def next(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next `batch_size` samples, wrapping into a fresh shuffle at the epoch end."""
+    def rows(self, batch_size: int) -> torch.Tensor:
+        """The next `batch_size` samples' rows, wrapping into a fresh shuffle at the epoch
+        end."""
         picked: list[torch.Tensor] = []
         needed = batch_size
         while needed > 0:
@@ -114,9 +120,16 @@ class BatchSampler:
             picked.append(self._order[self._cursor : self._cursor + take])
             self._cursor += take
             needed -= take
-        rows = picked[0] if len(picked) == 1 else torch.cat(picked)
+        return picked[0] if len(picked) == 1 else torch.cat(picked)
+
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples at `rows`."""
         # index_select, not x[rows]: the same rows at a third of advanced indexing's cost
-        return self._x.index_select(0, rows), self._y.index_select(0, rows)
+        return self.inputs.index_select(0, rows), self.targets.index_select(0, rows)
+
+    def __call__(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next `batch_size` samples (`rows`, gathered)."""
+        return self.gather(self.rows(batch_size))
 
 
 def load_dataset(name: str, seed: int, root: str | Path = "data",
