@@ -151,7 +151,7 @@ class Cohort:
                 for f in members):
             return self.model.stack([f.drawn() for f in members])
         inputs, targets = self._split_on_device(first.sampler)
-        rows = torch.cat([f.rows for f in members]).to(inputs.device)
+        rows = torch.tensor([row for f in members for row in f.rows], device=inputs.device)
         shape = (len(members), first.size)
         x = inputs.index_select(0, rows).view(*shape, *inputs.shape[1:])
         y = targets.index_select(0, rows).view(shape)

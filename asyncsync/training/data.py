@@ -98,34 +98,39 @@ class BatchSampler:
             raise ValueError("a worker's data shard is empty")
         self.inputs = data.train_x
         self.targets = data.train_y
-        self._indices = indices
-        self._size = len(indices)  # a Python int: len() of a tensor costs a call into torch
+        # Python ints: a batch's rows are a list slice, not three calls into torch (a
+        # population's shards are a few samples, so most batches span two epochs)
+        self._indices: list[int] = indices.tolist()
         self._gen = torch.Generator().manual_seed(seed)
         self._order = self._shuffled()
         self._cursor = 0
 
-    def _shuffled(self) -> torch.Tensor:
-        return self._indices.index_select(0, torch.randperm(self._size, generator=self._gen))
+    def _shuffled(self) -> list[int]:
+        indices = self._indices
+        return [indices[i] for i in torch.randperm(len(indices), generator=self._gen).tolist()]
 
-    def rows(self, batch_size: int) -> torch.Tensor:
+    def rows(self, batch_size: int) -> list[int]:
         """The next `batch_size` samples' rows, wrapping into a fresh shuffle at the epoch
         end."""
-        picked: list[torch.Tensor] = []
-        needed = batch_size
-        while needed > 0:
-            if self._cursor == self._size:
+        end = self._cursor + batch_size
+        if end <= len(self._order):
+            self._cursor = end
+            return self._order[end - batch_size : end]
+        picked: list[int] = []
+        while len(picked) < batch_size:
+            if self._cursor == len(self._order):
                 self._order = self._shuffled()
                 self._cursor = 0
-            take = min(needed, self._size - self._cursor)
-            picked.append(self._order[self._cursor : self._cursor + take])
+            take = min(batch_size - len(picked), len(self._order) - self._cursor)
+            picked += self._order[self._cursor : self._cursor + take]
             self._cursor += take
-            needed -= take
-        return picked[0] if len(picked) == 1 else torch.cat(picked)
+        return picked
 
-    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The samples at `rows`."""
         # index_select, not x[rows]: the same rows at a third of advanced indexing's cost
-        return self.inputs.index_select(0, rows), self.targets.index_select(0, rows)
+        at = torch.tensor(rows)
+        return self.inputs.index_select(0, at), self.targets.index_select(0, at)
 
     def __call__(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next `batch_size` samples (`rows`, gathered)."""
