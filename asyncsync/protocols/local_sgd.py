@@ -102,6 +102,11 @@ class LocalSgdServer(ServerOptimizerState, RoundServer):
     def members(self, fragment: int = 0) -> Set[int]:
         return self.round & self.store.live
 
+    def is_member(self, worker: int) -> bool:
+        """Whether `worker` is in `members` (without building the set: the held pulls of a
+        population's idle workers ask at every commit)."""
+        return worker in self.round and worker in self.store.live
+
     def take(self, push: Push) -> None:
         self.weight(push)  # refuse a delta that cannot be weighted
 
@@ -132,7 +137,7 @@ class LocalSgdServer(ServerOptimizerState, RoundServer):
     async def on_pull(self, pull: Pull) -> Reply:
         """Answer once the open round counts on the worker and it has not pushed yet."""
         def has_work() -> bool:
-            return pull.worker in self.members() and pull.worker not in self.pending[0]
+            return self.is_member(pull.worker) and pull.worker not in self.pending[0]
 
         await self.store.wait_for(has_work, pull.worker)
         return self.store.current()

@@ -102,7 +102,7 @@ class ScaffoldServer(LocalSgdServer):
             if push.base_version != self.store.version:
                 raise OutOfStep(f"control variate based on version {push.base_version}, but "
                                 f"the round in progress is at version {self.store.version}")
-            if push.worker not in self.members() or push.worker in self.pending[0]:
+            if not self.is_member(push.worker) or push.worker in self.pending[0]:
                 raise OutOfStep(f"worker {push.worker} has no control variate to push in "
                                 "the round in progress")
             self.controls[push.worker] = push.vector
