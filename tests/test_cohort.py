@@ -65,24 +65,40 @@ def _trainers(model: torch.nn.Module, count: int, momentum: float,
     return trainers
 
 
+Observed = list[tuple[float, torch.Tensor | None]]
+"""What each worker of a round got: its loss, and its gradient (None after a local step)."""
+
+
 def _state(trainer: Trainer) -> list[torch.Tensor]:
+    """A trainer's parameters and buffers, momentum and batch counters."""
     buffer = trainer.optimizer.momentum_buffer
     counters = [b.float() for b in trainer.params.module.buffers() if not b.is_floating_point()]
     return [t.detach().cpu() for t in (
-        trainer.flat, trainer.params.grad[: trainer.params.num_params],
-        torch.zeros(0) if buffer is None else buffer, *counters)]
+        trainer.flat, torch.zeros(0) if buffer is None else buffer, *counters)]
 
 
 def _round(trainers: list[Trainer], cohort: Cohort | None, works: list[dict[str, Any]]
-           ) -> list[float]:
+           ) -> Observed:
     """One step of each trainer (`works[i]` its `LocalWork` fields): filed and computed
     together with a cohort, else one by one."""
     jobs = [LocalWork(t, **w) for t, w in zip(trainers, works, strict=True)]
     if cohort is None:
-        return [job.compute().loss for job in jobs]
-    filed = [cohort.file(job) for job in jobs]
-    cohort.compute()
-    return [f.result.loss for f in filed if f.result is not None]
+        finished = [job() for job in jobs]
+    else:
+        filed = [cohort.file(job) for job in jobs]
+        cohort.compute()
+        finished = [f.work.finish(f.result) for f in filed if f.result is not None]
+    return [(computed.loss, vector) for computed, vector in finished]
+
+
+def _agree(one: Observed, batched: Observed) -> None:
+    """The same losses and gradients, within the bound."""
+    assert len(one) == len(batched)
+    for (loss, vector), (batched_loss, batched_vector) in zip(one, batched, strict=True):
+        assert loss == pytest.approx(batched_loss, abs=TOLERANCE)
+        assert (vector is None) == (batched_vector is None)
+        if vector is not None and batched_vector is not None:
+            assert torch.allclose(vector, batched_vector, rtol=0, atol=TOLERANCE)
 
 
 def _compare(one: list[Trainer], batched: list[Trainer]) -> None:
@@ -108,8 +124,7 @@ def test_batched_steps_equal_one_by_one_with_batchnorm_momentum_and_terms() -> N
         [dict(batch_size=8, local=True)] * 3,
     ]
     for works in rounds:
-        losses = _round(one, None, works), _round(batched, cohort, works)
-        assert losses[0] == pytest.approx(losses[1], abs=TOLERANCE)
+        _agree(_round(one, None, works), _round(batched, cohort, works))
     _compare(one, batched)
     assert one[0].params.module[1].running_mean.abs().sum() > 0  # BatchNorm ran in training
     assert int(batched[0].params.module[1].num_batches_tracked) == 5
@@ -124,8 +139,7 @@ def test_unequal_batches_share_a_call_when_the_model_mixes_no_samples() -> None:
     cohort = Cohort(BatchedModel(model, torch.device("cpu")))
     for _ in range(3):  # LB-BSP's unequal batches
         works = [dict(batch_size=size, local=True) for size in (4, 9, 16)]
-        assert _round(one, None, works) == pytest.approx(_round(batched, cohort, works),
-                                                         abs=TOLERANCE)
+        _agree(_round(one, None, works), _round(batched, cohort, works))
     _compare(one, batched)
     assert cohort.calls == 3  # one padded call a round
 
@@ -152,10 +166,10 @@ def gathered_rows_equal_stacked_batches(device: str) -> None:
             trainer.batches = sampler if gathered else sampler.__call__
         cohort = Cohort(BatchedModel(model, torch.device(device)))
         with mock.patch.object(cohort.model, "stack", wraps=cohort.model.stack) as stack:
-            losses = [_round(trainers, cohort, [dict(batch_size=size, local=True)] * 3)
-                      for size in (8, 8, 12)]
-            losses.append(_round(trainers, cohort, [dict(batch_size=size, local=True)
-                                                    for size in (4, 9, 16)]))
+            losses = [loss for size in (8, 8, 12) for loss, _ in _round(
+                trainers, cohort, [dict(batch_size=size, local=True)] * 3)]
+            losses += [loss for loss, _ in _round(
+                trainers, cohort, [dict(batch_size=size, local=True) for size in (4, 9, 16)])]
         runs.append((losses, [_state(t) for t in trainers]))
         assert stack.call_count == (1 if gathered else 4)  # gathered: all but the unequal
     (gathered_losses, gathered_states), (stacked_losses, stacked_states) = runs
@@ -170,8 +184,7 @@ def test_unequal_batches_of_a_batchnorm_model_are_called_apart() -> None:
     one, batched = _trainers(model, 3, 0.0), _trainers(model, 3, 0.0)
     cohort = Cohort(BatchedModel(model, torch.device("cpu")))
     works = [dict(batch_size=size) for size in (4, 4, 16)]
-    _round(one, None, works)
-    _round(batched, cohort, works)
+    _agree(_round(one, None, works), _round(batched, cohort, works))
     _compare(one, batched)
     assert cohort.calls == 2  # padding would change the batch statistics
 

@@ -15,7 +15,7 @@ from asyncsync.training.batched import BatchedModel
 from tests.helpers import tiny_bn_cnn
 from tests.test_cohort import (
     RECIPE,
-    TOLERANCE,
+    _agree,
     _compare,
     _round,
     _run,
@@ -38,8 +38,7 @@ def test_batched_steps_on_the_gpu_equal_one_by_one_steps_on_the_cpu(
     cohort = Cohort(BatchedModel(model, torch.device("cuda")))
     for _ in range(3):
         works = [dict(batch_size=8, local=True)] * 3
-        assert _round(one, None, works) == pytest.approx(_round(on_gpu, cohort, works),
-                                                         abs=TOLERANCE)
+        _agree(_round(one, None, works), _round(on_gpu, cohort, works))
     _compare(one, on_gpu)
 
 

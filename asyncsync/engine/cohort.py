@@ -133,7 +133,8 @@ class Cohort:
             if work.local:
                 _local_steps(rows, grads, members, trainers, device)
             for i, trainer in enumerate(trainers):
-                trainer.params.grad[:n].copy_(grads[i])
+                if not work.local:  # a local step's gradient is never read again
+                    trainer.params.grad[:n].copy_(grads[i])
                 trainer.flat.copy_(rows[i])
                 for name, values in counters.items():
                     _counter(trainer, name).copy_(values[i])
