@@ -21,9 +21,11 @@ class ConfigError(InputError, ValueError):
 
 
 def option(default: Any, check: Callable[[Any], bool] | None = None, rule: str = "",
-           help: str = "") -> Any:
-    """A dataclass field with a default, an optional value check and a help line."""
-    kwargs: dict[str, Any] = {"metadata": {"check": check, "rule": rule, "help": help}}
+           help: str = "", internal: bool = False) -> Any:
+    """A dataclass field with a default, an optional value check and a help line;
+    `internal`: set by the program, not offered in the known keys of an error."""
+    kwargs: dict[str, Any] = {"metadata": {"check": check, "rule": rule, "help": help,
+                                           "internal": internal}}
     if isinstance(default, list | dict):
         kwargs["default_factory"] = lambda: type(default)(default)
     else:
@@ -41,7 +43,8 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], path: str,
     hints = get_type_hints(cls)
     for key in data:
         if key not in fields:
-            known = ", ".join(fields) or "none"
+            known = ", ".join(name for name, f in fields.items()
+                              if not f.metadata.get("internal")) or "none"
             raise ConfigError(f"{locate(key)}: unknown key (known: {known})")
     values: dict[str, Any] = {}
     for name, f in fields.items():

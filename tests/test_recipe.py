@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,13 +93,63 @@ def test_bad_values_name_the_key(tmp_path: Path, edit: list[str], message: str) 
         (BASE.replace("[defaults.stop]", "[defaults.stopp]"), "defaults.stopp: unknown key"),
         ("[[runs]]\nprotocol = 'bsp'\n", "runs[0].name: every run needs a name"),
         ("[[runs]]\nname = 'a/b'\nprotocol = 'bsp'\n", "name: must be a non-empty name without"),
-        ("x = [", "not valid toml"),
+        ("x = [", "not valid TOML"),
+        (BASE.replace("[defaults]", '[defaults]\ndevice = "tpu"'),
+         "defaults.device: must be auto, cpu, cuda or cuda:i, got 'tpu'"),
+        (BASE.replace("[defaults]", '[defaults.model]\nname = "resnet"\n[defaults]'),
+         "defaults.model.name: must be one of mlp, cnn, resnet18, timing, or "
+         "package.module:callable, got 'resnet'"),
+        (BASE + '[sweep]\nworkers = [2, "four"]\n', "sweep.workers: expected int, got 'four'"),
+        (BASE + "[sweep]\nworkerz = [2, 4]\n", "sweep.workerz: unknown key"),
+        (BASE.replace('protocol = "bsp"', 'protocol = "bsp"\nworkers = 2')
+         + "[sweep]\nworkers = [2, 4]\n",
+         "sweep.workers: every run sets workers itself, so the sweep would change nothing"),
+        (BASE.replace("[defaults.stop]", "[defaults.sweep]\nworkers = [2, 4]\n[defaults.stop]"),
+         "defaults.sweep: unknown key (a sweep is the recipe's top-level [sweep] table)"),
+        (BASE + "sweep = { workers = [2, 4] }\n", "runs[1] (b).sweep: unknown key"),
     ],
 )
 def test_malformed_recipes_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_recipe(write(tmp_path, text))
     assert message in str(err.value)
+
+
+def test_an_error_names_the_recipe_file(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE.replace("workers = 3", "workers = 0"))
+    with pytest.raises(ConfigError) as err:
+        load_recipe(path)
+    assert str(err.value).startswith(f"{path}: runs[1] (b).workers: must be > 0")
+
+
+def test_options_that_would_change_nothing_name_the_option(tmp_path: Path) -> None:
+    swept = write(tmp_path, BASE + "[sweep]\n'stop.time_s' = [5, 10]\n")
+    assert [r.name for r in load_recipe(swept).runs][:2] == ["a@stop.time_s=5", "b@stop.time_s=5"]
+    with pytest.raises(ConfigError, match=r"--set stop\.time_s=3: the sweep sets stop\.time_s"):
+        load_recipe(swept, ["stop.time_s=3"])
+    with pytest.raises(ConfigError, match=r"--set stop=.*: the sweep sets stop\.time_s"):
+        load_recipe(swept, ["stop={ time_s = 3 }"])
+    with pytest.raises(ConfigError, match="--repeats: must be >= 1, got 0"):
+        load_recipe(write(tmp_path, BASE), repeats=0)
+
+
+def test_a_file_that_is_not_a_recipe_table_is_named(tmp_path: Path) -> None:
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'name = "\xff\xfe"\n')
+    with pytest.raises(ConfigError, match=re.escape(f"{latin}: not UTF-8 text")):
+        load_recipe(latin)
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{listed}: expected a table of keys at the top, got list")):
+        load_recipe(listed)
+
+
+def test_a_runs_written_recipe_keeps_its_sweep_point(tmp_path: Path) -> None:
+    spec = load_recipe(write(tmp_path, BASE + "[sweep]\nworkers = [5]\n")).runs[0]
+    written = tmp_path / "recipe.json"
+    written.write_text(json.dumps({"name": "r", "baseline": "a", "runs": [spec.as_table()]}))
+    assert load_recipe(written).runs == [spec]
 
 
 def test_named_tables_replace_the_default_whole(tmp_path: Path) -> None:

@@ -82,13 +82,23 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (),
     path = Path(path)
     raw = read_recipe_table(path)
     if repeats is not None:
+        if repeats < 1:
+            raise ConfigError(f"--repeats: must be >= 1, got {repeats}")
         raw = {**raw, "repeats": repeats}
-    return resolve(raw, path.stem, overrides, only)
+    try:
+        return resolve(raw, path.stem, overrides, only, written=path.suffix == ".json")
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (),
-            only: Sequence[str] = ()) -> Recipe:
-    """Resolve a parsed recipe table (see `load_recipe`)."""
+            only: Sequence[str] = (), written: bool = False) -> Recipe:
+    """Resolve a parsed recipe table (see `load_recipe`).
+
+    Args:
+        written: the table is a run's own recipe.json, whose runs carry their sweep point
+            (``sweep``, which a recipe's runs may not set: its sweep is ``[sweep]``).
+    """
     for key in raw:
         if key not in TOP_KEYS:
             raise ConfigError(f"{key}: unknown top-level key (known: {', '.join(TOP_KEYS)})")
@@ -99,16 +109,26 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
     runs_raw = raw.get("runs")
     if not isinstance(runs_raw, list) or not runs_raw:
         raise ConfigError("runs: a recipe needs at least one [[runs]] table")
+    points = _sweep_points(raw.get("sweep", {}))
+    swept = next(iter(points[0]), None)
+    if swept is not None and all(isinstance(run, dict) and _has_key(run, swept)
+                                 for run in runs_raw):
+        raise ConfigError(f"sweep.{swept}: every run sets {swept} itself, so the sweep "
+                          "would change nothing; sweep another key, or remove it from "
+                          "the runs")
     for item in overrides:
         key = apply_override(defaults, item)
         _check_override(key, defaults, runs_raw, item)
+        if swept is not None and _overlaps(key, swept):
+            raise ConfigError(f"--set {item}: the sweep sets {swept} at each of its points, "
+                              "so it would be ignored")
     runs = []
-    for point in _sweep_points(raw.get("sweep", {})):
+    for point in points:
         table = copy.deepcopy(defaults)
         for key, value in point.items():
             set_default(table, key, value, "sweep")
         for index, run in enumerate(runs_raw):
-            spec = _resolve_run(table, run, index)
+            spec = _resolve_run(table, run, index, swept, written)
             runs.append(dataclasses.replace(spec, name=spec.name + sweep_suffix(point),
                                             sweep=point) if point else spec)
     names = [r.name for r in runs]
@@ -188,6 +208,12 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _overlaps(key: str, other: str) -> bool:
+    """Whether dotted keys `key` and `other` name the same value or one holds the other."""
+    a, b = key.split("."), other.split(".")
+    return a[: len(b)] == b or b[: len(a)] == a
+
+
 def _has_key(table: dict[str, Any], dotted: str) -> bool:
     node: Any = table
     for part in dotted.split("[")[0].split("."):
@@ -197,14 +223,23 @@ def _has_key(table: dict[str, Any], dotted: str) -> bool:
     return True
 
 
-def _resolve_run(defaults: dict[str, Any], run: Any, index: int) -> RunSpec:
+def _resolve_run(defaults: dict[str, Any], run: Any, index: int, swept: str | None = None,
+                 written: bool = False) -> RunSpec:
+    """One run's spec: `defaults` (the sweep's point set in them at `swept`) merged with the
+    run's own table; an error names where the bad value was written."""
     if not isinstance(run, dict):
         raise ConfigError(f"runs[{index}]: expected a table")
     label = f"runs[{index}]" + (f" ({run['name']})" if isinstance(run.get("name"), str) else "")
 
     def where(key: str) -> str:
-        return f"{label}.{key}" if _has_key(run, key) or not key else f"defaults.{key}"
+        if _has_key(run, key) or not key:
+            return f"{label}.{key}"
+        return f"sweep.{key}" if swept is not None and _overlaps(key, swept) else \
+            f"defaults.{key}"
 
+    if not written and ("sweep" in defaults or "sweep" in run):
+        raise ConfigError(f"{where('sweep')}: unknown key (a sweep is the recipe's top-level "
+                          "[sweep] table)")
     merged = _merge(defaults, run)
     if "name" not in merged:
         raise ConfigError(f"{label}.name: every run needs a name")

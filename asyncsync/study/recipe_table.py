@@ -19,15 +19,21 @@ def read_recipe_table(path: Path) -> dict[str, Any]:
     Raises:
         ConfigError: the file cannot be read or does not parse (the message names it).
     """
+    kind = "JSON" if path.suffix == ".json" else "TOML"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); a recipe is a UTF-8 "
+                          f"{kind} file") from None
     try:
-        raw: dict[str, Any] = json.loads(text) if path.suffix == ".json" \
-            else tomllib.loads(text)
+        raw: Any = json.loads(text) if kind == "JSON" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.')}: {exc}") from exc
+        raise ConfigError(f"{path}: not valid {kind}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a table of keys at the top, got "
+                          f"{type(raw).__name__}")
     return raw
 
 

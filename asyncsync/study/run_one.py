@@ -62,7 +62,8 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
         if latest:
             dashboard.update(spec, index, latest[0])
         await asyncio.wait({job}, timeout=0.5)
-    return {**summarize_run(run_dir), **job.result()}
+    facts = job.result()  # first: a run that failed has no logs to summarize
+    return {**summarize_run(run_dir), **facts}
 
 
 def check_data(recipe: Recipe) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from asyncsync.study.hetero_specs import (
 )
 from asyncsync.study.launch import TOKEN_ENV
 from asyncsync.study.population import Population, population
-from asyncsync.training.catalog import DATASETS
+from asyncsync.training.catalog import DATASETS, MODELS
 
 
 def _positive(value: float) -> bool:
@@ -52,7 +53,9 @@ class StopSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str = option("cnn", help="mlp | cnn | resnet18 | timing | package.module:callable")
+    name: str = option("cnn", lambda v: v in MODELS or ":" in v,
+                       f"must be one of {', '.join(MODELS)}, or package.module:callable",
+                       " | ".join((*MODELS, "package.module:callable")))
     options: dict[str, Any] = option({}, help="keyword arguments of the model builder")
     size_mb: float = option(0.0, lambda v: v >= 0, "must be >= 0",
                             "timing model only: the model's declared size on the wire, in MB "
@@ -150,12 +153,13 @@ class RunSpec:
     protocol: ProtocolSpec = field(default_factory=lambda: ProtocolSpec("bsp", NoParams()))
     workers: int = option(4, _positive, "must be > 0")
     seed: int = 0
-    device: str = option("cpu", help="auto | cpu | cuda | cuda:i")
+    device: str = option("cpu", lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
+                         "must be auto, cpu, cuda or cuda:i", "auto | cpu | cuda | cuda:i")
     clock: str = option("real", lambda v: v in CLOCKS, f"must be one of {', '.join(CLOCKS)}",
                         "real: processes and HTTP in real time; virtual: one process on a "
                         "virtual clock")
     sweep: dict[str, Any] = option({}, help="the swept key and value of this run "
-                                            "(set by the recipe's [sweep])")
+                                            "(set by the recipe's [sweep])", internal=True)
     token: str = option("", help="shared bearer token of the run's nodes; the environment "
                                  "variable ASYNCSYNC_TOKEN takes precedence")
     stop: StopSpec = field(default_factory=StopSpec)

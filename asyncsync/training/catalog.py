@@ -1,5 +1,5 @@
-"""The datasets asyncsync knows, without loading any: their names, torchvision's files and
-normalization, and the error for files that are absent. No torch here, so the command line
+"""The models and datasets asyncsync knows, without loading any: their names, torchvision's
+files and normalization, and the error for files that are absent. No torch here, so the command line
 can name them before it imports torch."""
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asyncsync.errors import InputError
+
+MODELS = ("mlp", "cnn", "resnet18", "timing")
+"""The models a recipe may name (`asyncsync.training.models` builds them), besides a
+``package.module:callable`` of the user's."""
 
 DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10")
 """The datasets a recipe may name: the built-in synthetic task, then torchvision's."""

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from asyncsync.training.catalog import MODELS as MODEL_NAMES
+
 ModelBuilder = Callable[..., nn.Module]
 
 
@@ -82,8 +84,8 @@ class TimingModel(nn.Module):
         return F.linear(inputs.flatten(1).mean(1, keepdim=True), self.weight, self.bias)
 
 
-MODELS: dict[str, ModelBuilder] = {"mlp": mlp, "cnn": cnn, "resnet18": resnet18,
-                                   "timing": TimingModel}
+MODELS: dict[str, ModelBuilder] = dict(zip(MODEL_NAMES, (mlp, cnn, resnet18, TimingModel),
+                                            strict=True))
 
 
 def build_model(
