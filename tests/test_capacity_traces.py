@@ -106,6 +106,25 @@ def test_converting_a_hostile_pickle_is_one_error_line(
     assert not (tmp_path / "c.csv").exists()
 
 
+@pytest.mark.parametrize(("behave", "options", "problem"), [
+    ({7: {"active": [0, 50], "inactive": [20], "finish_time": 100}}, [],
+     "client 7: 2 'active' times but 1 'inactive' ones"),
+    ({7: {"active": [0], "inactive": [20], "finish_time": 100}}, ["--workers", "5"],
+     "--workers 5: the trace has 1 clients"),
+])
+def test_a_behave_trace_that_does_not_say_what_was_asked_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], behave: dict[int, object],
+        options: list[str], problem: str) -> None:
+    """Not truncated to its shorter list, nor fewer workers than asked; the error names the
+    file without a line number (a pickle has none)."""
+    source = tmp_path / "behave.pkl"
+    source.write_bytes(pickle.dumps(behave))
+    assert cli.main(["traces", "convert", "behave", str(source), str(tmp_path / "a.csv"),
+                     "--horizon-s", "100", *options]) == 2
+    assert f"error: {source}: {problem}" in " ".join(capsys.readouterr().out.split())
+    assert not (tmp_path / "a.csv").exists()
+
+
 RECIPE = """
 name = "cap"
 [defaults]

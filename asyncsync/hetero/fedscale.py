@@ -5,7 +5,9 @@ Federated Learning at Scale", ICML 2022) ships two Python pickles:
 
 - ``client_behave_trace``: ``{client_id: {"active": [t...], "inactive": [t...],
   "finish_time": T, ...}}``; a client is online from ``active[i]`` to ``inactive[i]``
-  (seconds), and FedScale replays the trace modulo ``finish_time``.
+  (seconds), and FedScale replays the trace modulo ``finish_time``. An ``inactive`` time
+  beyond the last ``active`` one is unused, as in FedScale; an ``active`` time without
+  its ``inactive`` one is refused.
 - ``client_device_capacity``: ``{client_id: {"computation": ms per sample,
   "communication": kbit/s}}``.
 
@@ -105,6 +107,9 @@ def convert_behave_trace(source: str | Path, out: str | Path, horizon_s: float,
     `workers`, that many clients drawn with `seed` become ranks ``0..workers-1``.
     Returns the number of ranks written."""
     items = _clients(read_plain_pickle(source), source)
+    if workers is not None and workers > len(items):
+        raise TraceError(source, 0, f"--workers {workers}: the trace has {len(items)} "
+                                    "clients")
     chosen = _pick(len(items), workers, seed)
     times: list[OnlineTimes] = []
     names = []
@@ -123,6 +128,9 @@ def _online(entry: dict[str, Any], client: Any, horizon_s: float,
     active, inactive = entry.get("active"), entry.get("inactive")
     if not isinstance(active, list | tuple) or not isinstance(inactive, list | tuple):
         raise TraceError(source, 0, f"client {client!r}: 'active' and 'inactive' must be lists")
+    if len(inactive) < len(active):
+        raise TraceError(source, 0, f"client {client!r}: {len(active)} 'active' times but "
+                                    f"{len(inactive)} 'inactive' ones")
     pairs = [(float(a), float(b)) for a, b in zip(active, inactive, strict=False)]
     if any(a < 0 or b <= a for a, b in pairs):
         raise TraceError(source, 0, f"client {client!r}: an interval is negative or empty")

@@ -17,10 +17,11 @@ from asyncsync.errors import InputError
 
 
 class TraceError(InputError, ValueError):
-    """A malformed trace: ``<file>:<line>: <problem>``."""
+    """A malformed trace: ``<file>:<line>: <problem>``, or ``<file>: <problem>`` where it
+    has no lines (`line` 0: a pickle, or the file as a whole)."""
 
     def __init__(self, path: str | Path, line: int, problem: str) -> None:
-        super().__init__(f"{path}:{line}: {problem}")
+        super().__init__(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
         self.path = str(path)
         self.line = line
         self.problem = problem
