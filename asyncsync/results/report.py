@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
@@ -19,8 +20,14 @@ from rich.table import Table
 from rich.text import Text
 
 from asyncsync.results.comparison import groups, interval, is_baseline, paired_speedups, speedup
-from asyncsync.results.studies import resolved_run, written_summary
-from asyncsync.runlog.reading import final_records, label, read_jsonl, sweep_suffix
+from asyncsync.results.studies import LogError, identity, resolved_run, written_summary
+from asyncsync.runlog.reading import (
+    DamagedLog,
+    final_records,
+    label,
+    read_jsonl,
+    sweep_suffix,
+)
 from asyncsync.runlog.schema import KEY, Kind
 
 SMOOTHING = 3
@@ -44,7 +51,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     events = read_jsonl(run_dir / "events.jsonl")
     evals = [e for e in events if e.get(KEY) == Kind.EVAL]
     stop = next((e for e in events if e.get(KEY) == Kind.STOP), {})
-    target = spec["stop"]["target_accuracy"]
+    target = spec["stop"].get("target_accuracy")
     finals = final_records(run_dir)
     wall = float(stop.get("t", max((e["t"] for e in evals), default=0.0)))
     per_worker = [
@@ -63,17 +70,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(evals)]
     every = (spec.get("eval") or {}).get("interval_s")
     summary = {
-        "recipe": recipe["name"],
-        "run": spec["name"],
-        "protocol": spec["protocol"]["name"],
-        "workers": spec["workers"],
-        "repeat": recipe.get("repeat", 0),
-        "seed": spec.get("seed", 0),
-        "sweep": spec.get("sweep") or {},
-        "clock": spec.get("clock", "real"),
-        "time_s": spec["stop"].get("time_s"),
+        **identity(recipe, spec),
         "wall_s": wall,
-        "target_accuracy": target,
         "time_to_target_s": reached,
         "time_to_target_avg_s": steady,
         "best_accuracy": max((e["accuracy"] for e in evals), default=None),
@@ -105,11 +103,30 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     """A finished run's summary for the report: a failed run's summary.json (its error,
     as `asyncsync run` tabled it), else rebuilt from its logs by `summarize_run`.
 
+    A run whose log has a damaged line is reported failed, its error naming the file and
+    line, as a run that failed is: the other runs are still tabled, and the damaged one is
+    marked and named in the table and table.csv, not left out unseen.
+
     Raises:
-        LogError: recipe.json is missing or not a run's resolved recipe.
+        LogError: recipe.json is missing or not a run's resolved recipe (the run cannot be
+            named in a row).
     """
     written = written_summary(run_dir)
-    return written if "error" in written else summarize_run(run_dir)
+    if "error" in written:
+        return written
+    try:
+        return summarize_run(run_dir)
+    except DamagedLog as exc:
+        return {**identity(*resolved_run(run_dir)), "error": f"damaged log: {exc}"}
+
+
+def with_identity(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """A failed run's summary with the `identity` fields it lacks (its target among them)
+    from its recipe.json, where that is readable; any other summary as it is."""
+    if "error" in summary:
+        with contextlib.suppress(LogError):
+            return {**identity(*resolved_run(run_dir)), **summary}
+    return summary
 
 
 @dataclass(frozen=True)
@@ -338,10 +355,13 @@ def preload_plots() -> None:
 
 def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str, out: Path,
             console: Console, title: str = "") -> list[Path]:
-    """Print the comparison table; write it as CSV and, with matplotlib, the PNG plots."""
+    """Print the comparison table; write it as CSV and, with matplotlib, the PNG plots.
+    Failed runs' summaries get the fields they lack from their recipe.json (`with_identity`):
+    the target columns then show where the runs set a target, though none reached it."""
     from asyncsync.results import pyplot
     from asyncsync.results.plots import write_plots
 
+    summaries = [with_identity(d, s) for d, s in zip(run_dirs, summaries, strict=True)]
     console.print(comparison_table(summaries, baseline, title, console.width))
     out.mkdir(parents=True, exist_ok=True)
     files = [write_csv(summaries, baseline, out / "table.csv")]

@@ -31,10 +31,23 @@ def resolved_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         missing = [k for k in ("name", "protocol", "workers", "stop") if k not in spec]
         if missing:
             raise KeyError(", ".join(missing))
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        identity(recipe, spec)  # the fields that name the run are there, of their types
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise LogError(f"{run_dir}: not a run's log directory (recipe.json: "
                        f"{type(exc).__name__}: {exc})") from None
     return recipe, spec
+
+
+def identity(recipe: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """Which run a run folder's `resolved_run` is, and what it was measured against (its
+    budget and target): the fields every summary has, a failed run's too."""
+    stop = spec["stop"]
+    return {"recipe": recipe["name"], "run": spec["name"], "protocol": spec["protocol"]["name"],
+            "workers": spec["workers"], "repeat": recipe.get("repeat", 0),
+            "seed": spec.get("seed", 0), "sweep": spec.get("sweep") or {},
+            "clock": spec.get("clock", "real"), "time_s": stop.get("time_s"),
+            "target_accuracy": stop.get("target_accuracy")}
+
 
 def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]], list[str]]:
     """The run directories to report, and notes on what was left out.
@@ -53,11 +66,16 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
     run, is an error.
 
     Raises:
-        LogError: a DIR that does not exist, holds no run logs, or no finished run.
+        LogError: a DIR that does not exist, is a file, holds no run logs, or no finished
+            run.
     """
     reports: list[list[Path]] = [[]]
     notes = []
     for root in dirs:
+        if root.exists() and not root.is_dir():
+            raise LogError(f"{root}: is a file, not a folder: report takes a log folder "
+                           "(logs/RECIPE/STAMP, a run's folder in it, or a log root such as "
+                           "logs)")
         if not root.is_dir():
             raise LogError(f"{root}: no such directory")
         studies: dict[Path, list[Path]] = {}

@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+from asyncsync.errors import InputError
 from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind, upgrade
 
 LineFilter = Callable[[str], bool]
@@ -24,18 +25,51 @@ def line_rank(line: str) -> int | None:
     return None
 
 
+class DamagedLog(InputError, ValueError):
+    """A log line that is not a record: the log's file and line, and what is wrong."""
+
+
 def iter_jsonl(path: Path, keep: LineFilter | None = None) -> Iterator[dict[str, Any]]:
     """The records of a JSONL log one at a time, in the current schema (old logs' field
-    names are renamed, see `asyncsync.runlog.schema`); a torn last line (a killed writer) is
-    skipped, and so is a line `keep` refuses (a cheap test, before parsing). A
-    100,000-worker run's log is millions of records: readers that need few of them stream
-    it rather than hold it."""
+    names are renamed, see `asyncsync.runlog.schema`). A line `keep` refuses is skipped
+    unparsed (a cheap test; damage there goes unseen). A 100,000-worker run's log is
+    millions of records: readers that need few of them stream it rather than hold it.
+
+    A record cut short by its killed writer is skipped: the last line when it lacks its
+    newline, or the start of a line where a resumed writer appended its next record.
+
+    Raises:
+        DamagedLog: any other line that is not a JSON object.
+    """
     with path.open(encoding="utf-8") as lines:
-        for line in lines:
+        for number, line in enumerate(lines, start=1):
             if keep is not None and not keep(line):
                 continue
-            with contextlib.suppress(json.JSONDecodeError):
-                yield upgrade(json.loads(line))
+            try:
+                found = json.loads(line)
+            except json.JSONDecodeError as exc:
+                found = _after_torn(line)
+                if found is None and not line.endswith("\n"):
+                    return  # the last line, torn
+                if found is None:
+                    raise DamagedLog(f"{path}: line {number}: not JSON at column {exc.colno}: "
+                                     f"{exc.msg.removesuffix(' at')}") from None
+            try:
+                record = upgrade(found)
+            except ValueError as exc:
+                raise DamagedLog(f"{path}: line {number}: {exc}") from None
+            yield record
+
+
+def _after_torn(line: str) -> Any:
+    """The record a resumed writer appended to a torn one's line: the line's longest tail
+    from a ``{`` that parses, where the line starts as a record does (None: no such tail)."""
+    start = line.find("{", 1) if line.startswith("{") else -1
+    while start > 0:
+        with contextlib.suppress(json.JSONDecodeError):
+            return json.loads(line[start:])
+        start = line.find("{", start + 1)
+    return None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -71,9 +71,16 @@ def record(kind: Kind | str, **fields: Any) -> dict[str, Any]:
     return {KEY: str(kind), **fields}
 
 
-def upgrade(old: dict[str, Any]) -> dict[str, Any]:
-    """`old` with its old field names (`RENAMED`) replaced; a current record is returned as
-    it is."""
-    if not RENAMED.keys() & old.keys():
-        return old
-    return {RENAMED.get(name, name): value for name, value in old.items()}
+def upgrade(old: Any) -> dict[str, Any]:
+    """`old` (a parsed line) with its old field names (`RENAMED`) replaced; a current record
+    is returned as it is.
+
+    Raises:
+        ValueError: `old` is not a JSON object, so no record.
+    """
+    if not isinstance(old, dict):
+        raise ValueError(f"a JSON {type(old).__name__}, not an object (a record)")
+    current: dict[str, Any] = old  # a JSON object's keys are strings
+    if not RENAMED.keys() & current.keys():
+        return current
+    return {RENAMED.get(name, name): value for name, value in current.items()}

@@ -1,0 +1,136 @@
+"""`asyncsync report` on damaged logs, failed runs' targets, and a file given as a folder."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from asyncsync.errors import InputError
+from asyncsync.results.report import publish
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.study.executors import failure, write_summary
+from tests.test_cli import one_error, run_main, with_settings
+from tests.test_report import fake_run
+from tests.test_report_unfinished import flat, study_recipe
+
+EVAL = '{"event": "eval", "t": 1.0, "accuracy": 0.5}\n'
+STOP = '{"event": "stop", "t": 2.0}\n'
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("garbage\n", "line 1: not JSON at column 1: Expecting value"),
+    (EVAL + "garbage\n" + STOP, "line 2: not JSON at column 1: Expecting value"),
+    (EVAL + '{"event": "ev\n' + STOP, "line 2: not JSON at column 14: Invalid control character"),
+    ("42\n", "line 1: a JSON int, not an object (a record)"),
+    (EVAL + '["stop"]\n', "line 2: a JSON list, not an object (a record)"),
+], ids=["one-line", "middle", "torn-mid-file", "number", "last-list"])
+def test_a_bad_line_names_its_file_and_line(tmp_path: Path, text: str, problem: str) -> None:
+    """Only a last line without its newline is torn (its writer killed); any other line that
+    is not a JSON object is damage, named by file and line."""
+    log = tmp_path / "events.jsonl"
+    log.write_text(text)
+    with pytest.raises(InputError) as caught:
+        read_jsonl(log)
+    assert str(caught.value).startswith(f"{log}: {problem}")
+
+
+def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    log.write_text(EVAL + STOP + '{"event": "ev')
+    assert [r["event"] for r in read_jsonl(log)] == ["eval", "stop"]
+
+
+def test_a_writer_resumed_after_a_torn_line_keeps_its_records(tmp_path: Path) -> None:
+    """A server killed mid-write, then resumed (``server --resume`` appends to its log):
+    the torn record and the resumed writer's first one share a line; the torn one is
+    skipped, the other read."""
+    log = tmp_path / "events.jsonl"
+    log.write_text(EVAL + '{"event": "ev' + '{"event": "resume", "t": 1.5}\n' + STOP)
+    assert [r["event"] for r in read_jsonl(log)] == ["eval", "resume", "stop"]
+
+
+@pytest.mark.parametrize(("damage", "problem"), [
+    ("garbage\n", "line 1: not JSON at column 1: Expecting value"),
+    ("42\n", "line 1: a JSON int, not an object (a record)"),
+], ids=["garbage", "number"])
+def test_a_damaged_run_is_a_failed_row_naming_its_log(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        damage: str, problem: str) -> None:
+    """The other runs are still tabled; the damaged one is failed, with the file and line."""
+    monkeypatch.setenv("COLUMNS", "400")
+    bsp = fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.3, 0.6])
+    asp = fake_run(tmp_path, "r", "asp", "asp", [0.1, 0.6])
+    study = study_recipe(bsp.parent, "bsp", "asp")
+    (asp / "events.jsonl").write_text(damage)
+    code, out = run_main(capsys, "report", str(study))
+    assert code == 0, out
+    assert "Traceback" not in out
+    error = f"damaged log: {asp / 'events.jsonl'}: {problem}"
+    assert f"asp asp failed: {error}" in flat(out)
+    rows = {r["run"]: r for r in csv.DictReader((study / "table.csv").open())}
+    assert rows["asp"]["error"] == error
+    assert rows["asp"]["target_accuracy"] == "0.5"
+    assert rows["bsp"]["error"] == "" and rows["bsp"]["time_to_target_s"] == "4.0"
+    assert (study / "timeline-bsp.png").exists()
+
+
+def failed_study(root: Path) -> tuple[Path, list[Path]]:
+    """A study of two runs (target accuracy 0.5) that both failed."""
+    runs = [with_settings(fake_run(root, "r", name, name, [0.1]), time_s=10)
+            for name in ("bsp", "asp")]
+    for run_dir in runs:
+        write_summary(run_dir, failure(run_dir, "boom"))
+    return study_recipe(runs[0].parent, "bsp", "asp"), runs
+
+
+def test_a_report_of_failed_runs_knows_their_target(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A failed run's summary.json holds its error, not its target: the report reads the
+    target from its recipe.json, so it does not say that no run set one."""
+    study, _ = failed_study(tmp_path)
+    code, out = run_main(capsys, "report", str(study))
+    assert code == 0, out
+    assert "no run set stop.target_accuracy" not in out
+    assert "t@0.50" in out
+    rows = list(csv.DictReader((study / "table.csv").open()))
+    assert [(r["run"], r["target_accuracy"], r["workers"], r["error"]) for r in rows] == [
+        ("bsp", "0.5", "2", "boom"), ("asp", "0.5", "2", "boom")]
+
+
+def test_the_table_of_a_study_whose_runs_all_failed_knows_their_target(
+        tmp_path: Path) -> None:
+    """As `asyncsync run` tables it: the summaries it holds are the failed ones, without
+    the target."""
+    study, runs = failed_study(tmp_path)
+    console = Console(record=True, width=300)
+    publish(runs, [failure(r, "boom") for r in runs], "bsp", study, console)
+    text = console.export_text()
+    assert "no run set stop.target_accuracy" not in text and "t@0.50" in text
+
+
+def test_report_on_a_file_says_report_takes_a_log_folder(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    recipe = tmp_path / "base.toml"
+    recipe.write_text('name = "base"\n')
+    assert one_error(run_main(capsys, "report", str(recipe))) == (
+        f"error: {recipe}: is a file, not a folder: report takes a log folder "
+        "(logs/RECIPE/STAMP, a run's folder in it, or a log root such as logs)")
+
+
+
+def test_a_damaged_run_sent_to_a_tracker_is_no_traceback(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``report --track`` reads the logs as a live tracker does (tolerant of lines being
+    written): a line that is not an object is skipped there, not a crash."""
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (the track extra)")
+    bsp = fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.3, 0.6])
+    asp = fake_run(tmp_path, "r", "asp", "asp", [0.1, 0.6])
+    study = study_recipe(bsp.parent, "bsp", "asp")
+    (asp / "events.jsonl").write_text("42\n")
+    code, out = run_main(capsys, "report", str(study), "--track",
+                         f"tensorboard={tmp_path / 'tb'}")
+    assert code == 0, out
+    assert "tracked 2 runs" in out
