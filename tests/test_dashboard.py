@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from asyncsync.hetero.network import LinkSpec
+from asyncsync.study import dashboard as dashboard_module
 from asyncsync.study.dashboard import Dashboard, condensed, link_label
 from asyncsync.study.recipe import load_recipe
 
@@ -103,3 +105,17 @@ def test_the_panel_shows_the_runs_last_evaluation_when_it_ends() -> None:
         assert dashboard._live is not None
         probe.print(dashboard._live.renderable)
     assert "accuracy 0.590 (best 0.602" in probe.export_text()
+
+
+def test_the_time_left_counts_the_runs_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs side by side: one finished at 38 s, the other has used 30 of its 50 s, so
+    about 0.4 run is left at 38 s per 1.6 runs (it said 38 s, one run's time, and rose
+    with every second)."""
+    clock = iter([0.0, 0.0, 38.0])  # made, study started, asked
+    monkeypatch.setattr(dashboard_module, "now", lambda: next(clock))
+    recipe = load_recipe(RECIPES / "quickstart.toml")
+    dashboard = Dashboard(recipe, live=False, console=Console(file=io.StringIO()))
+    dashboard.study(total=2)
+    dashboard._active["asp"] = (recipe.runs[1], {**status(0), "elapsed_s": 30.0})
+    dashboard._done = 1
+    assert dashboard.progress() == "1/2 runs done, 1 running, 38s elapsed, about 10s left"

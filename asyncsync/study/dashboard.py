@@ -111,12 +111,16 @@ class Dashboard:
         self._counted = done
 
     def progress(self) -> str:
-        """``done/total runs``, elapsed time and an estimate of the time left (from the
-        pace of the runs finished in this session, so it holds for parallel runs)."""
+        """``done/total runs``, elapsed time and an estimate of the time left: the pace of
+        the work done in this session (the runs finished, and the share of its time budget
+        each run in progress has used), so it holds for parallel runs."""
         elapsed = now() - self._began
-        ran = self._done - self._counted
-        left = ("" if not ran or self._done >= self._total
-                else f", about {_duration(elapsed / ran * (self._total - self._done))} left")
+        running = sum(min(1.0, status["elapsed_s"] / status["time_s"])
+                      for _, status in self._active.values() if status.get("time_s"))
+        worked = self._done - self._counted + running
+        remaining = self._total - self._done - running
+        left = ("" if worked <= 0 or self._done >= self._total
+                else f", about {_duration(elapsed / worked * remaining)} left")
         return (f"{self._done}/{self._total} runs done, {len(self._active)} running, "
                 f"{_duration(elapsed)} elapsed{left}")
 
