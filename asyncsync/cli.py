@@ -167,8 +167,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "server":
             node.add_argument("--host", default="127.0.0.1",
                               help="address to listen on (default 127.0.0.1)")
-            node.add_argument("--port", type=int, default=None,
-                              help=f"default: MASTER_PORT or {DEFAULT_PORT}")
+            node.add_argument("--port", type=_port, default=None,
+                              help=f"0-65535, 0: any free port (default: MASTER_PORT or "
+                                   f"{DEFAULT_PORT})")
         if name == "worker":
             node.add_argument("--server", default=None,
                               help="the server's URL (default: from MASTER_ADDR/MASTER_PORT)")
@@ -199,6 +200,17 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port number, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
     return value
 
 

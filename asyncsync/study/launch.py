@@ -19,12 +19,14 @@ TOKEN_ENV = "ASYNCSYNC_TOKEN"
 
 @dataclass(frozen=True)
 class LaunchEnv:
-    """What the launcher told this process (None where it said nothing)."""
+    """What the launcher told this process (None where it said nothing); `rank_name` is
+    the variable that gave the rank (for messages)."""
 
     rank: int | None
     world_size: int | None
     master_addr: str | None
     master_port: int
+    rank_name: str = "RANK"
 
     @property
     def server_url(self) -> str | None:
@@ -35,22 +37,34 @@ class LaunchEnv:
         return None if self.rank is None or self.rank == 0 else self.rank - 1
 
 
-def _int(environ: Mapping[str, str], *names: str) -> int | None:
+def _int(environ: Mapping[str, str], *names: str) -> tuple[str, int | None]:
+    """The first of `names` that is set, and its value (the first name and None if none)."""
     for name in names:
         if name in environ:
             try:
-                return int(environ[name])
+                return name, int(environ[name])
             except ValueError:
                 raise ValueError(f"{name}={environ[name]!r} is not an integer") from None
-    return None
+    return names[0], None
 
 
 def from_environ(environ: Mapping[str, str]) -> LaunchEnv:
-    """Read torchrun's or Slurm's variables (torchrun's win when both are set)."""
-    port = _int(environ, "MASTER_PORT")
-    return LaunchEnv(
-        rank=_int(environ, "RANK", "SLURM_PROCID"),
-        world_size=_int(environ, "WORLD_SIZE", "SLURM_NTASKS"),
-        master_addr=environ.get("MASTER_ADDR"),
-        master_port=DEFAULT_PORT if port is None else port,
-    )
+    """Read torchrun's or Slurm's variables (torchrun's win when both are set).
+
+    Raises:
+        ValueError: a variable is not an integer, a port or a rank of the job.
+    """
+    _, port = _int(environ, "MASTER_PORT")
+    if port is not None and not 0 <= port <= 65535:
+        raise ValueError(f"MASTER_PORT={port} is not a port (0-65535)")
+    rank_name, rank = _int(environ, "RANK", "SLURM_PROCID")
+    size_name, world_size = _int(environ, "WORLD_SIZE", "SLURM_NTASKS")
+    if rank is not None and rank < 0:
+        raise ValueError(f"{rank_name}={rank} must be >= 0")
+    if world_size is not None and world_size < 1:
+        raise ValueError(f"{size_name}={world_size} must be >= 1")
+    if rank is not None and world_size is not None and rank >= world_size:
+        raise ValueError(f"{rank_name}={rank} is outside the job's ranks "
+                         f"0..{world_size - 1} ({size_name}={world_size})")
+    return LaunchEnv(rank=rank, world_size=world_size, master_addr=environ.get("MASTER_ADDR"),
+                     master_port=DEFAULT_PORT if port is None else port, rank_name=rank_name)

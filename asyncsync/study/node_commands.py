@@ -9,15 +9,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import signal
 from collections.abc import Callable, Coroutine
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from asyncsync.errors import InputError
+from asyncsync.protocols.base import Refused
 from asyncsync.schema import ConfigError
-from asyncsync.study.launch import from_environ
+from asyncsync.study.launch import TOKEN_ENV, from_environ
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.specs import RunSpec
+from asyncsync.transport.status import status_of
+
+if TYPE_CHECKING:
+    from asyncsync.engine.worker import Worker
+
+
+class JoinRefused(InputError):
+    """The server refused this worker's join: its token, run id or rank; nothing ran."""
+
+
+HINTS = {403: ": give every node of the run the same --recipe, --run and --run-id",
+         404: ": is this the URL of an asyncsync server?"}
+"""What to check after a refused join, by status (401 and 409 say more, see `join_refused`)."""
 
 
 def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
@@ -39,13 +57,43 @@ def _node_spec(recipe: Recipe, args: argparse.Namespace) -> RunSpec:
         raise ConfigError(f"--tls-cert/--tls-key: {exc}") from exc
 
 
+def run_record(args: argparse.Namespace) -> Path | None:
+    """Where the server writes the run's recipe.json and, once it ended, its summary.json
+    (what `asyncsync report` tables): its --log-dir; None without one, or when --recipe is
+    that folder's recipe.json (`asyncsync run` prepared it, and writes summary.json)."""
+    if args.log_dir is None:
+        return None
+    prepared = args.log_dir / "recipe.json"
+    if prepared.exists() and args.recipe.exists() and prepared.samefile(args.recipe):
+        return None
+    return Path(args.log_dir)
+
+
+def _write_port(path: Path, port: int) -> None:
+    """Write the bound port to `path` at once (to a file beside it, then renamed)."""
+    partial = path.with_suffix(".tmp")
+    try:
+        partial.write_text(str(port))
+        partial.replace(path)
+    except OSError as exc:
+        raise ConfigError(f"--port-file {path}: cannot write it: {exc.strerror or exc}"
+                          ) from None
+
+
 async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
+    from asyncsync.results.report import summarize_run
     from asyncsync.study.assembly import build_server, checkpoint_file
+    from asyncsync.study.executors import write_summary
 
     recipe = load_recipe(args.recipe)
     spec = _node_spec(recipe, args)
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)
+    record = run_record(args)
+    if record is not None:  # as `asyncsync run` writes it (run_one.prepare_folder)
+        (record / "recipe.json").write_text(json.dumps(
+            {"name": recipe.name, "baseline": spec.base_name, "repeat": 0,
+             "runs": [spec.as_table()]}, indent=2))
     server = build_server(spec, args.run_id or f"{recipe.name}/{spec.name}", args.log_dir,
                           host, port)
     if args.resume:
@@ -57,18 +105,18 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
     except OSError as exc:
         await server.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    if args.port_file:
-        tmp = args.port_file.with_suffix(".tmp")
-        tmp.write_text(str(server.port))
-        tmp.replace(args.port_file)
-    print(f"asyncsync server for {recipe.name}/{spec.name} ({spec.protocol.name}) at {url}",
-          flush=True)
     stopping: list[asyncio.Task[None]] = []
-    _on_signals(lambda: stopping.append(asyncio.ensure_future(server.stop())))
     try:
+        if args.port_file:
+            _write_port(args.port_file, server.port)
+        print(f"asyncsync server for {recipe.name}/{spec.name} ({spec.protocol.name}) at "
+              f"{url}", flush=True)
+        _on_signals(lambda: stopping.append(asyncio.ensure_future(server.stop())))
         await server.wait_finished()
     finally:
         await server.close()
+    if record is not None:
+        write_summary(record, {**summarize_run(record), **spec.population().facts()})
 
 
 def _on_signals(handler: Callable[[], None]) -> None:
@@ -78,11 +126,64 @@ def _on_signals(handler: Callable[[], None]) -> None:
         loop.add_signal_handler(number, handler)
 
 
-async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
+def _check_server(url: str) -> None:
+    """Refuse a --server URL no worker can dial, before the worker is built."""
+    parts = urlsplit(url)
+    try:
+        port_problem = "" if parts.port != 0 else "port 0 is no server's port"
+    except ValueError as exc:  # a port out of range, or not a number
+        port_problem = str(exc)
+    if "://" not in url:
+        problem = "it lacks http:// or https://"
+    elif parts.scheme not in ("http", "https"):
+        problem = f"scheme {parts.scheme}: is not http or https"
+    elif not parts.hostname:
+        problem = "it names no host"
+    elif port_problem:
+        problem = port_problem
+    else:
+        return
+    raise ConfigError(f"--server {url}: {problem}; give the server's URL, e.g. "
+                      "http://HOST:PORT (https://HOST:PORT when it serves TLS)")
+
+
+def join_refused(refusal: Refused, url: str, rank: int) -> JoinRefused:
+    """The error line of a join the server at `url` refused, with what to check."""
+    from asyncsync.study.assembly import WORKER_TOKEN_ENV
+
+    status = status_of(refusal)
+    detail = str(refusal)
+    if not detail.startswith(f"{status}: "):
+        detail = f"{status}: {detail}"
+    if status == 401:
+        return JoinRefused(
+            f"the server at {url} refused this worker's token ({detail}): a worker sends "
+            f"{WORKER_TOKEN_ENV} if set, else the worker token of {TOKEN_ENV} (or of the "
+            f"recipe's token); give it the server's {TOKEN_ENV}, or as {WORKER_TOKEN_ENV} "
+            f"what `asyncsync worker-token` prints for it")
+    hint = f": is another worker running with rank {rank}?" if status == 409 else \
+        HINTS.get(status, "")
+    return JoinRefused(f"the server at {url} refused worker {rank}'s join ({detail}){hint}")
+
+
+def _joined(worker: Worker) -> bool:
+    """Whether a join of the worker was answered (it holds a session secret since)."""
+    return bool(worker.ctx.heartbeat_header().get("session"))
+
+
+async def _work(args: argparse.Namespace, url: str, rank: int, named: str) -> None:
+    """Run worker `rank` (`named`: where the rank came from, for errors) until the run
+    ends; a refused first join is a `JoinRefused`, a refusal after it is raised as is."""
     from asyncsync.study.assembly import build_worker
 
     recipe = load_recipe(args.recipe)
     spec = _node_spec(recipe, args)
+    if not 0 <= rank < spec.workers:
+        launched = "" if named.startswith("--") else \
+            f" (ranks 1..{spec.workers}; rank 0 serves)"
+        raise ConfigError(f"{named}: the run has workers 0..{spec.workers - 1}{launched}")
+    if getattr(args, "server", None) is not None:
+        _check_server(url)
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)
     if getattr(args, "server", None) is None and (spec.tls.cert or spec.tls.ca):
@@ -100,6 +201,10 @@ async def _work(args: argparse.Namespace, url: str, rank: int) -> None:
     except asyncio.CancelledError:
         print(f"worker {rank} stopped by a signal; it left the run", flush=True)
         return
+    except Refused as refusal:
+        if _joined(worker):
+            raise
+        raise join_refused(refusal, url, rank) from None
     print(f"worker {rank} done: {final['steps']} steps, {final['samples']} samples",
           flush=True)
 
@@ -118,7 +223,8 @@ def node_command(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
         rank = env.worker_rank if rank is None else rank
         if url is None or rank is None:
             raise ConfigError("worker needs --server and --rank (or MASTER_ADDR and RANK)")
-        return _work(args, url, rank)
+        named = f"--rank {rank}" if args.rank is not None else f"{env.rank_name}={env.rank}"
+        return _work(args, url, rank, named)
     if env.rank is None or env.master_addr is None:
         raise ConfigError("launch needs RANK (or SLURM_PROCID) and MASTER_ADDR")
     spec = _pick_run(load_recipe(args.recipe), args.run)
@@ -128,4 +234,4 @@ def node_command(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     if env.rank == 0:
         return _serve(args, env.master_addr, env.master_port)
     assert env.server_url is not None and env.worker_rank is not None
-    return _work(args, env.server_url, env.worker_rank)
+    return _work(args, env.server_url, env.worker_rank, f"{env.rank_name}={env.rank}")
