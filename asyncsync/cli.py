@@ -46,18 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run every run of a recipe with a live dashboard")
-    run.add_argument("recipe", type=Path)
-    run.add_argument("--set", dest="overrides", action="append", default=[],
-                     metavar="KEY=VALUE", help="override defaults.KEY (TOML value syntax)")
-    run.add_argument("--only", action="append", default=[], metavar="NAME",
-                     help="run only this run (repeatable)")
+    _recipe_options(run)
     run.add_argument("--logs", type=Path, default=Path("logs"), help="log root (default logs/)")
     run.add_argument("--plain", action="store_true", help="plain progress lines, no live view")
-    run.add_argument("--repeats", type=int, default=None, metavar="K",
-                     help="run every run K times, seeds seed..seed+K-1 (default: the "
-                          "recipe's repeats, else 1)")
-    run.add_argument("--clock", choices=("real", "virtual"), default=None,
-                     help="run every run on this clock (default: the recipe's, else real)")
     run.add_argument("--track", action="append", default=[], metavar="SPEC",
                      help="stream the runs to TensorBoard, MLflow or W&B while they run: "
                           "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
@@ -94,9 +85,7 @@ def _parser() -> argparse.ArgumentParser:
                   "interrupted (Ctrl-C; --resume continues)")
 
     check = sub.add_parser("check", help="validate a recipe and print its resolved runs")
-    check.add_argument("recipe", type=Path)
-    check.add_argument("--set", dest="overrides", action="append", default=[],
-                       metavar="KEY=VALUE")
+    _recipe_options(check)
 
     simulate = sub.add_parser("simulate", help="simulate one prepared virtual run folder "
                               "(what --jobs and Slurm tasks run): writes its summary.json")
@@ -129,7 +118,9 @@ def _parser() -> argparse.ArgumentParser:
                                         f"ASYNCSYNC_WORKER_TOKEN)")
 
     report = sub.add_parser("report", help="rebuild the comparison table from run logs")
-    report.add_argument("dirs", type=Path, nargs="+")
+    report.add_argument("dirs", type=Path, nargs="+",
+                        help="log folders: a study (logs/RECIPE/STAMP), a run's folder, or "
+                             "a log root such as logs")
     report.add_argument("--baseline", default=None, help="run to compare against "
                         "(name or recipe/name; default: the recipe's baseline)")
     report.add_argument("--out", type=Path, default=None,
@@ -195,6 +186,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _recipe_options(parser: argparse.ArgumentParser) -> None:
+    """The recipe and the options that select and change its runs (``run``, ``check``)."""
+    parser.add_argument("recipe", type=Path, help="a recipe's TOML file (or a run's "
+                        "recipe.json)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override defaults.KEY (TOML value syntax; "
+                        "repeatable)")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="only this run (repeatable)")
+    parser.add_argument("--repeats", type=int, default=None, metavar="K",
+                        help="every run K times, seeds seed..seed+K-1 (default: the "
+                             "recipe's repeats, else 1)")
+    parser.add_argument("--clock", choices=("real", "virtual"), default=None,
+                        help="every run on this clock (default: the recipe's, else real)")
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` with ``--clock`` (a ``clock`` override)."""
+    return [*args.overrides, *([f'clock="{args.clock}"'] if args.clock else [])]
+
+
 def _positive(text: str) -> int:
     """An argparse type: an integer >= 1."""
     value = int(text)
@@ -255,8 +267,7 @@ def _run(args: argparse.Namespace) -> int:
     the runner (and torch) while they import theirs, then run the recipe."""
     from asyncsync.study.children import Spares, children_needed
 
-    clock = [f'clock="{args.clock}"'] if args.clock else []
-    overrides = [*args.overrides, *clock]
+    overrides = _overrides(args)
     local = args.executor != "slurm"
     spares = Spares.start(children_needed(args.recipe, overrides, args.only, args.repeats,
                                           args.jobs) if local else 0)
@@ -310,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             from asyncsync.study.recipe import load_recipe
             from asyncsync.study.run_one import check_data, device_problem
 
-            recipe = load_recipe(args.recipe, args.overrides)
+            recipe = load_recipe(args.recipe, _overrides(args), args.only, args.repeats)
             console.print(check_table(recipe))
             check_data(recipe)
             if problem := device_problem(recipe):
@@ -321,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(shards_table(recipe))
             if (population := population_table(recipe)) is not None:
                 console.print(population)
-            console.print(f"{args.recipe}: ok ({len(recipe.runs)} runs, "
+            runs = f"{len(recipe.runs)} run{'s' if len(recipe.runs) > 1 else ''}"
+            console.print(f"{args.recipe}: ok ({runs}, "
                           f"baseline {recipe.baseline}; data found)", highlight=False)
         elif args.command == "traces":
             from asyncsync.hetero.fedscale import convert

@@ -218,6 +218,18 @@ def test_check_prints_one_row_per_run(capsys: pytest.CaptureFixture[str]) -> Non
     assert "wan.toml: ok (5 runs, baseline bsp; data found)" in out
 
 
+def test_check_takes_the_options_that_choose_runs_as_run_does(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run_main(capsys, "check", QUICKSTART, "--clock", "virtual", "--only", "asp")
+    assert code == 0, out
+    rows = [line.split() for line in out.splitlines()]
+    assert any(row[:2] == ["asp", "asp"] and row[-1] == "virtual" for row in rows)
+    assert not any(row[:1] == ["bsp"] for row in rows)
+    assert "quickstart.toml: ok (1 run, baseline bsp; data found)" in out
+    assert one_error(run_main(capsys, "check", QUICKSTART, "--repeats", "0")).endswith(
+        "--repeats: must be >= 1, got 0")
+
+
 def test_check_and_run_find_missing_data_before_any_folder(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     missing = ["--set", "data.name=mnist", "--set", f"data.root={tmp_path / 'data'}"]
