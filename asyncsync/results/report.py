@@ -51,7 +51,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     events = read_jsonl(run_dir / "events.jsonl")
     evals = [e for e in events if e.get(KEY) == Kind.EVAL]
     stop = next((e for e in events if e.get(KEY) == Kind.STOP), {})
-    target = spec["stop"].get("target_accuracy")
+    named = identity(recipe, spec)
+    target = named.pop("target_accuracy")  # written after wall_s, as summaries always were
     finals = final_records(run_dir)
     wall = float(stop.get("t", max((e["t"] for e in evals), default=0.0)))
     per_worker = [
@@ -70,8 +71,9 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(evals)]
     every = (spec.get("eval") or {}).get("interval_s")
     summary = {
-        **identity(recipe, spec),
+        **named,
         "wall_s": wall,
+        "target_accuracy": target,
         "time_to_target_s": reached,
         "time_to_target_avg_s": steady,
         "best_accuracy": max((e["accuracy"] for e in evals), default=None),
