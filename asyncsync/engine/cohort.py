@@ -26,7 +26,7 @@ from asyncsync.engine.compute import Charged, VirtualWorkerSeam
 from asyncsync.engine.work import LocalWork
 from asyncsync.hetero.compute import ComputeProfile, StepCost, step_seconds
 from asyncsync.training.batched import BatchedModel, sgd_rows
-from asyncsync.training.data import BatchSampler
+from asyncsync.training.data import BatchSampler, Dataset
 from asyncsync.training.trainer import Computed, Trainer
 
 T = TypeVar("T")
@@ -58,8 +58,9 @@ class Filed:
 
     def sample_shape(self) -> tuple[int, ...]:
         """The shape of one input sample."""
-        inputs = self.drawn()[0] if self.sampler is None else self.sampler.inputs
-        return tuple(inputs.shape[1:])
+        if self.sampler is not None:
+            return self.sampler.data.input_shape
+        return tuple(self.drawn()[0].shape[1:])
 
     def drawn(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch itself."""
@@ -85,7 +86,7 @@ class Cohort:
         self.steps = 0
         """Steps computed."""
         self._filed: list[Filed] = []
-        self._resident: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._resident: tuple[Dataset, torch.Tensor, torch.Tensor] | None = None
 
     def file(self, work: LocalWork) -> Filed:
         """File `work` (its batch is drawn now); computed at the latest by `compute`."""
@@ -146,28 +147,27 @@ class Cohort:
         """The group's batches stacked on the device (`BatchedModel.stack`): gathered in
         one call when they are equal rows of one training split, as they are in a run."""
         first = members[0]
-        if first.sampler is None or any(
-                f.sampler is None or f.sampler.inputs is not first.sampler.inputs
-                or f.sampler.targets is not first.sampler.targets or f.size != first.size
-                for f in members):
+        data = None if first.sampler is None else first.sampler.data
+        if data is None or any(f.sampler is None or f.sampler.data is not data
+                               or f.size != first.size for f in members):
             return self.model.stack([f.drawn() for f in members])
-        inputs, targets = self._split_on_device(first.sampler)
+        inputs, targets = self._split_on_device(data)
         rows = torch.tensor([row for f in members for row in f.rows], device=inputs.device)
         shape = (len(members), first.size)
         x = inputs.index_select(0, rows).view(*shape, *inputs.shape[1:])
         y = targets.index_select(0, rows).view(shape)
         return x.to(self.model.device), y.to(self.model.device), None
 
-    def _split_on_device(self, sampler: BatchSampler) -> tuple[torch.Tensor, torch.Tensor]:
-        """`sampler`'s training split, copied to the device once if it fits in
-        `RESIDENT_BYTES` (else the rows are gathered where it is, then copied)."""
-        held = self._resident.get(id(sampler.inputs))
-        if held is None or held[0] is not sampler.inputs:  # (ids are reused once freed)
-            inputs, targets = sampler.inputs, sampler.targets
+    def _split_on_device(self, data: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+        """`data`'s training split, copied to the device once (a run's workers share one
+        dataset) if it fits in `RESIDENT_BYTES`; else the rows are gathered where it is,
+        then copied."""
+        if self._resident is None or self._resident[0] is not data:
+            inputs, targets = data.train_x, data.train_y
             if inputs.nbytes + targets.nbytes <= RESIDENT_BYTES:
                 inputs, targets = inputs.to(self.model.device), targets.to(self.model.device)
-            held = self._resident[id(sampler.inputs)] = (sampler.inputs, inputs, targets)
-        return held[1], held[2]
+            self._resident = (data, inputs, targets)
+        return self._resident[1], self._resident[2]
 
 
 def _local_steps(rows: torch.Tensor, grads: torch.Tensor, members: list[Filed],

@@ -192,6 +192,11 @@ class WorkerContext:
         """Take the session secret of a join reply (sent with every later request)."""
         self._session = session
 
+    @property
+    def joined(self) -> bool:
+        """Whether a join of this worker was answered (it holds a session secret since)."""
+        return bool(self._session)
+
     def heartbeat_header(self) -> dict[str, Any]:
         return {"worker": self.rank, "run_id": self.run_id, "session": self._session}
 

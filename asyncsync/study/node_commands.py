@@ -14,7 +14,7 @@ import os
 import signal
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from asyncsync.errors import InputError
@@ -24,9 +24,6 @@ from asyncsync.study.launch import TOKEN_ENV, from_environ
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.specs import RunSpec
 from asyncsync.transport.status import status_of
-
-if TYPE_CHECKING:
-    from asyncsync.engine.worker import Worker
 
 
 class JoinRefused(InputError):
@@ -166,11 +163,6 @@ def join_refused(refusal: Refused, url: str, rank: int) -> JoinRefused:
     return JoinRefused(f"the server at {url} refused worker {rank}'s join ({detail}){hint}")
 
 
-def _joined(worker: Worker) -> bool:
-    """Whether a join of the worker was answered (it holds a session secret since)."""
-    return bool(worker.ctx.heartbeat_header().get("session"))
-
-
 async def _work(args: argparse.Namespace, url: str, rank: int, named: str) -> None:
     """Run worker `rank` (`named`: where the rank came from, for errors) until the run
     ends; a refused first join is a `JoinRefused`, a refusal after it is raised as is."""
@@ -202,7 +194,7 @@ async def _work(args: argparse.Namespace, url: str, rank: int, named: str) -> No
         print(f"worker {rank} stopped by a signal; it left the run", flush=True)
         return
     except Refused as refusal:
-        if _joined(worker):
+        if worker.ctx.joined:
             raise
         raise join_refused(refusal, url, rank) from None
     print(f"worker {rank} done: {final['steps']} steps, {final['samples']} samples",

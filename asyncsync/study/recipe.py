@@ -111,8 +111,7 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
         raise ConfigError("runs: a recipe needs at least one [[runs]] table")
     points = _sweep_points(raw.get("sweep", {}))
     swept = next(iter(points[0]), None)
-    if swept is not None and all(isinstance(run, dict) and _has_key(run, swept)
-                                 for run in runs_raw):
+    if swept is not None and _every_run_sets(runs_raw, swept):
         raise ConfigError(f"sweep.{swept}: every run sets {swept} itself, so the sweep "
                           "would change nothing; sweep another key, or remove it from "
                           "the runs")
@@ -177,7 +176,7 @@ def _check_override(key: str, defaults: dict[str, Any], runs: list[Any], item: s
             get_protocol(str(name))
         except ValueError as exc:
             raise ConfigError(f"--set {item}: {exc}") from None
-    if all(isinstance(run, dict) and _has_key(run, key) for run in runs):
+    if _every_run_sets(runs, key):
         raise ConfigError(f"--set {item}: every run sets {key} itself, so it would be "
                           "ignored; choose runs with --only and edit their tables, or add "
                           "a run")
@@ -206,6 +205,11 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _every_run_sets(runs: list[Any], key: str) -> bool:
+    """Whether every run's own table sets `key` (so a default for it reaches none)."""
+    return all(isinstance(run, dict) and _has_key(run, key) for run in runs)
 
 
 def _overlaps(key: str, other: str) -> bool:

@@ -89,15 +89,14 @@ class BatchSampler:
     """Draws mini-batches from `indices` (a worker's shard) in seeded, reshuffled epochs.
 
     Called with a batch size it is a `BatchSource`. `rows` draws the same batch as row
-    indices into `inputs` and `targets` (the whole training split), for a caller that
-    gathers many workers' batches at once (`asyncsync.engine.cohort`).
+    indices into `data`'s training split, for a caller that gathers many workers' batches
+    at once (`asyncsync.engine.cohort`).
     """
 
     def __init__(self, data: Dataset, indices: torch.Tensor, seed: int) -> None:
         if len(indices) == 0:
             raise ValueError("a worker's data shard is empty")
-        self.inputs = data.train_x
-        self.targets = data.train_y
+        self.data = data
         # Python ints: a batch's rows are a list slice, not three calls into torch (a
         # population's shards are a few samples, so most batches span two epochs)
         self._indices: list[int] = indices.tolist()
@@ -130,7 +129,7 @@ class BatchSampler:
         """The samples at `rows`."""
         # index_select, not x[rows]: the same rows at a third of advanced indexing's cost
         at = torch.tensor(rows)
-        return self.inputs.index_select(0, at), self.targets.index_select(0, at)
+        return self.data.train_x.index_select(0, at), self.data.train_y.index_select(0, at)
 
     def __call__(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The next `batch_size` samples (`rows`, gathered)."""
