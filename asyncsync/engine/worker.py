@@ -44,7 +44,14 @@ from asyncsync.protocols.base import (
 from asyncsync.protocols.ports import StepResult
 from asyncsync.runlog.metrics import JsonlLog, WorkerMetrics
 from asyncsync.runlog.schema import HELD, Kind, record
-from asyncsync.training.trainer import BatchSource, Computed, LossFn, Trainer, cycle_batches
+from asyncsync.training.trainer import (
+    BatchSource,
+    Computed,
+    LossFn,
+    Trainer,
+    cycle_batches,
+    model_numel,
+)
 from asyncsync.wire.codecs import COMPRESSED_KINDS, Compressor
 
 T = TypeVar("T")
@@ -193,8 +200,7 @@ class WorkerContext:
         self._session = session
 
     @property
-    def joined(self) -> bool:
-        """Whether a join of this worker was answered (it holds a session secret since)."""
+    def joined(self) -> bool:  # a join of this worker was answered: it holds its secret
         return bool(self._session)
 
     def heartbeat_header(self) -> dict[str, Any]:
@@ -232,15 +238,6 @@ class WorkerContext:
             raise RunStopped
 
 
-def model_numel(model: nn.Module) -> int:
-    """The length of `model`'s flat vector (parameters, then floating buffers), as its
-    trainer lays it out: the most elements a reply vector may have."""
-    params = sum(p.numel() for p in model.parameters())
-    return params + sum(buf.numel() for owner in model.modules()
-                        for buf in owner.buffers(recurse=False)
-                        if buf is not None and buf.is_floating_point())
-
-
 class Worker:
     """One worker of a run, talking to its server through `transport`.
 
@@ -253,9 +250,7 @@ class Worker:
             (not for protocols that resize batches, e.g. lbbsp).
         protocol: a registered name or a `Protocol`; `protocol_params` its parameters.
         run_id: must match the server's.
-        lr: local SGD's learning rate.
-        momentum: local SGD's momentum.
-        weight_decay: local SGD's weight decay.
+        lr, momentum, weight_decay: local SGD's learning rate, momentum and weight decay.
         batch_size: default local batch size.
         max_steps: stop after this many local steps (None: until the server stops).
         heartbeat_s: seconds between heartbeats (keep well under the server's timeout);

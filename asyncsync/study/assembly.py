@@ -15,7 +15,7 @@ import torch
 from asyncsync.engine.channel import Dial, Transport, connect
 from asyncsync.engine.compute import ThreadedWorkerSeam, WorkerSeam
 from asyncsync.engine.settings import ServerSettings
-from asyncsync.engine.worker import Worker, model_numel
+from asyncsync.engine.worker import Worker
 from asyncsync.hetero.capacity import Capacity
 from asyncsync.hetero.compute import ComputeProfile, FixedStepCost, StepCost
 from asyncsync.hetero.cost_model import (
@@ -32,7 +32,7 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
 from asyncsync.training.data import BatchSampler, Dataset, load_dataset
 from asyncsync.training.models import build_model
-from asyncsync.training.trainer import BatchSource, resolve_device
+from asyncsync.training.trainer import BatchSource, model_numel, resolve_device
 from asyncsync.transport.http_client import client_tls
 from asyncsync.transport.http_server import ParameterServer, server_tls
 from asyncsync.transport.tokens import worker_token

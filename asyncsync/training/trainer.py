@@ -38,6 +38,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def model_numel(model: nn.Module) -> int:
+    """The length of `model`'s flat vector (parameters, then floating buffers), as
+    `FlatModule` lays it out: the most elements a reply vector may have."""
+    params = sum(p.numel() for p in model.parameters())
+    return params + sum(buf.numel() for owner in model.modules()
+                        for buf in owner.buffers(recurse=False)
+                        if buf is not None and buf.is_floating_point())
+
+
 class FlatModule:
     """Re-homes a module's parameters and floating buffers into one flat vector."""
 
