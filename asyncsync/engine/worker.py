@@ -250,7 +250,7 @@ class Worker:
             (not for protocols that resize batches, e.g. lbbsp).
         protocol: a registered name or a `Protocol`; `protocol_params` its parameters.
         run_id: must match the server's.
-        lr, momentum, weight_decay: local SGD's learning rate, momentum and weight decay.
+        lr: local SGD's learning rate (`momentum`, `weight_decay`: its momentum and decay).
         batch_size: default local batch size.
         max_steps: stop after this many local steps (None: until the server stops).
         heartbeat_s: seconds between heartbeats (keep well under the server's timeout);
