@@ -21,9 +21,10 @@ it runs. The converters write the CSV forms (`asyncsync.hetero.availability`,
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from asyncsync.hetero.capacity import Capacity, write_capacity
 from asyncsync.hetero.traces import TraceError
 
 PLAIN = (dict, list, tuple, int, float, str, bool, type(None))
+MAX_INTERVALS = 1_000_000
+"""The most online intervals one client's replay may write (a guard against a
+``finish_time`` far shorter than the horizon)."""
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -47,12 +51,18 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def _check_plain(value: Any, path: str | Path) -> None:
-    stack = [value]
+    """Every object `value` reaches is plain; each container is visited once (a pickle's
+    memo can share one container many times, or make it contain itself)."""
+    stack, seen = [value], set()
     while stack:
         item = stack.pop()
         if type(item) not in PLAIN:
             raise TraceError(path, 0, f"refused a {type(item).__name__}: only plain "
                                       "containers and numbers are read")
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
         if isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -123,6 +133,12 @@ def convert_behave_trace(source: str | Path, out: str | Path, horizon_s: float,
     return len(times)
 
 
+def _finite(value: Any) -> TypeGuard[int | float]:
+    """Whether `value` is an int or a float (not a bool) and finite."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 def _online(entry: dict[str, Any], client: Any, horizon_s: float,
             source: str | Path) -> OnlineTimes:
     active, inactive = entry.get("active"), entry.get("inactive")
@@ -131,12 +147,23 @@ def _online(entry: dict[str, Any], client: Any, horizon_s: float,
     if len(inactive) < len(active):
         raise TraceError(source, 0, f"client {client!r}: {len(active)} 'active' times but "
                                     f"{len(inactive)} 'inactive' ones")
+    if not all(_finite(t) for t in (*active, *inactive[:len(active)])):
+        raise TraceError(source, 0, f"client {client!r}: 'active' and 'inactive' must hold "
+                                    "finite numbers (seconds)")
     pairs = [(float(a), float(b)) for a, b in zip(active, inactive, strict=False)]
     if any(a < 0 or b <= a for a, b in pairs):
         raise TraceError(source, 0, f"client {client!r}: an interval is negative or empty")
-    period = float(entry.get("finish_time", 0) or 0)
+    finish = entry.get("finish_time", 0) or 0
+    if not _finite(finish):
+        raise TraceError(source, 0, f"client {client!r}: 'finish_time' {finish!r} is not a "
+                                    "finite number")
+    period = float(finish)
     if period <= 0 or not pairs:
         return merged((a, min(b, horizon_s)) for a, b in pairs if a < horizon_s)
+    if horizon_s / period * len(pairs) > MAX_INTERVALS:
+        raise TraceError(source, 0, f"client {client!r}: replaying 'finish_time' {period:g} "
+                                    f"over {horizon_s:g} s would write over {MAX_INTERVALS:,} "
+                                    "intervals")
     intervals = []
     offset = 0.0
     while offset < horizon_s:
@@ -156,10 +183,9 @@ def convert_device_capacity(source: str | Path, out: str | Path) -> int:
     rows = []
     for index, (client, entry) in enumerate(items):
         computation, communication = entry.get("computation"), entry.get("communication")
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-                   for v in (computation, communication)):
+        if not all(_finite(v) and v > 0 for v in (computation, communication)):
             raise TraceError(source, 0, f"client {client!r}: 'computation' and "
-                                        "'communication' must be numbers > 0")
+                                        "'communication' must be finite numbers > 0")
         assert isinstance(computation, int | float) and isinstance(communication, int | float)
         ident = client if own_ids else index
         rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
@@ -174,8 +200,9 @@ def convert(kind: str, source: str | Path, out: str | Path, horizon_s: float,
     """``asyncsync traces convert``: write `source` (``behave`` or ``capacity``) as a CSV
     trace at `out`; returns what was written."""
     if kind == "behave":
-        if not horizon_s > 0 or (workers is not None and workers < 1):
-            raise TraceError(source, 0, "--horizon-s must be > 0 and --workers >= 1")
+        if not 0 < horizon_s < math.inf or (workers is not None and workers < 1):
+            raise TraceError(source, 0, "--horizon-s must be finite and > 0, and "
+                                        "--workers >= 1")
         count = convert_behave_trace(source, out, horizon_s, workers, seed)
         return f"{out}: availability of {count} workers over {horizon_s:g} s"
     count = convert_device_capacity(source, out)

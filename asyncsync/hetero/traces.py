@@ -30,12 +30,15 @@ class TraceError(InputError, ValueError):
 def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] = (),
              ) -> Iterator[tuple[int, dict[str, str]]]:
     """The data rows of a CSV trace with their line numbers, as ``{column: text}`` of the
-    known columns present (a missing required column, an unknown column or a row of the
-    wrong width is a `TraceError`)."""
+    known columns present (a file that is not UTF-8 text, a missing, repeated or unknown
+    column, or a row of the wrong width is a `TraceError`)."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, 0, f"not UTF-8 text (byte {exc.start}): a trace is a CSV "
+                                  "file") from None
     lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1)
              if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
@@ -43,6 +46,9 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
     reader = csv.reader([line for _, line in lines])
     header = [name.strip() for name in next(reader)]
     head_line = lines[0][0]
+    repeated = [name for index, name in enumerate(header) if name in header[:index]]
+    if repeated:
+        raise TraceError(path, head_line, f"column {repeated[0]!r} repeats")
     unknown = [name for name in header if name not in (*required, *optional)]
     if unknown:
         raise TraceError(path, head_line, f"unknown column {unknown[0]!r} (known: "
