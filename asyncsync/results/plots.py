@@ -40,7 +40,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
     """Accuracy vs time per run; with repeats, their mean and a band from the lowest to the
     highest repeat. With several sweep points, a panel per point, a colour per run."""
     plt = pyplot()
-    target = _target(summaries)
+    targets = _targets(summaries)
     runs: dict[str, list[dict[str, Any]]] = {}
     for s, name in zip(summaries, names, strict=True):
         if s.get("evaluations"):
@@ -55,7 +55,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
     handles: dict[str, Any] = {}
     sizes: set[int] = set()
     marked = False
-    extent = [] if target is None else [target]  # every band whole on the y axis
+    extent = list(targets)  # every band whole on the y axis
     for name, group in runs.items():
         point = _point(group[0])
         ax = axes.flat[points.index(point)]
@@ -68,9 +68,10 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
         if len(group) > 1:
             ax.fill_between(times, curves.min(axis=0), curves.max(axis=0), color=colors[base],
                             alpha=0.2, linewidth=0)
-        reached = [s["time_to_target_s"] for s in group if s.get("time_to_target_s") is not None]
-        if reached and target is not None:
-            ax.plot(reached, [target] * len(reached), "o", color=colors[base], markersize=4)
+        reached = [(s["time_to_target_s"], s["target_accuracy"]) for s in group
+                   if s.get("time_to_target_s") is not None and s.get("target_accuracy")]
+        if reached:  # each repeat's dot on its own run's target
+            ax.plot(*zip(*reached, strict=True), "o", color=colors[base], markersize=4)
             marked = True
     if max(sizes, default=1) > 1:  # these entries in grey, no run's colour
         many = f"{sizes.pop()}" if len(sizes) == 1 else f"{min(sizes)}-{max(sizes)}"
@@ -81,7 +82,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
         handles["time to target (a dot per repeat)"] = plt.Line2D(
             [], [], marker="o", markersize=4, linestyle="none", color="grey")
     for ax, point in zip(axes.flat, points, strict=False):
-        if target is not None:
+        for target in targets:
             handles[f"target {target:g}"] = ax.axhline(target, color="grey", linestyle="--",
                                                        linewidth=1)
         ax.set_title(_point_text(point), fontsize="medium")
@@ -195,7 +196,9 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
     ax.set_xlim(-0.6, len(names_drawn) - 0.4)
     ax.set_ylim(0, 1.12 * highest or 1.0)
     ax.set_ylabel(f"{_clock(summaries)} time to target (s)")
-    ax.set_title(f"Time to test accuracy {_target(summaries):g}\n", fontsize="medium")
+    listed = ", ".join(f"{t:g}" for t in _targets(summaries))
+    ax.set_title(f"Time to test accuracy {listed}\n" if "," not in listed else
+                 f"Time to each run's test accuracy target ({listed})\n", fontsize="medium")
     ax.set_title("bar: mean of the repeats that reached it; whisker: its 95% interval; "
                  "dot: a repeat; k/n: k of n repeats reached it", fontsize="x-small",
                  loc="left")
@@ -208,9 +211,10 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
                       ax.get_title().strip())
 
 
-def _target(summaries: list[dict[str, Any]]) -> float | None:
-    """The first target accuracy among the summaries."""
-    return next((s["target_accuracy"] for s in summaries if s.get("target_accuracy")), None)
+def _targets(summaries: list[dict[str, Any]]) -> list[float]:
+    """The target accuracies of the summaries, each once, in increasing order (runs of
+    several recipes may differ)."""
+    return sorted({s["target_accuracy"] for s in summaries if s.get("target_accuracy")})
 
 
 def _point(summary: dict[str, Any]) -> str:
@@ -324,7 +328,7 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
     written = [plot_accuracy(summaries, out / "accuracy.png", names)] if any(
         s.get("evaluations") for s in summaries) else []
-    if _target(summaries) is not None:
+    if _targets(summaries):
         written.append(plot_time_to_target(summaries, out / "time_to_target.png", names).path)
     written.append(plot_compute_proportion([summaries[i] for i in first],
                                            out / "compute_proportion.png",

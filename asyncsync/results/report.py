@@ -255,9 +255,9 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     """The comparison: one row per run (with repeats, the mean and its 95% interval), short
     headers and a legend; where the table is wider than `width`, one block per run instead,
     so that no number is ever cut."""
-    accuracy = next((s.get("target_accuracy") for s in summaries
-                     if s.get("target_accuracy")), None)
-    target = _fmt(accuracy, ".2f")
+    targets = sorted({s["target_accuracy"] for s in summaries if s.get("target_accuracy")})
+    accuracy = targets[0] if targets else None
+    target = _fmt(accuracy, ".2f") if len(targets) < 2 else "target"
     columns = [c for c in COLUMNS if (c.shown or (
         c.when_any and any(s.get(c.key) is not None for s in summaries))) and not (
         c.needs_target and accuracy is None)]
@@ -279,6 +279,9 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     if accuracy is None:
         legend.append("no run set stop.target_accuracy, so no time to a target and no "
                       "speedup")
+    if len(targets) > 1:
+        legend.append(f"the runs' targets differ ({', '.join(f'{t:g}' for t in targets)}): "
+                      "each time is to its own run's target")
     fewest = min(len(g) for g in groups(summaries))
     if 1 < fewest < WIDE_BELOW:
         legend.append(f"with {fewest} repeats the 95% intervals are very wide (Student's t "
