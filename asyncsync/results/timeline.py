@@ -105,8 +105,7 @@ def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> 
     for row, rank in enumerate(ranks):
         for kind, spans in timeline_spans(logs.get(rank, []), window).items():
             if spans:
-                ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=COLORS[kind],
-                               label=kind if row == 0 else None)
+                ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=COLORS[kind])
     shown = "" if len(ranks) == len(seen) else (
         f" ({len(ranks)} of {len(seen)} workers, from the least to the most busy)")
     ax.set_yticks(range(len(ranks)), [f"worker {rank}" for rank in ranks])
@@ -116,7 +115,8 @@ def plot_timeline(run_dir: Path, path: Path, name: str, clock: str = "wall") -> 
                   f"{TIMELINE_CYCLES} steps of the slowest worker")
     ax.set_title(f"{name}: computing, communicating and held at the server, "
                  f"{window[0]:.1f}-{window[1]:.1f} s{shown}", fontsize="medium")
-    fig.legend(loc="lower center", fontsize="small", ncol=3)
+    kinds = [plt.Rectangle((0, 0), 1, 1, color=color) for color in COLORS.values()]
+    fig.legend(kinds, list(COLORS), loc="lower center", fontsize="small", ncol=3)
     fig.tight_layout(rect=(0, 0.35 / height, 1, 1))  # the legend's 0.35 in at the bottom
     fig.savefig(path, dpi=120)
     plt.close(fig)
