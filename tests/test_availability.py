@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,22 @@ async def test_on_the_real_clock_a_worker_leaves_over_http_and_rejoins(
     assert not [r for r in records if r[KEY] in (Kind.PUSH, Kind.PULL, Kind.EXCHANGE,
                                                  Kind.COMPUTE) and went < r["t"] < back]
     assert finals[0]["steps"] > finals[1]["steps"] > 0  # it computed only while online
+
+
+@pytest.mark.parametrize(("keys", "problem"), [
+    ('period_s = 600\nonline_fraction = 0.25', "period_s is only used with generator = "
+                                               "\"diurnal\" (generator is \"\")"),
+    ('generator = "diurnal"\nmean_online_s = 60', "mean_online_s is only used with "
+                                                  "generator = \"exponential\""),
+    ('generator = "exponential"\njitter_s = 30', "jitter_s is only used with generator = "
+                                                 "\"diurnal\""),
+])
+def test_a_generator_key_that_nothing_uses_is_refused(tmp_path: Path, keys: str,
+                                                      problem: str) -> None:
+    """A diurnal day set without ``generator = "diurnal"`` left every worker online
+    throughout, with no word of it."""
+    recipe = tmp_path / "avail.toml"
+    recipe.write_text(RECIPE.format(trace="", protocol="bsp").replace(
+        'trace = ""', keys))
+    with pytest.raises(ConfigError, match=r"defaults\.availability: .*" + re.escape(problem)):
+        load_recipe(recipe)

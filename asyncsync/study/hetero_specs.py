@@ -6,7 +6,7 @@ worker is online) and ``capacity`` (per-worker speeds and bandwidths from a trac
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from asyncsync.engine.channel import CHANNELS
@@ -186,6 +186,11 @@ class NetworkSpec:
                         _pick(self.jitter_ms, rank), _pick(self.loss_pct, rank))
 
 
+GENERATOR_KEYS = {"mean_online_s": "exponential", "mean_offline_s": "exponential",
+                  "period_s": "diurnal", "online_fraction": "diurnal", "jitter_s": "diurnal"}
+"""Each generator's own keys: one set where its generator is not chosen is refused."""
+
+
 @dataclass(frozen=True)
 class AvailabilitySpec:
     """When each worker is online: a CSV trace or a seeded generator (none: always)."""
@@ -209,6 +214,11 @@ class AvailabilitySpec:
     def __post_init__(self) -> None:
         if self.trace and self.generator:
             raise ValueError("availability: give a trace or a generator, not both")
+        defaults = {f.name: f.default for f in fields(self)}
+        for key, generator in GENERATOR_KEYS.items():
+            if self.generator != generator and getattr(self, key) != defaults[key]:
+                raise ValueError(f"availability: {key} is only used with generator = "
+                                 f"\"{generator}\" (generator is \"{self.generator}\")")
 
 
 @dataclass(frozen=True)
