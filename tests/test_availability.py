@@ -243,3 +243,23 @@ def test_a_generator_key_that_nothing_uses_is_refused(tmp_path: Path, keys: str,
         'trace = ""', keys))
     with pytest.raises(ConfigError, match=r"defaults\.availability: .*" + re.escape(problem)):
         load_recipe(recipe)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("keys", "problem"), [
+    ('generator = "exponential"\nmean_online_s = 1e-6\nmean_offline_s = 1e-6',
+     "the exponential generator would draw about 60,000,000 periods"),
+    ('generator = "diurnal"\nperiod_s = 1e-6', "the diurnal generator would draw about "
+                                               "60,000,006 periods"),
+    ('generator = "exponential"\nmean_online_s = inf', "mean_online_s: must be > 0 and "
+                                                       "finite"),
+    ('generator = "diurnal"\njitter_s = inf', "jitter_s: must be >= 0 and finite"),
+])
+def test_a_generator_that_cannot_draw_a_usable_population_is_refused_at_once(
+        tmp_path: Path, keys: str, problem: str) -> None:
+    """Means or days of microseconds drew tens of millions of periods (the recipe check
+    hung); an infinite mean or jitter drew NaN shares and windows."""
+    recipe = tmp_path / "avail.toml"
+    recipe.write_text(RECIPE.format(trace="", protocol="bsp").replace('trace = ""', keys))
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_recipe(recipe)

@@ -21,8 +21,8 @@ BATCHED_CHOICES = ("auto", "on", "off")
 TOPK_FRACTION = 0.01
 
 
-def _positive(value: float) -> bool:
-    return value > 0
+def _finite_positive(value: float) -> bool:
+    return 0 < value < math.inf
 
 
 PerWorker = float | list[float]
@@ -201,14 +201,15 @@ class AvailabilitySpec:
     generator: str = option("", lambda v: v in ("", *GENERATORS),
                             f"must be one of {', '.join(GENERATORS)} (or empty)",
                             "draw the intervals with the run's seed instead of a trace")
-    mean_online_s: float = option(600.0, _positive, "must be > 0",
+    mean_online_s: float = option(600.0, _finite_positive, "must be > 0 and finite",
                                   "exponential: mean length of an online period")
-    mean_offline_s: float = option(600.0, _positive, "must be > 0",
+    mean_offline_s: float = option(600.0, _finite_positive, "must be > 0 and finite",
                                    "exponential: mean length of an offline period")
-    period_s: float = option(86400.0, _positive, "must be > 0", "diurnal: the day's length")
+    period_s: float = option(86400.0, _finite_positive, "must be > 0 and finite",
+                             "diurnal: the day's length")
     online_fraction: float = option(0.3, lambda v: 0 < v <= 1, "must be in (0, 1]",
                                     "diurnal: share of each day a worker is online")
-    jitter_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
+    jitter_s: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
                              "diurnal: std. dev. of a day's window start around the phase")
 
     def __post_init__(self) -> None:

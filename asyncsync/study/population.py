@@ -8,6 +8,7 @@ the recipe's checks, the set-up of every worker and the summary see the same pop
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from asyncsync.hetero.availability import (
 from asyncsync.hetero.capacity import Capacity, assign_rows, load_capacity
 
 GENERATORS = ("exponential", "diurnal")
+MAX_PERIODS = 10_000_000
+"""The most online and offline periods a generator may draw for a run (a guard against
+means or days far shorter than the budget, which would take minutes and gigabytes)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ def population(availability: dict[str, Any], capacity_trace: str, workers: int,
 
 def _times(keys: dict[str, Any], workers: int, seed: int, end_s: float,
            ) -> tuple[list[OnlineTimes] | None, str]:
+    if keys["generator"]:
+        _check_draws(keys, workers, end_s)
     if keys["trace"]:
         times = load_availability(keys["trace"], workers)
         source = keys["trace"]
@@ -105,3 +111,22 @@ def _times(keys: dict[str, Any], workers: int, seed: int, end_s: float,
         return None, ""
     return [t.clipped(end_s) for t in times], source
 
+
+
+def _check_draws(keys: dict[str, Any], workers: int, end_s: float) -> None:
+    """Refuse a generator that would draw more than `MAX_PERIODS` periods over the budget.
+
+    Raises:
+        ValueError: naming the generator, the estimate and the keys that set it.
+    """
+    if keys["generator"] == "exponential":
+        periods = 2 * workers * end_s / (keys["mean_online_s"] + keys["mean_offline_s"])
+        keys_named = "mean_online_s and mean_offline_s"
+    else:
+        periods = workers * (math.ceil(end_s / keys["period_s"]) + 2)
+        keys_named = "period_s"
+    if periods > MAX_PERIODS:
+        raise ValueError(f"availability: the {keys['generator']} generator would draw about "
+                         f"{periods:,.0f} periods for {workers} workers over {end_s:g} s "
+                         f"(at most {MAX_PERIODS:,}): {keys_named} are far shorter than the "
+                         "budget")
