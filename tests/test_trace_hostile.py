@@ -120,3 +120,11 @@ def test_a_capacity_trace_with_a_repeated_column_is_refused(tmp_path: Path) -> N
     path.write_text("worker,s_per_sample,up_mbps,down_mbps,up_mbps\n0,0.1,1,2,3\n")
     with pytest.raises(TraceError, match=rf"^{path}:1: column 'up_mbps' repeats"):
         load_capacity(path)
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> None:
+    """Spreadsheets save "CSV UTF-8" with a BOM; it was refused as the unknown column
+    '\\ufeffworker', a name that prints like the right one."""
+    path = tmp_path / "a.csv"
+    path.write_bytes(b"\xef\xbb\xbfworker,online_from_s,online_to_s\r\n1,0,3\r\n")
+    assert [t.intervals for t in load_availability(path, 2)] == [(), ((0.0, 3.0),)]

@@ -33,7 +33,7 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
     known columns present (a file that is not UTF-8 text, a missing, repeated or unknown
     column, or a row of the wrong width is a `TraceError`)."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8-sig")  # a spreadsheet's BOM is no column
     except OSError as exc:
         raise TraceError(path, 0, f"cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
