@@ -17,7 +17,7 @@ from asyncsync.errors import InputError
 from asyncsync.results.comparison import is_baseline
 from asyncsync.results.report import make_console, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
-from asyncsync.runlog.reading import label
+from asyncsync.runlog.reading import label, sweep_suffix
 from asyncsync.schema import ConfigError
 from asyncsync.study.launch import DEFAULT_PORT, TOKEN_ENV
 from asyncsync.tracking import export_runs, parse_track
@@ -238,14 +238,15 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         if problem:
             raise LogError(problem)
         names = {s["run"] for s in summaries} | {label(s) for s in summaries}
-        baseline = args.baseline or recipe_baseline(run_dirs[0]) or summaries[0]["run"]
+        first = summaries[0]["run"].removesuffix(sweep_suffix(summaries[0].get("sweep") or {}))
+        baseline = args.baseline or recipe_baseline(run_dirs[0]) or first
         if not any(is_baseline(s, baseline) for s in summaries):
             if args.baseline:
                 raise ConfigError(f"--baseline {baseline}: no such run; runs are "
                                   f"{', '.join(sorted(names))}")
             console.print(f"the recipe's baseline {baseline} is not among these runs: "
-                          f"speedups against {summaries[0]['run']}", highlight=False)
-            baseline = summaries[0]["run"]
+                          f"speedups against {first}", highlight=False)
+            baseline = first
         studies = {d.parent for d in run_dirs}
         out = args.out or (studies.pop() if len(studies) == 1 else args.dirs[0])
         if args.all and args.out:

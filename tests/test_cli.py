@@ -16,6 +16,7 @@ import pytest
 from asyncsync.cli import main
 from asyncsync.results.report import summarize_run
 from asyncsync.study import run_one
+from asyncsync.study.executors import write_summary
 from asyncsync.study.specs import RunSpec
 from tests.test_report import fake_run
 
@@ -279,6 +280,26 @@ def test_report_without_the_recipes_baseline_compares_with_the_first_run(
     code, out = run_main(capsys, "report", str(tmp_path / "r"))
     assert code == 0, out
     assert "the recipe's baseline bsp is not among these runs: speedups against asp" in out
+
+
+def test_report_on_one_swept_run_without_its_baseline_compares_with_that_run(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """One sweep point of asp reported alone: the speedups are against that run, and the
+    table has that baseline (it used to look for 'asp@workers=4@workers=4')."""
+    run_dir = fake_run(tmp_path, "r", "asp@workers=4", "asp", [0.1, 0.6], repeat=1)
+    recipe = json.loads((run_dir / "recipe.json").read_text())
+    recipe["runs"][0]["sweep"] = {"workers": 4}
+    (run_dir / "recipe.json").write_text(json.dumps(recipe))
+    (run_dir.parent / "recipe.json").write_text(json.dumps({"name": "r", "baseline": "bsp",
+                                                             "runs": []}))
+    write_summary(run_dir, summarize_run(run_dir))
+    code, out = run_main(capsys, "report", str(run_dir))
+    assert code == 0, out
+    assert ("the recipe's baseline bsp is not among these runs: speedups against asp\n"
+            in out)
+    assert "r: comparison (baseline asp)" in out
+    assert ["asp@workers=4", "asp", "2.0", "-", "0.600", "1.00x"] in [
+        line.split()[:6] for line in out.splitlines()]
 
 
 def test_report_leaves_out_an_interrupted_run(capsys: pytest.CaptureFixture[str],
