@@ -107,6 +107,12 @@ def test_bad_values_name_the_key(tmp_path: Path, edit: list[str], message: str) 
         (BASE.replace("[defaults.stop]", "[defaults.sweep]\nworkers = [2, 4]\n[defaults.stop]"),
          "defaults.sweep: unknown key (a sweep is the recipe's top-level [sweep] table)"),
         (BASE + "sweep = { workers = [2, 4] }\n", "runs[1] (b).sweep: unknown key"),
+        (BASE.replace('protocol = "asp"',
+                      'protocol = { name = "fedavg", deadline_s = 1, deadline_quantile = 0.5 }'),
+         "runs[1] (b).protocol: deadline_s and deadline_quantile: choose one kind"),
+        (BASE.replace("[defaults]", '[defaults]\nprotocol = { name = "fedavg", deadline_s = 1, '
+                      'deadline_quantile = 0.5 }').replace('protocol = "bsp"\n', ""),
+         "defaults.protocol: deadline_s and deadline_quantile: choose one kind"),
     ],
 )
 def test_malformed_recipes_name_the_key(tmp_path: Path, text: str, message: str) -> None:

@@ -219,8 +219,9 @@ def _overlaps(key: str, other: str) -> bool:
 
 
 def _has_key(table: dict[str, Any], dotted: str) -> bool:
+    """Whether `table` holds the dotted key (``a.b.`` names table ``a.b`` itself)."""
     node: Any = table
-    for part in dotted.split("[")[0].split("."):
+    for part in dotted.split("[")[0].rstrip(".").split("."):
         if not isinstance(node, dict) or part not in node:
             return False
         node = node[part]
