@@ -294,8 +294,7 @@ class Worker:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if heartbeat_s is not None and heartbeat_s <= 0:
             raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s}")
-        self.heartbeat_s = heartbeat_s
-        self.max_rejoins = max_rejoins
+        self.heartbeat_s, self.max_rejoins = heartbeat_s, max_rejoins
         self.rank = rank
         self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
         self.protocol_params = (self.protocol.params() if protocol_params is None
@@ -390,8 +389,9 @@ class Worker:
             self.metrics.take_bytes(self.transport.bytes_up, self.transport.bytes_down)
             final = self.metrics.final()  # totals of the run, before the leave request
             final["refused"] = refused
-            with contextlib.suppress(Exception):  # the server may be gone; leaving is best effort
-                await self.ctx._request("leave", {}, None, None)
+            if self.ctx.joined:  # best effort (the server may be gone); not if never joined
+                with contextlib.suppress(Exception):
+                    await self.ctx._request("leave", {}, None, None)
             self.metrics.log.close()
             self.seam.close()
             await self.transport.close()
@@ -418,12 +418,10 @@ class Worker:
         await self.ctx.adopt(vector, int(reply["version"]))
 
     async def _session(self) -> None:
-        """The protocol's loop beside the heartbeats, until the loop ends or either fails.
-
-        A heartbeat answered with ``stop`` only ends the heartbeats: the loop finishes the
-        computation in progress and learns of the stop from its own next request, so no
-        computed work goes unaccounted.
-        """
+        """The protocol's loop beside the heartbeats, until either fails (a loop that
+        returns is an error). A heartbeat answered with ``stop`` only ends the heartbeats:
+        the loop learns of the stop from its own next request, so no computed work goes
+        unaccounted."""
         loop = asyncio.create_task(self.protocol.worker(self.protocol_params).run(self.ctx))
         beats = (None if self.heartbeat_s is None
                  else asyncio.create_task(self._heartbeats(self.heartbeat_s)))
@@ -436,6 +434,8 @@ class Worker:
             elif not loop.done():
                 raise WentOffline  # (the watch ended first)
             loop.result()
+            raise RuntimeError(f"{self.protocol.name}: its worker loop returned; a loop runs "
+                               "until the run ends (a request raises RunStopped)")
         finally:
             for task in tasks:
                 task.cancel()
