@@ -77,8 +77,8 @@ class ServerCore:
                  workers: int, settings: ServerSettings, *, num_params: int | None = None,
                  evaluator: Evaluator | None = None, events: JsonlLog | None = None,
                  seam: ServerSeam | None = None, fingerprint: str = "") -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         self.protocol = protocol
         self.settings = settings
         self.run_id = settings.run_id

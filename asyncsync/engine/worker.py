@@ -29,6 +29,7 @@ from asyncsync.engine.compute import (
     leave_loop,
 )
 from asyncsync.engine.presence import Presence, WentOffline
+from asyncsync.engine.settings import require_int
 from asyncsync.engine.work import LocalWork
 from asyncsync.hetero.availability import OnlineTimes
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
@@ -61,8 +62,7 @@ it (dropped after a timeout, or restarted), or its request no longer fits the pr
 state (e.g. it raced a membership change)."""
 LOG = logging.getLogger("asyncsync.worker")
 JOIN_WAIT_S = 120.0
-"""How long a join refused because an earlier session of the rank is still live is retried
-(until the server drops that session)."""
+"""How long a join is retried while an earlier session of the rank is still live."""
 
 
 class WorkerContext:
@@ -290,12 +290,13 @@ class Worker:
         availability: OnlineTimes | None = None,
     ) -> None:
         self.transport = checked_transport(transport)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if heartbeat_s is not None and heartbeat_s <= 0:
+        if heartbeat_s is not None and not heartbeat_s > 0:
             raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s}")
-        self.heartbeat_s, self.max_rejoins = heartbeat_s, max_rejoins
-        self.rank = rank
+        for name, value, least in (("rank", rank, 0), ("batch_size", batch_size, 1),
+                                   ("max_steps", 1 if max_steps is None else max_steps, 1),
+                                   ("max_rejoins", max_rejoins, 0)):
+            require_int(name, value, least)
+        self.heartbeat_s, self.max_rejoins, self.rank = heartbeat_s, max_rejoins, rank
         self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
         self.protocol_params = (self.protocol.params() if protocol_params is None
                                 else protocol_params)
@@ -307,9 +308,8 @@ class Worker:
                              "(batch_size -> (inputs, targets))")
         else:
             source = cycle_batches(batches)
-        extra = {} if loss_fn is None else {"loss_fn": loss_fn}
         self.trainer = Trainer(model, source, lr, momentum, weight_decay, device=device,
-                               **extra)
+                               **({} if loss_fn is None else {"loss_fn": loss_fn}))
         self.seam = seam or ThreadedWorkerSeam(StaticSlowdown(1.0), f"asyncsync-compute-{rank}")
         self.metrics = WorkerMetrics(JsonlLog(log_path))
         self.presence = Presence(availability, self.metrics)
