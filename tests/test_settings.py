@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import pytest
+from torch import nn
 
 from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
@@ -80,3 +81,10 @@ async def test_bad_worker_arguments_are_refused_by_name(kwargs: dict[str, Any],
             Worker(**args)
     finally:
         await core.close()
+
+
+def test_a_model_without_parameters_is_refused_by_the_server() -> None:
+    """It used to be served, and each worker then failed in torch's backward ("element 0
+    of tensors does not require grad")."""
+    with pytest.raises(ValueError, match="the model has no parameters"):
+        ParameterServer(nn.Sequential(nn.ReLU()), "asp", 1)

@@ -371,6 +371,8 @@ def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
     params = proto.params() if protocol_params is None else protocol_params
     settings = settings or ServerSettings()
     flat = FlatModule(copy.deepcopy(model), torch.device("cpu"))
+    if not flat.num_params:
+        raise ValueError(f"the model has no parameters to train: {type(model).__name__}")
     evaluator = None if test_data is None else make_evaluator(
         model, *test_data, device=settings.eval_device, samples=settings.eval_samples,
         batch_size=settings.eval_batch)
