@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from asyncsync.engine.compute import ThreadedWorkerSeam
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
+from asyncsync.hetero.compute import StaticSlowdown
 from asyncsync.protocols.base import Refused
 from asyncsync.transport import http_client
 from asyncsync.transport.http_server import ParameterServer
@@ -115,3 +117,30 @@ async def test_a_leave_to_an_unreachable_server_is_retried_briefly(
             await asyncio.wait_for(transport.request("leave", {"worker": 0}), 30.0)
     finally:
         await transport.close()
+
+
+@pytest.mark.parametrize("source", ["generator", "callable"])
+@pytest.mark.parametrize("inline_below_s", [0.0, 1.0])
+async def test_a_batch_source_that_runs_out_ends_its_worker_with_a_clear_error(
+    source: str, inline_below_s: float,
+) -> None:
+    """StopIteration from the compute thread could not be set on the step's future
+    (asyncio's TypeError went to the loop's handler), so the worker waited forever; a step
+    on the loop said 'coroutine raised StopIteration'."""
+    from asyncsync.engine.core import build_core
+
+    x, y = tiny_data()
+    batches: Any = ((x[i : i + 8], y[i : i + 8]) for i in range(0, 16, 8))
+    if source == "callable":
+        remaining = iter([(x[:8], y[:8])])
+        batches = lambda size: next(remaining)  # noqa: E731
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(time_s=60.0))
+    seam = ThreadedWorkerSeam(StaticSlowdown(1.0), inline_below_s=inline_below_s)
+    worker = Worker(0, LocalTransport(core), tiny_model(), batches, "asp", heartbeat_s=None,
+                    seam=seam)
+    try:
+        with pytest.raises(RuntimeError, match="ran out of batches"):
+            await asyncio.wait_for(worker.run(), 30.0)
+    finally:
+        await core.stop()
+        await core.close()
