@@ -55,6 +55,9 @@ def test_the_default_settings_and_open_ends_are_accepted() -> None:
     ({"port": 70000}, "port must be an int in 0-65535"),
     ({"workers": 2.5}, "workers must be an int >= 1"),
     ({"workers": "2"}, "workers must be an int >= 1"),
+    # an empty token used to serve with no authentication, and without the warning that a
+    # server beyond loopback without a token logs
+    ({"token": "", "host": "0.0.0.0"}, "token must be a non-empty str"),
 ])
 def test_bad_server_arguments_are_refused_by_name(kwargs: dict[str, Any],
                                                   message: str) -> None:
