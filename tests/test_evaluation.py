@@ -94,3 +94,18 @@ def test_the_recipe_caps_the_evaluated_samples_of_the_server() -> None:
 def test_the_default_evaluates_the_whole_split_on_the_cpu() -> None:
     settings = ServerSettings()
     assert (settings.eval_samples, settings.eval_device) == (None, "cpu")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ((torch.randn(10, 5), torch.zeros(10, dtype=torch.long)), "do not fit the model"),
+    ((torch.randn(10, 6), torch.zeros(7, dtype=torch.long)), "10 inputs but 7 targets"),
+    ((torch.randn(0, 6), torch.zeros(0, dtype=torch.long)), "no samples"),
+    ((torch.randn(10, 6), torch.full((10,), 9)), "do not fit the model"),
+])
+def test_test_data_that_cannot_be_evaluated_is_refused_when_the_server_is_made(
+    data: tuple[torch.Tensor, torch.Tensor], message: str,
+) -> None:
+    """It used to be taken, and every evaluation then failed in a background task without
+    a word: no accuracy, no stop record."""
+    with pytest.raises(ValueError, match=f"test_data: .*{message}"):
+        build_core(bn_mlp(), "asp", 1, ServerSettings(), test_data=data)

@@ -289,6 +289,19 @@ async def test_infinite_stats_in_a_heartbeat_do_not_break_the_status(
     assert server.core.status()["workers"][0]["steps"] == 0  # the infinite count was dropped
 
 
+async def test_huge_finite_stats_in_a_heartbeat_do_not_break_the_status(
+    live: tuple[ParameterServer, aiohttp.ClientSession, int],
+) -> None:
+    server, session, _ = live
+    beat = {"worker": 0, "run_id": RUN, "session": SESSION["secret"],
+            "stats": {"steps": 1e300, "bytes_up": 1e30, "overruns": 2.0**64, "samples": 5}}
+    assert (await post(session, server.url, "heartbeat", body(beat))).status == 200
+    resp = await post(session, server.url, "status", body({}))
+    assert resp.status == 200, await resp.text()
+    worker = server.core.status()["workers"][0]
+    assert (worker["steps"], worker["bytes_up"], worker["overruns"]) == (0, 0, 0)
+
+
 async def test_a_non_utf8_authorization_header_gets_401() -> None:
     async with ParameterServer(tiny_model(), "asp", 1, token="s3cret") as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import statistics
 import time
 from typing import Any
@@ -84,6 +85,26 @@ async def test_pushes_that_break_the_assignment_are_rejected() -> None:
     await push_round(rule, 0, [torch.ones(10), torch.ones(10)], [10, 10], [0.1, 0.1])
     assert store.version == 1
     assert torch.allclose(store.w, torch.full((10,), -0.1))
+
+
+async def test_extreme_compute_times_are_refused_and_never_wedge_the_barrier() -> None:
+    """A compute time of 1e-308 s made a speed of inf: the round committed, then its batch
+    sizes raised OverflowError (a 500) and the round stayed open, refusing every later push
+    as 'already pushed' (the run was stuck)."""
+    store = ParameterStore(torch.zeros(10), 2, FlatSGD(0.1))
+    store.live.update(range(2))
+    rule = LbbspServer(LbbspParams(global_batch=20), store)
+    for seconds in (1e-308, 5e-324, 1e308, math.inf):
+        with pytest.raises(BadRequest, match="compute_s"):
+            await rule.on_push(Push(0, 0, "gradient", torch.ones(10), 1, 10,
+                                    {"compute_s": seconds}))
+    assert store.version == 0
+    for version, seconds in enumerate([(1e-9, 1e9), (1e9, 1e-9), (1e-9, 1e-9)]):
+        await push_round(rule, version, [torch.ones(10), torch.ones(10)],
+                         [rule.batches[0], rule.batches[1]], list(seconds))
+        assert store.version == version + 1
+        sizes = [rule.batches[0], rule.batches[1]]
+        assert sum(sizes) == 20 and min(sizes) >= 1
 
 
 async def test_a_smaller_batch_counts_by_the_samples_it_held() -> None:

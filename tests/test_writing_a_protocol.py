@@ -6,6 +6,7 @@ import asyncio
 import sys
 import types
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +14,15 @@ import torch
 from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
-from asyncsync.protocols.base import PROTOCOLS, Protocol, Push
+from asyncsync.protocols.base import (
+    PROTOCOLS,
+    Context,
+    NoParams,
+    Protocol,
+    Push,
+    ServerRule,
+    WorkerLoop,
+)
 from asyncsync.protocols.testing import FakeStore
 from asyncsync.transport.local import LocalTransport
 from tests.doc_pages import named_block
@@ -67,3 +76,52 @@ async def test_the_example_trains_through_the_engine(example: types.ModuleType) 
     assert all(f["steps"] == 30 for f in finals)
     assert core.store.version == 20
     assert core.evals[-1].accuracy > 0.7
+
+
+class _Rule(ServerRule):
+    push_kinds = frozenset({"gradient"})
+
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        return {}
+
+
+class _KindlessRule(ServerRule):
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        return {}
+
+
+class _OneRound(WorkerLoop):
+    """Forgets its ``while True``: one gradient, then it returns."""
+
+    async def run(self, ctx: Context) -> None:
+        result, gradient = await ctx.gradient()
+        await ctx.push("gradient", gradient, 1, result.samples)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("", "s", NoParams, _Rule, _OneRound), "name must be a non-empty str"),
+    ((5, "s", NoParams, _Rule, _OneRound), "name must be a non-empty str"),
+    (("p", "s", NoParams(), _Rule, _OneRound), "params must be a class"),
+    (("p", "s", NoParams, _OneRound, _Rule), "server must be a ServerRule subclass"),
+    (("p", "s", NoParams, _Rule, _Rule), "worker must be a WorkerLoop subclass"),
+    (("p", "s", NoParams, _KindlessRule, _OneRound), "_KindlessRule.push_kinds must be"),
+])
+def test_a_protocol_with_misplaced_parts_is_refused_by_name(args: tuple[Any, ...],
+                                                            message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        Protocol(*args)
+
+
+async def test_a_worker_loop_that_returns_ends_its_worker_with_an_error() -> None:
+    protocol = Protocol("one_round", "returns after one push", NoParams, _Rule, _OneRound)
+    x, y = tiny_data()
+    core = build_core(tiny_model(), protocol, 1, ServerSettings(time_s=30.0))
+    worker = Worker(0, LocalTransport(core), tiny_model(), batches_of(x, y, 0), protocol,
+                    heartbeat_s=None)
+    try:  # it used to run the loop again and again, never learning of the run's end
+        with pytest.raises(RuntimeError, match="one_round: its worker loop returned"):
+            await asyncio.wait_for(worker.run(), 30.0)
+        assert core.workers[0].left  # it left the run on its way out
+    finally:
+        await core.stop()
+        await core.close()

@@ -32,6 +32,9 @@ INLINE_STEP_S = 0.02
 """A worker's step whose last run took less than this may run on the event loop's own
 thread (see `ThreadedWorkerSeam`): the two thread hand-offs it saves cost about 0.2 ms, and
 the loop is held no longer than a loop-lag budget allows."""
+OUT_OF_BATCHES = ("a local step raised StopIteration: its batch source ran out of batches (a "
+                  "generator or iterator is spent after one pass: give the worker a list, a "
+                  "DataLoader, or a callable batch_size -> (inputs, targets))")
 _TENANTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = (
     weakref.WeakKeyDictionary())
 
@@ -170,15 +173,18 @@ class ThreadedWorkerSeam:
         self._deferred.append(functools.partial(fn, *args))
 
     def _after_deferred(self, fn: Callable[..., T]) -> Callable[..., T]:
-        """`fn`, preceded by the deferred work, taken now (on the event loop)."""
-        if not self._deferred:
-            return fn
+        """`fn`, preceded by the deferred work, taken now (on the event loop); a
+        StopIteration it raises becomes a RuntimeError saying the batches ran out (asyncio
+        cannot pass one on: a step in the thread would never end)."""
         first, self._deferred = self._deferred, []
 
         def job(*args: Any) -> T:
-            for work in first:
-                work()
-            return fn(*args)
+            try:
+                for work in first:
+                    work()
+                return fn(*args)
+            except StopIteration:
+                raise RuntimeError(OUT_OF_BATCHES) from None
 
         return job
 

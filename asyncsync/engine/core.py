@@ -77,8 +77,8 @@ class ServerCore:
                  workers: int, settings: ServerSettings, *, num_params: int | None = None,
                  evaluator: Evaluator | None = None, events: JsonlLog | None = None,
                  seam: ServerSeam | None = None, fingerprint: str = "") -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         self.protocol = protocol
         self.settings = settings
         self.run_id = settings.run_id
@@ -371,6 +371,8 @@ def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
     params = proto.params() if protocol_params is None else protocol_params
     settings = settings or ServerSettings()
     flat = FlatModule(copy.deepcopy(model), torch.device("cpu"))
+    if not flat.num_params:
+        raise ValueError(f"the model has no parameters to train: {type(model).__name__}")
     evaluator = None if test_data is None else make_evaluator(
         model, *test_data, device=settings.eval_device, samples=settings.eval_samples,
         batch_size=settings.eval_batch)

@@ -36,7 +36,8 @@ def make_evaluator(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor,
     evaluation on a GPU moves only the model's vector.
 
     Raises:
-        ValueError: `samples` or `batch_size` below 1.
+        ValueError: `samples` or `batch_size` below 1; a split without samples, with as
+            many inputs as targets, or that the model cannot score (tried on two samples).
     """
     if samples is not None and samples < 1:
         raise ValueError(f"samples must be >= 1 (or None for the whole split), got {samples}")
@@ -44,7 +45,14 @@ def make_evaluator(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor,
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     where = torch.device(device)
     holder = FlatModule(copy.deepcopy(model), where)
+    if len(test_x) != len(test_y) or not len(test_y):
+        raise ValueError(f"test_data: {len(test_x)} inputs but {len(test_y)} targets"
+                         if len(test_y) else "test_data: the split has no samples")
     inputs, targets = test_x[:samples].to(where), test_y[:samples].to(where)
+    try:
+        evaluate(holder.module, inputs[:2], targets[:2])
+    except (RuntimeError, IndexError, ValueError, TypeError) as exc:
+        raise ValueError(f"test_data: its first samples do not fit the model: {exc}") from None
 
     def run(vector: torch.Tensor) -> tuple[float, float]:
         with torch.no_grad():

@@ -22,6 +22,10 @@ from typing import Any
 from asyncsync.protocols.base import Forbidden, OutOfStep
 from asyncsync.runlog.metrics import STAT_FIELDS
 
+MAX_STAT = 2.0**53
+"""The largest reported total kept (beyond it a float no longer counts in ones, and the
+status's integer fields would not fit msgpack's 64 bits): larger ones are dropped."""
+
 
 @dataclass
 class WorkerRecord:
@@ -66,11 +70,11 @@ class WorkerRecord:
 
     @property
     def stats(self) -> dict[str, float]:
-        """The last reported totals: their known, finite numeric fields."""
+        """The last reported totals: their known numeric fields within +-`MAX_STAT`."""
         if self._reported is not None:
             self._stats = {k: float(v) for k, v in self._reported.items()
                            if k in STAT_FIELDS and isinstance(v, int | float)
-                           and not isinstance(v, bool) and math.isfinite(v)}
+                           and not isinstance(v, bool) and -MAX_STAT <= v <= MAX_STAT}
             self._reported = None
         return self._stats
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,17 +46,30 @@ class ServerSettings:
     max_batch: int = 65536
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
-        if self.eval_interval_s <= 0:
-            raise ValueError(f"eval_interval_s must be > 0, got {self.eval_interval_s}")
-        if self.eval_samples is not None and self.eval_samples < 1:
-            raise ValueError(f"eval_samples must be >= 1 (or None), got {self.eval_samples}")
-        if self.eval_batch < 1:
-            raise ValueError(f"eval_batch must be >= 1, got {self.eval_batch}")
-        if self.time_s is not None and self.time_s <= 0:
-            raise ValueError(f"time_s must be > 0, got {self.time_s}")
-        if self.worker_timeout_s is not None and self.worker_timeout_s <= 0:
-            raise ValueError(f"worker_timeout_s must be > 0, got {self.worker_timeout_s}")
-        if self.checkpoint_s <= 0:
-            raise ValueError(f"checkpoint_s must be > 0, got {self.checkpoint_s}")
+        if not isinstance(self.run_id, str) or not self.run_id:
+            raise ValueError(f"run_id must be a non-empty str, got {self.run_id!r}")
+        for name in ("lr", "eval_interval_s", "checkpoint_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got "
+                                 f"{getattr(self, name)}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"weight_decay must be a finite number >= 0, got "
+                             f"{self.weight_decay}")
+        for name in ("max_batch", "eval_batch", "eval_samples"):
+            if getattr(self, name) is not None or name != "eval_samples":
+                require_int(name, getattr(self, name), 1)
+        for name in ("time_s", "worker_timeout_s", "patience_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:  # NaN too
+                raise ValueError(f"{name} must be > 0 (or None), got {value}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"target_accuracy must be in (0, 1] (or None), got "
+                             f"{self.target_accuracy}")
+
+
+def require_int(name: str, value: object, least: int) -> None:
+    """Refuse `value` (argument `name`) unless it is an int >= `least` (a bool is not)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")

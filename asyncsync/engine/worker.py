@@ -29,6 +29,7 @@ from asyncsync.engine.compute import (
     leave_loop,
 )
 from asyncsync.engine.presence import Presence, WentOffline
+from asyncsync.engine.settings import require_int
 from asyncsync.engine.work import LocalWork
 from asyncsync.hetero.availability import OnlineTimes
 from asyncsync.hetero.compute import ComputeProfile, StaticSlowdown
@@ -61,8 +62,7 @@ it (dropped after a timeout, or restarted), or its request no longer fits the pr
 state (e.g. it raced a membership change)."""
 LOG = logging.getLogger("asyncsync.worker")
 JOIN_WAIT_S = 120.0
-"""How long a join refused because an earlier session of the rank is still live is retried
-(until the server drops that session)."""
+"""How long a join is retried while an earlier session of the rank is still live."""
 
 
 class WorkerContext:
@@ -290,13 +290,13 @@ class Worker:
         availability: OnlineTimes | None = None,
     ) -> None:
         self.transport = checked_transport(transport)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if heartbeat_s is not None and heartbeat_s <= 0:
+        if heartbeat_s is not None and not heartbeat_s > 0:
             raise ValueError(f"heartbeat_s must be > 0, got {heartbeat_s}")
-        self.heartbeat_s = heartbeat_s
-        self.max_rejoins = max_rejoins
-        self.rank = rank
+        for name, value, least in (("rank", rank, 0), ("batch_size", batch_size, 1),
+                                   ("max_steps", 1 if max_steps is None else max_steps, 1),
+                                   ("max_rejoins", max_rejoins, 0)):
+            require_int(name, value, least)
+        self.heartbeat_s, self.max_rejoins, self.rank = heartbeat_s, max_rejoins, rank
         self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
         self.protocol_params = (self.protocol.params() if protocol_params is None
                                 else protocol_params)
@@ -308,9 +308,8 @@ class Worker:
                              "(batch_size -> (inputs, targets))")
         else:
             source = cycle_batches(batches)
-        extra = {} if loss_fn is None else {"loss_fn": loss_fn}
         self.trainer = Trainer(model, source, lr, momentum, weight_decay, device=device,
-                               **extra)
+                               **({} if loss_fn is None else {"loss_fn": loss_fn}))
         self.seam = seam or ThreadedWorkerSeam(StaticSlowdown(1.0), f"asyncsync-compute-{rank}")
         self.metrics = WorkerMetrics(JsonlLog(log_path))
         self.presence = Presence(availability, self.metrics)
@@ -390,8 +389,9 @@ class Worker:
             self.metrics.take_bytes(self.transport.bytes_up, self.transport.bytes_down)
             final = self.metrics.final()  # totals of the run, before the leave request
             final["refused"] = refused
-            with contextlib.suppress(Exception):  # the server may be gone; leaving is best effort
-                await self.ctx._request("leave", {}, None, None)
+            if self.ctx.joined:  # best effort (the server may be gone); not if never joined
+                with contextlib.suppress(Exception):
+                    await self.ctx._request("leave", {}, None, None)
             self.metrics.log.close()
             self.seam.close()
             await self.transport.close()
@@ -418,12 +418,10 @@ class Worker:
         await self.ctx.adopt(vector, int(reply["version"]))
 
     async def _session(self) -> None:
-        """The protocol's loop beside the heartbeats, until the loop ends or either fails.
-
-        A heartbeat answered with ``stop`` only ends the heartbeats: the loop finishes the
-        computation in progress and learns of the stop from its own next request, so no
-        computed work goes unaccounted.
-        """
+        """The protocol's loop beside the heartbeats, until either fails (a loop that
+        returns is an error). A heartbeat answered with ``stop`` only ends the heartbeats:
+        the loop learns of the stop from its own next request, so no computed work goes
+        unaccounted."""
         loop = asyncio.create_task(self.protocol.worker(self.protocol_params).run(self.ctx))
         beats = (None if self.heartbeat_s is None
                  else asyncio.create_task(self._heartbeats(self.heartbeat_s)))
@@ -436,6 +434,8 @@ class Worker:
             elif not loop.done():
                 raise WentOffline  # (the watch ended first)
             loop.result()
+            raise RuntimeError(f"{self.protocol.name}: its worker loop returned; a loop runs "
+                               "until the run ends (a request raises RunStopped)")
         finally:
             for task in tasks:
                 task.cancel()

@@ -229,6 +229,23 @@ class Protocol:
     worker: type[WorkerLoop[Any]]
     resizes_batches: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse misplaced parts by name (else they fail at the first request)."""
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"Protocol: name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.params, type):
+            raise TypeError(f"Protocol {self.name!r}: params must be a class (the parameter "
+                            f"dataclass), got {self.params!r}")
+        for part, base in (("server", ServerRule), ("worker", WorkerLoop)):
+            given = getattr(self, part)
+            if not (isinstance(given, type) and issubclass(given, base)):
+                raise TypeError(f"Protocol {self.name!r}: {part} must be a {base.__name__} "
+                                f"subclass, got {given!r}")
+        kinds = getattr(self.server, "push_kinds", None)
+        if not (isinstance(kinds, frozenset) and all(isinstance(k, str) for k in kinds)):
+            raise TypeError(f"Protocol {self.name!r}: {self.server.__name__}.push_kinds must "
+                            f"be a frozenset of the push kinds it accepts, got {kinds!r}")
+
 
 PROTOCOLS: dict[str, Protocol] = {}
 SDK_MODULES = frozenset({"base", "messages", "ports", "rounds", "overlap", "server_optim",

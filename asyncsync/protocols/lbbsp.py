@@ -62,6 +62,9 @@ from asyncsync.protocols.ports import Context, Store
 
 GAIN_GROWTH = 1.5
 MIN_GAIN = 1.0 / 64
+MIN_COMPUTE_S, MAX_COMPUTE_S = 1e-9, 1e9
+"""The compute times a push may report: outside them a speed (samples / seconds) could
+overflow to inf or vanish, and the batch sizes derived from the speeds would not exist."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,9 @@ class LbbspServer(BspServer):
         """Check the push's compute time and batch size against the assignment."""
         seconds = push.meta.get("compute_s")
         if (not isinstance(seconds, int | float) or isinstance(seconds, bool)
-                or not math.isfinite(seconds) or seconds <= 0):
-            raise BadRequest("lbbsp needs meta 'compute_s': the batch's compute time "
-                             "in seconds, a finite number > 0")
+                or not MIN_COMPUTE_S <= seconds <= MAX_COMPUTE_S):
+            raise BadRequest(f"lbbsp needs meta 'compute_s': the batch's compute time in "
+                             f"seconds, from {MIN_COMPUTE_S:g} to {MAX_COMPUTE_S:g}")
         if push.samples < 1:
             raise BadRequest("lbbsp weights gradients by samples: 'samples' must be >= 1")
         assigned = self.batches.get(push.worker)

@@ -67,6 +67,13 @@ RESENDABLE_OPS = frozenset({"status", "heartbeat"})
 unanswered is resent (another may have been applied before the server closed it)."""
 
 
+LEAVE_RETRY_S = 5.0
+"""How long a leave is retried while the server cannot be reached or is busy (at most
+`connect_timeout_s`): leaving is best effort (the server drops a silent worker after its
+timeout), and a worker ending because its server was unreachable need not wait as long
+again."""
+
+
 def client_tls(cafile: str | Path) -> ssl.SSLContext:
     """A context that trusts the CA certificates in the PEM file `cafile` (only those) and
     checks the server's host name (TLS 1.2 at least). Raises OSError or ssl.SSLError when
@@ -141,9 +148,10 @@ class HttpTransport:
         without an answer when the op is in `RESENDABLE_OPS`, for up to
         `connect_timeout_s` seconds. A failed TLS handshake raises `TlsFailure` at once;
         another connection that breaks mid-request raises `ConnectionError`; a 4xx raises
-        the SDK's refusal.
+        the SDK's refusal. A leave is retried for `LEAVE_RETRY_S` at most.
         """
-        deadline = now() + self.connect_timeout_s
+        deadline = now() + (min(LEAVE_RETRY_S, self.connect_timeout_s) if op == "leave"
+                             else self.connect_timeout_s)
         backoff = 0.1
         while True:
             try:

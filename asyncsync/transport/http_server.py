@@ -176,6 +176,11 @@ class ParameterServer:
                  test_data: Any = None, events: JsonlLog | None = None,
                  tls: ssl.SSLContext | None = None,
                  connections: ConnectionLimits | None = None) -> None:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in 0-65535 (0: any free port), got "
+                             f"{port!r}")
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ValueError("token must be a non-empty str (None: no token)")
         self.core = build_core(model, protocol, workers, settings,
                                protocol_params=protocol_params, test_data=test_data,
                                events=events)
