@@ -88,6 +88,8 @@ def test_a_trace_gives_each_worker_its_intervals_and_none_means_never(tmp_path: 
     ("0,10,10\n", 2, "empty interval"),
     ("0,abc,10\n", 2, "is not a number"),
     ("0,1\n", 2, "2 fields"),
+    ("", 1, "no rows after the header"),  # would be every worker offline all run
+    ("# worker 0 is never online\n", 1, "no rows after the header"),
 ])
 def test_a_bad_trace_names_the_file_the_line_and_the_problem(
         tmp_path: Path, rows: str, line: int, problem: str) -> None:

@@ -28,6 +28,7 @@ CAPACITY = "worker,s_per_sample,up_mbps,down_mbps\n"
     ("0,0.01,0,10\n", 2, "zero or negative bandwidth"),
     ("0,0.01,5,10\n0,0.02,5,10\n", 3, "worker 0 repeats line 2"),
     ("x,0.01,5,10\n", 2, "is not an integer"),
+    ("", 1, "no rows after the header"),  # named line 2, which is not there
 ])
 def test_a_bad_capacity_trace_names_the_file_the_line_and_the_problem(
         tmp_path: Path, rows: str, line: int, problem: str) -> None:

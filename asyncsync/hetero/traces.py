@@ -31,7 +31,7 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
              ) -> Iterator[tuple[int, dict[str, str]]]:
     """The data rows of a CSV trace with their line numbers, as ``{column: text}`` of the
     known columns present (a file that is not UTF-8 text, a missing, repeated or unknown
-    column, or a row of the wrong width is a `TraceError`)."""
+    column, no row after the header, or a row of the wrong width is a `TraceError`)."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # a spreadsheet's BOM is no column
     except OSError as exc:
@@ -57,6 +57,9 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
     if missing:
         raise TraceError(path, head_line, f"missing column {missing[0]!r} (the header must "
                                           f"name {', '.join(required)})")
+    if len(lines) == 1:
+        raise TraceError(path, head_line, "no rows after the header: a trace needs at least "
+                                          "one")
     for (number, _), cells in zip(lines[1:], reader, strict=True):
         if len(cells) != len(header):
             raise TraceError(path, number, f"{len(cells)} fields, the header has "
