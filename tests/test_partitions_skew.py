@@ -87,3 +87,26 @@ def test_check_prints_each_workers_shard_and_a_summary_above_32_workers(
     assert cli.main(["check", str(recipe)]) == 0
     out = capsys.readouterr().out
     assert "40 (min/med/max)" in out and "3 / 3 / 3 classes" in out
+
+
+def test_a_partition_that_leaves_a_worker_without_a_sample_is_refused_by_check(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 workers over 30 training samples: `check` says that the partition leaves workers
+    empty, and which (the run used to fail later with "a worker's data shard is empty")."""
+    from asyncsync.study import assembly
+    from asyncsync.training.data import Dataset, load_dataset
+
+    full = load_dataset("synthetic", 0, "data", False)
+    small = Dataset(full.train_x[:30], full.train_y[:30], full.test_x[:10], full.test_y[:10],
+                    full.num_classes)
+    monkeypatch.setattr(assembly, "load_dataset", lambda *_: small)
+    recipe = tmp_path / "parts.toml"
+    recipe.write_text(RECIPE.format(workers=40).replace('"label_quantity"', '"iid"'))
+    assert cli.main(["check", str(recipe)]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[:7] for line in lines if line.startswith("error:")] == ["error: "]
+    out = " ".join(" ".join(lines).split())
+    # iid deals the 30 samples round the 40 ranks: ranks 30-39 get none
+    assert ("run lq: data.partition: iid leaves 10 of 40 workers without a training "
+            "sample (the split has 30; ranks 30, 31, 32, 33, 34, ...)") in out, out

@@ -124,9 +124,21 @@ def batch_sources(spec: RunSpec, data: Dataset) -> Callable[[int], BatchSource]:
 
 
 def run_shards(spec: RunSpec, data: Dataset) -> list[torch.Tensor]:
-    """Each worker's sample indices (the recipe's partition, drawn with the run's seed)."""
-    return partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
-                     spec.data.alpha, spec.data.classes_per_worker, spec.data.sigma)
+    """Each worker's sample indices (the recipe's partition, drawn with the run's seed).
+
+    Raises:
+        ConfigError: the partition leaves a worker without a sample.
+    """
+    shards = partition(data.train_y, spec.workers, spec.data.partition, spec.seed,
+                       spec.data.alpha, spec.data.classes_per_worker, spec.data.sigma)
+    empty = [rank for rank, shard in enumerate(shards) if len(shard) == 0]
+    if empty:
+        listed = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+        raise ConfigError(f"run {spec.name}: data.partition: {spec.data.partition} leaves "
+                          f"{len(empty)} of {spec.workers} workers without a training sample "
+                          f"(the split has {len(data.train_y)}; ranks {listed}): use fewer "
+                          "workers or another partition")
+    return shards
 
 
 def checkpoint_file(log_dir: Path) -> Path:
