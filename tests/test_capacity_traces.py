@@ -8,6 +8,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from asyncsync import cli
 from asyncsync.hetero.availability import load_availability
@@ -182,6 +183,23 @@ def test_a_capacity_trace_refuses_another_source_of_speed(tmp_path: Path) -> Non
     recipe.write_text(RECIPE.format(trace=trace) + "[defaults.network]\nbandwidth_mbps = 5\n")
     with pytest.raises(ValueError, match=r"network\.bandwidth_mbps: capacity\.trace sets"):
         load_recipe(recipe)
+
+
+def test_check_says_the_capacity_trace_sets_speeds_and_links(tmp_path: Path) -> None:
+    """`check`'s row of a run with a capacity trace names the trace for its compute and
+    its network (it showed 1x and no link), with the slowdowns and latency laid on it."""
+    from asyncsync.study.describe import check_table
+
+    trace = tmp_path / "cap.csv"
+    trace.write_text(CAPACITY + "0,0.001,8,16\n")
+    recipe = tmp_path / "cap.toml"
+    recipe.write_text(RECIPE.format(trace=trace) + "[defaults.network]\nlatency_ms = 30\n"
+                      "[defaults.compute]\nslowdown = [1, 2]\n")
+    console = Console(width=200, record=True)
+    console.print(check_table(load_recipe(recipe)))
+    (row,) = [line.split() for line in console.export_text().splitlines()
+              if line.split()[:1] == ["run"] and "asp" in line]
+    assert row[3:9] == ["trace", "x", "1,2", "+3", "at", "1"] and row[9:11] == ["trace", "30ms"]
 
 
 def test_the_shipped_study_traces_are_what_their_script_writes(tmp_path: Path) -> None:

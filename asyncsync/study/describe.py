@@ -42,14 +42,21 @@ def check_table(recipe: Recipe) -> Table:
         factors = ",".join(f"{f:g}" for f in compute.slowdown) or "1"
         if 0 < len(compute.slowdown) < spec.workers:  # the rest run at 1x: say so
             factors += f" +{spec.workers - len(compute.slowdown)} at 1"
-        steps = (f"{factors}x" + (f" {compute.profile['name']}" if compute.profile else "")
+        traced = bool(spec.capacity.trace)  # the trace's speeds and links, slowed as asked
+        speed = ("trace" + (f" x {factors}" if compute.slowdown else "")) if traced \
+            else f"{factors}x"
+        steps = (speed + (f" {compute.profile['name']}" if compute.profile else "")
                  + (f" step {compute.explicit_step_s:g} s" if compute.explicit_step_s
                     else ""))
         net = spec.network
         up = net.uplink_mbps if net.uplink_mbps is not None else net.bandwidth_mbps
         down = net.downlink_mbps if net.downlink_mbps is not None else net.bandwidth_mbps
-        link = "-" if not (up or down or net.latency_ms) else (
-            f"{_figures(up)}/{_figures(down)}M {_figures(net.latency_ms, '0')}ms")
+        delay = f" {_figures(net.latency_ms, '0')}ms"
+        if traced:
+            link = "trace" + (delay if net.latency_ms else "")
+        else:
+            link = "-" if not (up or down or net.latency_ms) else (
+                f"{_figures(up)}/{_figures(down)}M{delay}")
         data = spec.data
         stop = spec.stop
         budget = (f"{stop.time_s:g} s" + (f", to {stop.target_accuracy:g}"
