@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from collections import OrderedDict
@@ -166,6 +167,7 @@ def test_a_capacity_trace_sets_step_times_and_links_and_the_summary_names_the_ro
     facts = simulate(spec, run_dir, "cap/run")
     rows = facts["capacity_rows"]
     assert len(rows) == 5 and set(rows) <= {10, 11}
+    assert facts["trace_sha256"] == {str(trace): hashlib.sha256(trace.read_bytes()).hexdigest()}
     steps = {w["rank"]: w["step_s"] for w in facts["step_time"]}
     for rank, row in enumerate(rows):
         assert steps[rank] == pytest.approx((0.001 if row == 10 else 0.004) * 10)
@@ -174,6 +176,24 @@ def test_a_capacity_trace_sets_step_times_and_links_and_the_summary_names_the_ro
     fast = [done[r]["steps"] for r in range(5) if rows[r] == 10]
     slow = [done[r]["steps"] for r in range(5) if rows[r] == 11]
     assert fast and slow and min(fast) > 3 * max(slow)  # 4x the speed; links far from binding
+
+
+def test_the_summary_names_each_trace_by_its_digest_as_read(tmp_path: Path) -> None:
+    """A run records the SHA-256 of its capacity and availability traces; a trace edited
+    afterwards gives the next run another digest."""
+    capacity, online = tmp_path / "cap.csv", tmp_path / "online.csv"
+    capacity.write_text(CAPACITY + "0,0.001,8,16\n")
+    online.write_text("worker,online_from_s,online_to_s\n0,0,3\n")
+    recipe = tmp_path / "cap.toml"
+    recipe.write_text(RECIPE.format(trace=capacity)
+                      + f'[defaults.availability]\ntrace = "{online}"\n')
+    digests = load_recipe(recipe).run("run").population().facts()["trace_sha256"]
+    assert digests == {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+                       for path in (capacity, online)}
+    online.write_text("worker,online_from_s,online_to_s\n0,0,2.5\n1,0,3\n")
+    again = load_recipe(recipe).run("run").population().facts()["trace_sha256"]
+    assert again[str(online)] == hashlib.sha256(online.read_bytes()).hexdigest()
+    assert again[str(online)] != digests[str(online)]
 
 
 def test_a_capacity_trace_refuses_another_source_of_speed(tmp_path: Path) -> None:

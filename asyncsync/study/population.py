@@ -7,6 +7,7 @@ the recipe's checks, the set-up of every worker and the summary see the same pop
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -37,17 +38,22 @@ class Population:
     capacity: list[Capacity] | None
     source: str
     end_s: float
+    digests: dict[str, str]
+    """Each trace file's SHA-256 by its path, as read: the logs say which population ran
+    even after a trace is edited."""
 
     def online(self, rank: int) -> OnlineTimes | None:
         """Worker `rank`'s online intervals within the budget (None: online throughout)."""
         return None if self.times is None else self.times[rank]
 
     def facts(self) -> dict[str, Any]:
-        """What summary.json records: the capacity row each rank got, and how much of the
-        budget the population was online (and wholly offline)."""
+        """What summary.json records: the capacity row each rank got, how much of the
+        budget the population was online (and wholly offline), and each trace's digest."""
         out: dict[str, Any] = {}
         if self.capacity is not None:
             out["capacity_rows"] = [row.row for row in self.capacity]
+        if self.digests:
+            out["trace_sha256"] = dict(self.digests)
         if self.times is not None:
             shares = [t.online_s(self.end_s) / self.end_s for t in self.times]
             gaps = all_offline(self.times, self.end_s)
@@ -88,8 +94,15 @@ def population(availability: dict[str, Any], capacity_trace: str, workers: int,
         times, source = _times(availability, workers, seed, end_s)
         rows = (assign_rows(load_capacity(capacity_trace), workers, seed) if capacity_trace
                 else None)
-        known = _CACHE[key] = Population(times, rows, source, end_s)
+        digests = {path: _sha256(path) for path in (availability["trace"], capacity_trace)
+                   if path}
+        known = _CACHE[key] = Population(times, rows, source, end_s, digests)
     return known
+
+
+def _sha256(path: str) -> str:
+    """A trace file's SHA-256 (hex), read once more after its loader read it whole."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _times(keys: dict[str, Any], workers: int, seed: int, end_s: float,
