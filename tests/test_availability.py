@@ -172,6 +172,42 @@ def test_an_offline_worker_sends_nothing_and_rounds_close_without_it(tmp_path: P
     assert share == pytest.approx((20 + 20 + 13) / 60, abs=1e-4)
 
 
+def test_an_interval_that_ends_while_the_worker_leaves_is_skipped(tmp_path: Path) -> None:
+    """Worker 0's leave waits for its slow uplink past the end of its 20 ms blip online:
+    it used to log `online` after the blip had ended, then join and download the model
+    while offline."""
+    trace = write_trace(tmp_path / "t.csv", "0,0,5.2\n0,5.3,5.32\n0,8,20\n1,0,20\n2,0,20\n")
+    links = tmp_path / "cap.csv"
+    links.write_text("worker,s_per_sample,up_mbps,down_mbps\n0,0.001,20,40\n"
+                     "1,0.002,10,20\n2,0.004,5,10\n")
+    recipe = tmp_path / "avail.toml"
+    recipe.write_text(f"""name = "avail"
+[defaults]
+workers = 3
+clock = "virtual"
+stop = {{time_s = 12}}
+model = {{name = "mlp"}}
+data = {{batch_size = 16}}
+eval = {{interval_s = 4}}
+availability = {{trace = "{trace}"}}
+capacity = {{trace = "{links}"}}
+[[runs]]
+name = "run"
+protocol = {{name = "fedavg", local_steps = 2, fraction = 1.0}}
+""")
+    simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+    times = load_availability(trace, 3)[0]
+    records = read_jsonl(tmp_path / "run" / "worker-0.jsonl")
+    online = [r["t"] for r in records if r[KEY] == Kind.ONLINE]
+    assert online == [8.0]
+    joins = [r["t"] for r in records if r[KEY] == Kind.JOIN]
+    assert joins and all(times.online_at(t) for t in joins)
+    assert [(r["t"], r["until"]) for r in records if r[KEY] == Kind.OFFLINE] == [(5.2, 8.0)]
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")
+    assert [e["t"] for e in events if e[KEY] == Kind.REJOIN and e["worker"] == 0] == [
+        pytest.approx(8.0, abs=0.2)]
+
+
 @pytest.mark.parametrize("protocol", ["fedavg", "asp"])
 def test_a_trace_with_everyone_offline_pauses_and_the_run_ends_at_its_budget(
         tmp_path: Path, protocol: str) -> None:
