@@ -299,3 +299,31 @@ def test_a_generator_that_cannot_draw_a_usable_population_is_refused_at_once(
     recipe.write_text(RECIPE.format(trace="", protocol="bsp").replace('trace = ""', keys))
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load_recipe(recipe)
+
+
+def test_a_request_held_at_a_barrier_when_the_run_stops_is_logged_as_held(
+        tmp_path: Path) -> None:
+    """Worker 0's last exchange waits at the barrier for worker 1 (50x slower) until the
+    run's end: it was logged as 0 s held, its whole wait counted as communication."""
+    recipe = tmp_path / "held.toml"
+    recipe.write_text("""name = "held"
+[defaults]
+workers = 2
+clock = "virtual"
+stop = {time_s = 6}
+model = {name = "mlp"}
+data = {batch_size = 8}
+eval = {interval_s = 3}
+compute = {base_step_s = 0.05, slowdown = [1, 50]}
+[[runs]]
+name = "run"
+protocol = {name = "fedavg", local_steps = 2, fraction = 1.0}
+""")
+    simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+    records = read_jsonl(tmp_path / "run" / "worker-0.jsonl")
+    last = [r for r in records if r[KEY] == Kind.EXCHANGE][-1]
+    assert last["t"] + last["dur"] >= 6.0  # answered by the stop
+    assert last["held_s"] > 0.8 * last["dur"] > 0.5
+    final = next(r for r in records if r[KEY] == Kind.FINAL)
+    assert final["held_s"] >= last["held_s"] - 1e-3
+    assert final["comm_s"] < 0.2 * final["wall_s"]
