@@ -327,3 +327,32 @@ protocol = {name = "fedavg", local_steps = 2, fraction = 1.0}
     final = next(r for r in records if r[KEY] == Kind.FINAL)
     assert final["held_s"] >= last["held_s"] - 1e-3
     assert final["comm_s"] < 0.2 * final["wall_s"]
+
+
+def test_a_workers_wall_time_ends_when_it_learns_of_the_stop(tmp_path: Path) -> None:
+    """Documented (docs/results.md): a step under way at the stop is finished and counted,
+    so the slow worker's wall_s passes the 6 s budget; it ends with the request the stop
+    answered, and its shares still add up to at most its wall time."""
+    recipe = tmp_path / "late.toml"
+    recipe.write_text("""name = "late"
+[defaults]
+workers = 2
+clock = "virtual"
+stop = {time_s = 6}
+model = {name = "mlp"}
+data = {batch_size = 8}
+eval = {interval_s = 3}
+compute = {base_step_s = 0.05, slowdown = [1, 50]}
+[[runs]]
+name = "run"
+protocol = {name = "fedavg", local_steps = 2, fraction = 1.0}
+""")
+    summary = simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+    assert summary["wall_s"] == pytest.approx(6.0)
+    records = read_jsonl(tmp_path / "run" / "worker-1.jsonl")
+    final = next(r for r in records if r[KEY] == Kind.FINAL)
+    last = [r for r in records if r[KEY] in (Kind.EXCHANGE, Kind.PUSH, Kind.PULL)][-1]
+    assert last["version"] is None  # answered by the stop
+    assert final["wall_s"] == pytest.approx(last["t"] + last["dur"], abs=1e-3)
+    assert final["wall_s"] > 6.0  # its second step (5 s) began at 5 s, before the stop
+    assert final["compute_s"] + final["comm_s"] + final["held_s"] <= final["wall_s"] + 1e-6
