@@ -97,4 +97,4 @@ def test_a_missing_or_diverged_loss_is_written_as_json_null(tmp_path: Path) -> N
     diverged.final()
     diverged.log.close()
     lines = (tmp_path / "nan.jsonl").read_text().splitlines()
-    assert [strict(line)["loss"] for line in lines] == [None, 0.12346, 0.12346]
+    assert [strict(line)["loss"] for line in lines] == [None, 0.12346, 0.123456]

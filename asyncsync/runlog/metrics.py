@@ -98,9 +98,9 @@ STAT_FIELDS = frozenset(WorkerStats.__dataclass_fields__)
 
 
 def json_loss(loss: float) -> float | None:
-    """A loss as a log writes it: rounded, or null when it is not a finite number (no step
-    yet, or a diverged one): NaN is not JSON."""
-    return round(loss, 5) if math.isfinite(loss) else None
+    """A loss as a log can write it: null when it is not a finite number (no step yet, or
+    a diverged one): NaN is not JSON."""
+    return loss if math.isfinite(loss) else None
 
 
 class IntervalUnion:
@@ -216,7 +216,7 @@ class WorkerMetrics:
         s.factor = factor
         s.overruns = overruns
         self.log.write(record(Kind.COMPUTE, t=round(start, 4), dur=round(seconds, 4),
-                              steps=steps, samples=samples, loss=json_loss(loss),
+                              steps=steps, samples=samples, loss=json_loss(round(loss, 5)),
                               factor=round(factor, 3)))
 
     def transferred(self, op: str, start: float, seconds: float, held_s: float,
