@@ -174,6 +174,42 @@ def test_an_offline_worker_sends_nothing_and_rounds_close_without_it(tmp_path: P
     assert share == pytest.approx((20 + 20 + 13) / 60, abs=1e-4)
 
 
+def test_an_interval_that_ends_while_the_worker_leaves_is_skipped(tmp_path: Path) -> None:
+    """Worker 0's leave waits for its slow uplink past the end of its 20 ms blip online:
+    it used to log `online` after the blip had ended, then join and download the model
+    while offline."""
+    trace = write_trace(tmp_path / "t.csv", "0,0,5.2\n0,5.3,5.32\n0,8,20\n1,0,20\n2,0,20\n")
+    links = tmp_path / "cap.csv"
+    links.write_text("worker,s_per_sample,up_mbps,down_mbps\n0,0.001,20,40\n"
+                     "1,0.002,10,20\n2,0.004,5,10\n")
+    recipe = tmp_path / "avail.toml"
+    recipe.write_text(f"""name = "avail"
+[defaults]
+workers = 3
+clock = "virtual"
+stop = {{time_s = 12}}
+model = {{name = "mlp"}}
+data = {{batch_size = 16}}
+eval = {{interval_s = 4}}
+availability = {{trace = "{trace}"}}
+capacity = {{trace = "{links}"}}
+[[runs]]
+name = "run"
+protocol = {{name = "fedavg", local_steps = 2, fraction = 1.0}}
+""")
+    simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+    times = load_availability(trace, 3)[0]
+    records = read_jsonl(tmp_path / "run" / "worker-0.jsonl")
+    online = [r["t"] for r in records if r[KEY] == Kind.ONLINE]
+    assert online == [8.0]
+    joins = [r["t"] for r in records if r[KEY] == Kind.JOIN]
+    assert joins and all(times.online_at(t) for t in joins)
+    assert [(r["t"], r["until"]) for r in records if r[KEY] == Kind.OFFLINE] == [(5.2, 8.0)]
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")
+    assert [e["t"] for e in events if e[KEY] == Kind.REJOIN and e["worker"] == 0] == [
+        pytest.approx(8.0, abs=0.2)]
+
+
 @pytest.mark.parametrize("protocol", ["fedavg", "asp"])
 def test_a_trace_with_everyone_offline_pauses_and_the_run_ends_at_its_budget(
         tmp_path: Path, protocol: str) -> None:
@@ -265,3 +301,60 @@ def test_a_generator_that_cannot_draw_a_usable_population_is_refused_at_once(
     recipe.write_text(RECIPE.format(trace="", protocol="bsp").replace('trace = ""', keys))
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load_recipe(recipe)
+
+
+def test_a_request_held_at_a_barrier_when_the_run_stops_is_logged_as_held(
+        tmp_path: Path) -> None:
+    """Worker 0's last exchange waits at the barrier for worker 1 (50x slower) until the
+    run's end: it was logged as 0 s held, its whole wait counted as communication."""
+    recipe = tmp_path / "held.toml"
+    recipe.write_text("""name = "held"
+[defaults]
+workers = 2
+clock = "virtual"
+stop = {time_s = 6}
+model = {name = "mlp"}
+data = {batch_size = 8}
+eval = {interval_s = 3}
+compute = {base_step_s = 0.05, slowdown = [1, 50]}
+[[runs]]
+name = "run"
+protocol = {name = "fedavg", local_steps = 2, fraction = 1.0}
+""")
+    simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+    records = read_jsonl(tmp_path / "run" / "worker-0.jsonl")
+    last = [r for r in records if r[KEY] == Kind.EXCHANGE][-1]
+    assert last["t"] + last["dur"] >= 6.0  # answered by the stop
+    assert last["held_s"] > 0.8 * last["dur"] > 0.5
+    final = next(r for r in records if r[KEY] == Kind.FINAL)
+    assert final["held_s"] >= last["held_s"] - 1e-3
+    assert final["comm_s"] < 0.2 * final["wall_s"]
+
+
+def test_a_workers_wall_time_ends_when_it_learns_of_the_stop(tmp_path: Path) -> None:
+    """Documented (docs/results.md): a step under way at the stop is finished and counted,
+    so the slow worker's wall_s passes the 6 s budget; it ends with the request the stop
+    answered, and its shares still add up to at most its wall time."""
+    recipe = tmp_path / "late.toml"
+    recipe.write_text("""name = "late"
+[defaults]
+workers = 2
+clock = "virtual"
+stop = {time_s = 6}
+model = {name = "mlp"}
+data = {batch_size = 8}
+eval = {interval_s = 3}
+compute = {base_step_s = 0.05, slowdown = [1, 50]}
+[[runs]]
+name = "run"
+protocol = {name = "fedavg", local_steps = 2, fraction = 1.0}
+""")
+    summary = simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+    assert summary["wall_s"] == pytest.approx(6.0)
+    records = read_jsonl(tmp_path / "run" / "worker-1.jsonl")
+    final = next(r for r in records if r[KEY] == Kind.FINAL)
+    last = [r for r in records if r[KEY] in (Kind.EXCHANGE, Kind.PUSH, Kind.PULL)][-1]
+    assert last["version"] is None  # answered by the stop
+    assert final["wall_s"] == pytest.approx(last["t"] + last["dur"], abs=1e-3)
+    assert final["wall_s"] > 6.0  # its second step (5 s) began at 5 s, before the stop
+    assert final["compute_s"] + final["comm_s"] + final["held_s"] <= final["wall_s"] + 1e-6

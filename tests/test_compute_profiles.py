@@ -4,6 +4,7 @@ worker's compute seam, recipe tables."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -56,6 +57,29 @@ def test_static_and_step_delay() -> None:
         StaticSlowdown(0.5)
     with pytest.raises(ValueError, match="delay"):
         StepDelay(-0.1)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: StaticSlowdown(math.nan), lambda: StaticSlowdown(math.inf),
+    lambda: StepDelay(math.nan), lambda: StepDelay(math.inf),
+    lambda: RandomSlowdown(math.nan, 2.0, 1.0, 0, 0),
+    lambda: RandomSlowdown(1.0, 2.0, math.nan, 0, 0),
+    lambda: PeriodicStraggler(0, math.nan, 1.0, 2.0, 0),
+    lambda: MovingStraggler(math.nan, 1.0, 2, 0), lambda: MovingStraggler(2.0, math.nan, 2, 0),
+])
+def test_a_profile_refuses_nan_and_inf(build: Callable[[], object]) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        build()
+
+
+def test_a_worker_refuses_a_nan_slowdown() -> None:
+    from asyncsync.engine.worker import Worker
+    from tests.helpers import batches_of, tiny_data, tiny_model
+
+    x, y = tiny_data()
+    with pytest.raises(ValueError, match="slowdown factor must be a finite number >= 1"):
+        Worker.connect(0, "http://127.0.0.1:1", tiny_model(), batches_of(x, y, 0), "asp",
+                       lr=0.1, batch_size=8, slowdown=math.nan)
 
 
 def test_random_factors_are_seeded_and_held_for_a_period() -> None:

@@ -74,3 +74,27 @@ def test_a_rank_log_writes_the_rank_first_then_the_record_as_json_would(
     shared.close()
     expected = [json.dumps({RANK: 7, **record}, separators=(",", ":")) for record in records]
     assert (tmp_path / "workers.jsonl").read_text().splitlines() == expected
+
+
+def test_a_missing_or_diverged_loss_is_written_as_json_null(tmp_path: Path) -> None:
+    """A worker that never stepped wrote ``"loss": NaN``, which strict JSON refuses."""
+    def strict(line: str) -> dict[str, object]:
+        def refuse(constant: str) -> None:
+            raise ValueError(f"not JSON: {constant}")
+        parsed: dict[str, object] = json.loads(line, parse_constant=refuse)
+        return parsed
+
+    idle = WorkerMetrics(JsonlLog(tmp_path / "idle.jsonl"))
+    idle.start()
+    assert idle.final()["loss"] is None
+    idle.log.close()
+    assert [strict(line)["loss"] for line in (tmp_path / "idle.jsonl").read_text().splitlines()
+            ] == [None]
+    diverged = WorkerMetrics(JsonlLog(tmp_path / "nan.jsonl"))
+    diverged.start()
+    diverged.computed(0.0, 1, 8, 0.1, float("nan"), 1.0, 0)
+    diverged.computed(0.1, 1, 8, 0.1, 0.123456, 1.0, 0)
+    diverged.final()
+    diverged.log.close()
+    lines = (tmp_path / "nan.jsonl").read_text().splitlines()
+    assert [strict(line)["loss"] for line in lines] == [None, 0.12346, 0.123456]

@@ -113,6 +113,13 @@ def test_bad_values_name_the_key(tmp_path: Path, edit: list[str], message: str) 
         (BASE.replace("[defaults]", '[defaults]\nprotocol = { name = "fedavg", deadline_s = 1, '
                       'deadline_quantile = 0.5 }').replace('protocol = "bsp"\n', ""),
          "defaults.protocol: deadline_s and deadline_quantile: choose one kind"),
+        (BASE.replace('protocol = "asp"', 'protocol = { name = "bsp", backup_workers = 3 }'),
+         "runs[1] (b): protocol.backup_workers: must be < workers (3), got 3"),
+        (BASE.replace('protocol = "asp"', 'protocol = { name = "fedbuff", deadline_s = 1 }'),
+         "runs[1] (b).protocol: deadline_s: not offered by fedbuff"),
+        (BASE.replace('protocol = "asp"',
+                      'protocol = { name = "fedavg", deadline_window = 5 }'),
+         "runs[1] (b).protocol: deadline_window: only an adaptive deadline"),
     ],
 )
 def test_malformed_recipes_name_the_key(tmp_path: Path, text: str, message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,27 @@ def test_a_damaged_run_sent_to_a_tracker_is_no_traceback(
                          f"tensorboard={tmp_path / 'tb'}")
     assert code == 0, out
     assert "tracked 2 runs" in out
+
+
+def test_a_restarted_worker_counts_the_steps_its_killed_process_left(tmp_path: Path) -> None:
+    """Worker 1 was killed after 4 steps (no final record, its last line torn) and
+    restarted: the new process appended 10 steps and its final. The summary counted only
+    the final's 10 steps and 80 samples."""
+    from asyncsync.results.report import summarize_run
+    from asyncsync.runlog.reading import final_records
+
+    run_dir = fake_run(tmp_path, "r", "a", "asp", [0.1, 0.6])
+    log = run_dir / "worker-1.jsonl"
+    killed = "".join(json.dumps({"event": "compute", "t": 1.0 * i, "dur": 0.5, "steps": 1,
+                                 "samples": 8, "loss": 1.0}) + "\n" for i in range(4))
+    log.write_text(killed + '{"event": "push", "t": 4.0, "dur": 0.3, "held_s": 0.0, '
+                   '"up": 10, "down": 5}\n{"event": "comp' + log.read_text())
+    finals = final_records(run_dir)
+    assert finals[0]["steps"] == 10 and "unfinished_steps" not in finals[0]
+    assert (finals[1]["steps"], finals[1]["samples"], finals[1]["unfinished_steps"]) == (
+        14, 112, 4)
+    assert finals[1]["compute_s"] == 8.0 and finals[1]["wall_s"] == 10.0  # the last process's
+    summary = summarize_run(run_dir)
+    assert summary["steps"] == 24
+    assert summary["samples_per_s"] == (80 + 112) / 10.0
+    assert summary["compute_proportion_per_worker"] == [0.5, 0.8]

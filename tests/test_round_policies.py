@@ -20,6 +20,7 @@ from asyncsync.protocols.bsp import BspParams
 from asyncsync.protocols.deadlines import RoundDurations, median_plus_mad, quantile
 from asyncsync.protocols.diloco import DilocoParams
 from asyncsync.protocols.fedavg import FedAvgParams
+from asyncsync.protocols.fedbuff import FedBuffParams
 from asyncsync.protocols.fednova import FedNovaParams
 from asyncsync.protocols.local_sgd import LocalSgdParams
 from asyncsync.protocols.rounds import RoundRecord, RoundServer
@@ -130,8 +131,19 @@ def test_round_policies_that_contradict_each_other_are_refused() -> None:
         BspParams(backup_workers=1, overcommit=0.3)
     with pytest.raises(ValueError, match="deadline_window"):
         LocalSgdParams(deadline_mad_k=2.0, deadline_window=2)
-    with pytest.raises(ValueError, match="not offered by streaming DiLoCo"):
+    with pytest.raises(ValueError, match=r"^deadline_s: not offered by streaming DiLoCo"):
         StreamingDilocoParams(deadline_s=1.0)
+    with pytest.raises(ValueError, match=r"^deadline_window: only an adaptive deadline"):
+        FedAvgParams(deadline_window=5)
+    assert FedAvgParams(deadline_quantile=0.9, deadline_window=5).deadline_window == 5
+
+
+@pytest.mark.parametrize("key", ["backup_workers", "deadline_s", "overcommit",
+                                 "deadline_quantile", "deadline_mad_k"])
+def test_fedbuff_refuses_the_round_policies_it_inherits(key: str) -> None:
+    """FedBuff has no rounds: these keys were accepted and did nothing."""
+    with pytest.raises(ValueError, match=f"^{key}: not offered by fedbuff"):
+        FedBuffParams(**{key: 1 if key == "backup_workers" else 0.5})
 
 
 # ---- the adaptive deadline ----------------------------------------------------------------

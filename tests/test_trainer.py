@@ -45,7 +45,10 @@ def test_flat_sgd_nesterov_and_validation() -> None:
     w, g = torch.zeros(2), torch.ones(2)
     assert torch.allclose(opt.update(w, g), torch.full((2,), 0.75))  # 0.5 * (1 + 0.5 * 1)
     for kwargs, word in (({"lr": 0}, "lr"), ({"lr": 1, "momentum": 1.0}, "momentum"),
-                         ({"lr": 1, "nesterov": True}, "nesterov")):
+                         ({"lr": 1, "nesterov": True}, "nesterov"),
+                         ({"lr": float("nan")}, "lr"), ({"lr": float("inf")}, "lr"),
+                         ({"lr": 1, "weight_decay": float("nan")}, "weight_decay"),
+                         ({"lr": 1, "weight_decay": float("inf")}, "weight_decay")):
         try:
             FlatSGD(**kwargs)  # type: ignore[arg-type]
         except ValueError as exc:

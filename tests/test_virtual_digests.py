@@ -85,17 +85,17 @@ stop = {time_s = 6}
 
 DIGESTS = {
     "bsp":
-        "ecf77d5d33daf6b2cf5fb6b4c8161772189947331c6119583649f4a07a5a0497",
+        "2944c6ecf6a277c50af67148d3aee65b4ade8538a1d3e705ac151abc5dc035a1",
     "asp":
         "9daa619b141494b2288f6d4cccf488cf10de34cd35184319b90cfcf48f027867",
     "local_sgd":
-        "55a1309be7e99347856109513310ed3a06b6e0d17c5f5bf4c98cd2bc17a0bfe4",
+        "32a22dcac0e1f76cfed50cb76349eb6efc8858ebb23252056b418161714e30e3",
     "nbsync":
-        "5761de31c03cf1de16ad95340ff15d4e7f8c91a22043538dd8c003d387ae3144",
+        "369c7a335829303757f730301c38f0662573532a110420483a3baa9ad35ebb95",
     "asp_timing":
         "f2c4b71a37dc9e7f71f1923c7b87be80fedf4038cc3ed116a54a17c46d7e2887",
     "bsp_timing":
-        "a00a871d933da677d2bca02a1b7b9e78d480ae69a4d62b566afe6b81c4e27f89",
+        "14f3bb7da86774b40397eb38e4f0831eb7af2b170c5e6708edcf22d6d69cac7b",
 }
 
 

@@ -224,8 +224,8 @@ class ServerCore:
         record.state = {"push": "pushing", "pull": "pulling"}.get(op, record.state)
         try:
             reply = await self._dispatch(op, worker, header, meta, vector, finite)
-        except RunStopped:
-            return {"stop": True}, None
+        except RunStopped:  # (held, e.g. at a barrier, until the run stopped: say how long)
+            return {"meta": {HELD: round(now() - started, 6)}, "stop": True}, None
         finally:
             record.last_seen = self.store.now()
             if worker in self.store.live:

@@ -45,15 +45,26 @@ class Presence:
 
     async def absence(self, leave: Callable[[], Awaitable[object]]) -> None:
         """Leave (`leave` sends it), then wait, sending nothing, until the worker is online
-        again. Raises `RunStopped` when the run stopped meanwhile or the worker is never
-        online again."""
+        again. An interval that ended while the worker left or slept (a leave can outlast
+        a short one) is skipped: it waits for the next. Raises `RunStopped` when the run
+        stopped meanwhile or the worker is never online again."""
+        assert self.times is not None
+        went = self.metrics.now() + SLACK_S
+        with contextlib.suppress(OutOfStep, NotInRun, OSError):  # already out: as good
+            await leave()
+        back = self._next_online()
+        self.metrics.log.write(record(Kind.OFFLINE, t=round(went, 4), until=back))
+        while back is not None:
+            await sleep(back - self.metrics.now())
+            if self.times.online_at(self.metrics.now() + SLACK_S):
+                self.metrics.log.write(record(Kind.ONLINE, t=round(self.metrics.now(), 4)))
+                return
+            back = self._next_online()
+        raise RunStopped
+
+    def _next_online(self) -> float | None:
+        """When the worker is next online, from now (None: never)."""
         assert self.times is not None
         t = self.metrics.now() + SLACK_S
         back = self.times.online_from(t)
-        self.metrics.log.write(record(Kind.OFFLINE, t=round(t, 4), until=back))
-        with contextlib.suppress(OutOfStep, NotInRun, OSError):  # already out: as good
-            await leave()
-        if back is None:
-            raise RunStopped
-        await sleep(back - self.metrics.now())
-        self.metrics.log.write(record(Kind.ONLINE, t=round(self.metrics.now(), 4)))
+        return None if back is None else max(back, t)

@@ -30,6 +30,7 @@ counts overruns).
 from __future__ import annotations
 
 import csv
+import math
 import random
 from abc import abstractmethod
 from collections.abc import Callable
@@ -182,8 +183,8 @@ class StaticSlowdown(ComputeProfile):
     """A constant factor f >= 1."""
 
     def __init__(self, factor: float) -> None:
-        if factor < 1:
-            raise ValueError(f"slowdown factor must be >= 1, got {factor}")
+        if not (math.isfinite(factor) and factor >= 1):
+            raise ValueError(f"slowdown factor must be a finite number >= 1, got {factor}")
         self._factor = factor
 
     def factor_at(self, t: float) -> float:
@@ -206,8 +207,8 @@ class StepDelay(RecipeProfile):
         return cls(delay if selected else 0.0)
 
     def __init__(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError(f"step delay must be >= 0, got {seconds}")
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"step delay must be a finite number >= 0, got {seconds}")
         self.seconds = seconds
 
     def padding(self, t: float, compute_s: float) -> float:
@@ -229,10 +230,10 @@ class RandomSlowdown(RecipeProfile):
         return cls(params.low, params.high, params.period_s, seed, rank)
 
     def __init__(self, low: float, high: float, period_s: float, seed: int, rank: int) -> None:
-        if not 1 <= low <= high:
-            raise ValueError(f"need 1 <= low <= high, got low={low}, high={high}")
-        if period_s <= 0:
-            raise ValueError(f"period_s must be > 0, got {period_s}")
+        if not (math.isfinite(high) and 1 <= low <= high):
+            raise ValueError(f"need finite 1 <= low <= high, got low={low}, high={high}")
+        if not (math.isfinite(period_s) and period_s > 0):
+            raise ValueError(f"period_s must be a finite number > 0, got {period_s}")
         self.low, self.high, self.period_s = low, high, period_s
         self.seed, self.rank = seed, rank
 
@@ -255,8 +256,8 @@ class PeriodicStraggler(RecipeProfile):
 
     def __init__(self, worker: int, slow: float, duration_s: float, period_s: float,
                  rank: int) -> None:
-        if slow < 1:
-            raise ValueError(f"factor must be >= 1, got {slow}")
+        if not (math.isfinite(slow) and slow >= 1):
+            raise ValueError(f"factor must be a finite number >= 1, got {slow}")
         if not 0 < duration_s <= period_s:
             raise ValueError(f"need 0 < duration_s <= period_s, got {duration_s}, {period_s}")
         self.worker, self.slow = worker, slow
@@ -279,10 +280,10 @@ class MovingStraggler(RecipeProfile):
         return cls(params.factor, params.dwell_s, workers, rank)
 
     def __init__(self, slow: float, dwell_s: float, workers: int, rank: int) -> None:
-        if slow < 1:
-            raise ValueError(f"factor must be >= 1, got {slow}")
-        if dwell_s <= 0:
-            raise ValueError(f"dwell_s must be > 0, got {dwell_s}")
+        if not (math.isfinite(slow) and slow >= 1):
+            raise ValueError(f"factor must be a finite number >= 1, got {slow}")
+        if not (math.isfinite(dwell_s) and dwell_s > 0):
+            raise ValueError(f"dwell_s must be a finite number > 0, got {dwell_s}")
         self.slow, self.dwell_s, self.workers, self.rank = slow, dwell_s, workers, rank
 
     def factor_at(self, t: float) -> float:

@@ -56,6 +56,7 @@ from asyncsync.protocols.base import (
     Push,
     ServerRule,
     Unacceptable,
+    check_fields,
     option,
     register,
     unchanged_if_refused,
@@ -72,6 +73,11 @@ class FedBuffParams(LocalSgdParams, StalenessOptions):
 
     buffer_size: int = option(3, lambda v: v >= 1, "must be >= 1",
                               "K: deltas aggregated into each version")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self.refuse_cutoff("fedbuff", "it has no rounds: every K deltas make a version, "
+                           "whenever they come")
 
 
 def accumulate(total: torch.Tensor | None, delta: torch.Tensor,

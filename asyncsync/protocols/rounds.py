@@ -64,7 +64,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
@@ -122,6 +122,11 @@ def _fraction(value: float) -> bool:
     return 0 <= value <= 1
 
 
+def _default(name: str) -> Any:
+    """The default of one of `Cutoff`'s options."""
+    return next(item.default for item in fields(Cutoff) if item.name == name)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Cutoff:
     """Parameters that let a round close without its slowest members (see the module
@@ -160,6 +165,23 @@ class Cutoff:
         if self.backup_workers and self.overcommit:
             raise ValueError("backup_workers and overcommit: choose one way to close a round "
                              "early")
+        if self.deadline_window != _default("deadline_window") and not self.adaptive:
+            raise ValueError("deadline_window: only an adaptive deadline (deadline_quantile "
+                             "or deadline_mad_k) follows recent rounds; set one, or leave "
+                             "this key out")
+
+    def refuse_cutoff(self, protocol: str, why: str) -> None:
+        """Refuse any of these options set to other than its default (a protocol whose
+        parameters inherit them but whose rounds cannot honour them), naming the key."""
+        for item in fields(Cutoff):
+            if getattr(self, item.name) != item.default:
+                raise ValueError(f"{item.name}: not offered by {protocol} ({why})")
+
+    def check_workers(self, workers: int) -> None:
+        """Refuse backup workers that would leave a round of `workers` nobody to wait for."""
+        if self.backup_workers >= workers:
+            raise ValueError(f"backup_workers: must be < workers ({workers}), "
+                             f"got {self.backup_workers}")
 
     @property
     def adaptive(self) -> bool:
@@ -214,9 +236,7 @@ class RoundServer(ServerRule[P]):
         self.closed = [0] * len(self.bounds)
         self.rounds: deque[RoundRecord] = deque(maxlen=wide_history(store.workers))
         self.cutoff = params if isinstance(params, Cutoff) else Cutoff()
-        if self.cutoff.backup_workers >= store.workers:
-            raise ValueError(f"backup_workers: must be < workers ({store.workers}), "
-                             f"got {self.cutoff.backup_workers}")
+        self.cutoff.check_workers(store.workers)
         if self.cutoff.cuts and not self.same_version:
             raise ValueError(f"{type(self).__name__}: its pushes are not all based on the "
                              "current version, so rounds cannot drop late ones (backup "

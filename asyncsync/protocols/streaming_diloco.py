@@ -51,10 +51,8 @@ class StreamingDilocoParams(DilocoParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.cuts:
-            raise ValueError("backup_workers, deadlines and overcommit: not offered by "
-                             "streaming DiLoCo (its fragments' rounds advance the version "
-                             "between a push and its round's close)")
+        self.refuse_cutoff("streaming DiLoCo", "its fragments' rounds advance the version "
+                           "between a push and its round's close")
         if self.fragments > self.inner_steps:
             raise ValueError(f"fragments: must be <= inner_steps ({self.inner_steps}), "
                              f"got {self.fragments}")

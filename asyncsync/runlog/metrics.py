@@ -9,6 +9,7 @@ categories overlap in time; compute proportion is always computing time / wall t
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,12 @@ class WorkerStats:
 
 
 STAT_FIELDS = frozenset(WorkerStats.__dataclass_fields__)
+
+
+def json_loss(loss: float) -> float | None:
+    """A loss as a log can write it: null when it is not a finite number (no step yet, or
+    a diverged one): NaN is not JSON."""
+    return loss if math.isfinite(loss) else None
 
 
 class IntervalUnion:
@@ -209,7 +216,7 @@ class WorkerMetrics:
         s.factor = factor
         s.overruns = overruns
         self.log.write(record(Kind.COMPUTE, t=round(start, 4), dur=round(seconds, 4),
-                              steps=steps, samples=samples, loss=round(loss, 5),
+                              steps=steps, samples=samples, loss=json_loss(round(loss, 5)),
                               factor=round(factor, 3)))
 
     def transferred(self, op: str, start: float, seconds: float, held_s: float,
@@ -248,6 +255,7 @@ class WorkerMetrics:
         self.stats.bytes_up, self.stats.bytes_down = up, down
 
     def final(self) -> dict[str, Any]:
-        totals = record(Kind.FINAL, **self.snapshot())
+        """Write and return the totals (``loss`` null when there is none: no step yet)."""
+        totals = record(Kind.FINAL, **{**self.snapshot(), "loss": json_loss(self.stats.loss)})
         self.log.write(totals)
         return totals

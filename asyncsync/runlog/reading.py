@@ -113,15 +113,49 @@ def worker_logs(run_dir: Path, ranks: Collection[int] | None = None,
 
 def final_records(run_dir: Path) -> dict[int, dict[str, Any]]:
     """Each worker's last ``final`` record (its run's totals) by rank; a worker that wrote
-    none is absent. Streams the logs, parsing only the lines that may be one."""
-    finals = {rank: record for rank, record in worker_records(run_dir, _may_be_final)
-              if record.get(KEY) == Kind.FINAL}
+    none is absent.
+
+    A worker restarted after a kill appends to its own log, where the killed process left
+    steps that no ``final`` record counts: their `COUNTED` totals (from its ``compute``
+    records) are added to the last one's, and ``unfinished_steps`` says how many steps that
+    was; its times and bytes are the last process's. Streams the logs, parsing only the
+    lines that may be a ``final`` record or (a worker's own log; a shared log is a virtual
+    run's, with no processes to kill) a computation."""
+    shared = (run_dir / WORKERS_LOG).exists()
+    finals: dict[int, dict[str, Any]] = {}
+    computed: dict[int, dict[str, int]] = {}  # by rank: compute records' totals
+    counted: dict[int, dict[str, int]] = {}  # by rank: those of all its final records
+    for rank, record in worker_records(run_dir, _may_be_final if shared else _may_count):
+        kind = record.get(KEY)
+        if kind not in (Kind.FINAL, Kind.COMPUTE):
+            continue
+        sums = (counted if kind == Kind.FINAL else computed).setdefault(
+            rank, dict.fromkeys(COUNTED, 0))
+        for key in COUNTED:
+            sums[key] += int(record.get(key) or 0)
+        if kind == Kind.FINAL:
+            finals[rank] = record
+    for rank, final in finals.items():
+        done = computed.get(rank, {})
+        extra = {key: done.get(key, 0) - counted[rank][key] for key in COUNTED}
+        if extra["steps"] > 0:
+            finals[rank] = {**final, **{key: final[key] + extra[key] for key in COUNTED},
+                            "unfinished_steps": extra["steps"]}
     return dict(sorted(finals.items()))
+
+
+COUNTED = ("steps", "samples")
+"""The totals a killed process's ``compute`` records still tell (see `final_records`)."""
 
 
 def _may_be_final(line: str) -> bool:
     """Whether a line may hold a ``final`` record (its kind's name appears in it)."""
     return Kind.FINAL in line
+
+
+def _may_count(line: str) -> bool:
+    """Whether a line may hold a ``final`` or a ``compute`` record."""
+    return Kind.FINAL in line or Kind.COMPUTE in line
 
 
 def label(summary: dict[str, Any]) -> str:

@@ -251,7 +251,12 @@ def _resolve_run(defaults: dict[str, Any], run: Any, index: int, swept: str | No
     if "protocol" not in merged:
         raise ConfigError(f"{label}.protocol: every run needs a protocol")
     protocol = _resolve_protocol(merged.pop("protocol", None), where)
-    return dataclasses.replace(from_mapping(RunSpec, merged, "", where), protocol=protocol)
+    try:  # (the spec's checks of the protocol against the run, e.g. its workers)
+        return dataclasses.replace(from_mapping(RunSpec, merged, "", where), protocol=protocol)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
 
 
 def _resolve_protocol(value: Any, where: Callable[[str], str]) -> ProtocolSpec:

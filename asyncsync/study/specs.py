@@ -19,6 +19,7 @@ from typing import Any
 from asyncsync.hetero.compute import ComputeProfile
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams
+from asyncsync.protocols.rounds import Cutoff
 from asyncsync.runlog.reading import sweep_suffix
 from asyncsync.schema import option
 from asyncsync.study.hetero_specs import (
@@ -175,6 +176,11 @@ class RunSpec:
     capacity: CapacitySpec = field(default_factory=CapacitySpec)
 
     def __post_init__(self) -> None:
+        if isinstance(self.protocol.params, Cutoff):  # (the server would refuse it)
+            try:
+                self.protocol.params.check_workers(self.workers)
+            except ValueError as exc:
+                raise ValueError(f"protocol.{exc}") from None
         self._check_network()
         if self.network.message_overhead_ms and self.clock != "virtual":
             raise ValueError("network.message_overhead_ms: a real run pays its messages' "

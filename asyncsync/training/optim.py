@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -16,12 +18,12 @@ class FlatSGD:
     def __init__(
         self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False
     ) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {lr}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if not (math.isfinite(weight_decay) and weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay}")
         if nesterov and momentum == 0:
             raise ValueError("nesterov needs momentum > 0")
         self.lr = lr
