@@ -36,8 +36,9 @@ def make_evaluator(model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor,
     evaluation on a GPU moves only the model's vector.
 
     Raises:
-        ValueError: `samples` or `batch_size` below 1; a split without samples, with as
-            many inputs as targets, or that the model cannot score (tried on two samples).
+        ValueError: `samples` or `batch_size` below 1; a split without samples, with
+            unequal numbers of inputs and targets, or that the model cannot score (tried
+            on two samples).
     """
     if samples is not None and samples < 1:
         raise ValueError(f"samples must be >= 1 (or None for the whole split), got {samples}")
