@@ -303,12 +303,7 @@ def test_a_generator_that_cannot_draw_a_usable_population_is_refused_at_once(
         load_recipe(recipe)
 
 
-def test_a_request_held_at_a_barrier_when_the_run_stops_is_logged_as_held(
-        tmp_path: Path) -> None:
-    """Worker 0's last exchange waits at the barrier for worker 1 (50x slower) until the
-    run's end: it was logged as 0 s held, its whole wait counted as communication."""
-    recipe = tmp_path / "held.toml"
-    recipe.write_text("""name = "held"
+STRAGGLER_PAIR = """name = "pair"
 [defaults]
 workers = 2
 clock = "virtual"
@@ -320,8 +315,22 @@ compute = {base_step_s = 0.05, slowdown = [1, 50]}
 [[runs]]
 name = "run"
 protocol = {name = "fedavg", local_steps = 2, fraction = 1.0}
-""")
-    simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+"""
+"""FedAvg over a worker and one 50x slower, for 6 virtual seconds."""
+
+
+def straggler_pair(tmp_path: Path) -> dict[str, Any]:
+    """`STRAGGLER_PAIR` run in `tmp_path`/run: its summary and facts."""
+    recipe = tmp_path / "pair.toml"
+    recipe.write_text(STRAGGLER_PAIR)
+    return simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+
+
+def test_a_request_held_at_a_barrier_when_the_run_stops_is_logged_as_held(
+        tmp_path: Path) -> None:
+    """Worker 0's last exchange waits at the barrier for worker 1 (50x slower) until the
+    run's end: it was logged as 0 s held, its whole wait counted as communication."""
+    straggler_pair(tmp_path)
     records = read_jsonl(tmp_path / "run" / "worker-0.jsonl")
     last = [r for r in records if r[KEY] == Kind.EXCHANGE][-1]
     assert last["t"] + last["dur"] >= 6.0  # answered by the stop
@@ -335,21 +344,7 @@ def test_a_workers_wall_time_ends_when_it_learns_of_the_stop(tmp_path: Path) -> 
     """Documented (docs/results.md): a step under way at the stop is finished and counted,
     so the slow worker's wall_s passes the 6 s budget; it ends with the request the stop
     answered, and its shares still add up to at most its wall time."""
-    recipe = tmp_path / "late.toml"
-    recipe.write_text("""name = "late"
-[defaults]
-workers = 2
-clock = "virtual"
-stop = {time_s = 6}
-model = {name = "mlp"}
-data = {batch_size = 8}
-eval = {interval_s = 3}
-compute = {base_step_s = 0.05, slowdown = [1, 50]}
-[[runs]]
-name = "run"
-protocol = {name = "fedavg", local_steps = 2, fraction = 1.0}
-""")
-    summary = simulated(load_recipe(recipe).run("run"), tmp_path / "run")
+    summary = straggler_pair(tmp_path)
     assert summary["wall_s"] == pytest.approx(6.0)
     records = read_jsonl(tmp_path / "run" / "worker-1.jsonl")
     final = next(r for r in records if r[KEY] == Kind.FINAL)
