@@ -159,3 +159,24 @@ def test_a_restarted_worker_counts_the_steps_its_killed_process_left(tmp_path: P
     assert summary["steps"] == 24
     assert summary["samples_per_s"] == (80 + 112) / 10.0
     assert summary["compute_proportion_per_worker"] == [0.5, 0.8]
+
+
+def test_a_worker_that_left_no_final_record_is_named_under_the_table(tmp_path: Path) -> None:
+    """Worker 1's log was cut before its final record (and no process restarted it): the
+    summary names it, and the table's legend says its work is not counted (smp/s used to
+    drop it without a word)."""
+    from asyncsync.results.report import comparison_table, summarize_run
+
+    run_dir = fake_run(tmp_path, "r", "a", "asp", [0.1, 0.6])
+    log = run_dir / "worker-1.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
+                           if '"final"' not in line))
+    summary = summarize_run(run_dir)
+    assert summary["workers_without_final"] == [1]
+    assert summary["samples_per_s"] == 80 / 10.0  # worker 0's alone
+    console = Console(width=300, record=True)
+    console.print(comparison_table([summary], "a"))
+    assert ("a: worker 1 left no final record (killed, or the log was cut): not in its "
+            "totals, smp/s or comp") in " ".join(console.export_text().split())
+    assert "workers_without_final" not in summarize_run(fake_run(tmp_path / "b", "r", "a",
+                                                                 "asp", [0.1]))

@@ -68,6 +68,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
                    if target is not None
                    and sum(accuracies[i - SMOOTHING + 1 : i + 1]) / SMOOTHING >= target), None)
     samples = sum(f["samples"] for f in finals.values())
+    unfinished = [r for r in range(spec["workers"]) if r not in finals]
     gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(evals)]
     every = (spec.get("eval") or {}).get("interval_s")
     summary = {
@@ -94,6 +95,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "evaluations": [[e["t"], e["accuracy"]] for e in evals],
         **({"gave_up": stop["reason"]} if "reason" in stop else {}),
         **({"dropped": stop["dropped"]} if "dropped" in stop else {}),
+        **({"workers_without_final": unfinished} if unfinished else {}),
     }
     for column in COLUMNS:
         if column.derive is not None:
@@ -290,6 +292,10 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     if any(name.endswith(SLIP_MARK) for name, *_ in rows):
         legend.append(f"{SLIP_MARK} evaluations slipped (a gap > 1.5 evaluation intervals): "
                       "a coarser grid for its times to target; see eval_interval_* in table.csv")
+    legend += [f"{s['run']}: worker{'s' if len(ranks) > 1 else ''} "
+               f"{', '.join(map(str, ranks))} left no final record (killed, or the log was "
+               "cut): not in its totals, smp/s or comp"
+               for s in summaries if (ranks := s.get("workers_without_final"))]
     notes = Text("; ".join(legend) + ". Every column: table.csv.", style="dim")
     natural = Measurement.get(_MEASURE, _MEASURE.options, table).maximum
     if width is None or natural <= width:
