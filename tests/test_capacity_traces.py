@@ -79,6 +79,21 @@ def test_a_pickle_that_would_run_code_is_refused_before_it_runs(tmp_path: Path) 
     assert not marker.exists()
 
 
+def test_convert_says_one_worker_and_one_client_in_the_singular(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "behave.pkl").write_bytes(pickle.dumps({3: {"active": [0], "inactive": [20],
+                                                            "finish_time": 0}}))
+    (tmp_path / "device.pkl").write_bytes(pickle.dumps({3: {"computation": 50,
+                                                            "communication": 1000}}))
+    assert cli.main(["traces", "convert", "behave", str(tmp_path / "behave.pkl"),
+                     str(tmp_path / "a.csv"), "--horizon-s", "250"]) == 0
+    assert cli.main(["traces", "convert", "capacity", str(tmp_path / "device.pkl"),
+                     str(tmp_path / "c.csv")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a.csv: availability of 1 worker over 250 s" in out
+    assert "c.csv: capacity of 1 client" in out and "1 clients" not in out
+
+
 def test_fedscale_traces_convert_to_csv_traces_that_runs_read(tmp_path: Path) -> None:
     behave = {7: {"active": [0, 50], "inactive": [20, 80], "finish_time": 100,
                   "duration": 100},

@@ -204,6 +204,10 @@ def convert(kind: str, source: str | Path, out: str | Path, horizon_s: float,
             raise TraceError(source, 0, "--horizon-s must be finite and > 0, and "
                                         "--workers >= 1")
         count = convert_behave_trace(source, out, horizon_s, workers, seed)
-        return f"{out}: availability of {count} workers over {horizon_s:g} s"
-    count = convert_device_capacity(source, out)
-    return f"{out}: capacity of {count} clients"
+        return f"{out}: availability of {_count(count, 'worker')} over {horizon_s:g} s"
+    return f"{out}: capacity of {_count(convert_device_capacity(source, out), 'client')}"
+
+
+def _count(number: int, noun: str) -> str:
+    """`number` `noun`s, in the singular for one."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
