@@ -99,9 +99,9 @@ async def test_extreme_compute_times_are_refused_and_never_wedge_the_barrier() -
             await rule.on_push(Push(0, 0, "gradient", torch.ones(10), 1, 10,
                                     {"compute_s": seconds}))
     assert store.version == 0
-    for version, seconds in enumerate([(1e-9, 1e9), (1e9, 1e-9), (1e-9, 1e-9)]):
+    for version, both in enumerate([(1e-9, 1e9), (1e9, 1e-9), (1e-9, 1e-9)]):
         await push_round(rule, version, [torch.ones(10), torch.ones(10)],
-                         [rule.batches[0], rule.batches[1]], list(seconds))
+                         [rule.batches[0], rule.batches[1]], list(both))
         assert store.version == version + 1
         sizes = [rule.batches[0], rule.batches[1]]
         assert sum(sizes) == 20 and min(sizes) >= 1
