@@ -56,6 +56,12 @@ def paired_speedups(group: list[dict[str, Any]], base: list[dict[str, Any]]
     return values, bound
 
 
+def targets(summaries: list[dict[str, Any]]) -> list[float]:
+    """The target accuracies of the summaries, each once, in increasing order (runs of
+    several recipes may differ)."""
+    return sorted({s["target_accuracy"] for s in summaries if s.get("target_accuracy")})
+
+
 def is_baseline(summary: dict[str, Any], baseline: str) -> bool:
     """Whether `summary` is a run of `baseline` (a run name or recipe/name), at any sweep
     point: each sweep point is compared with its own baseline."""

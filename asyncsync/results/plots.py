@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from asyncsync.results.comparison import groups, interval, is_baseline, paired_speedups
+from asyncsync.results.comparison import (
+    groups,
+    interval,
+    is_baseline,
+    paired_speedups,
+    targets,
+)
 from asyncsync.results.pyplot import pyplot
 from asyncsync.results.timeline import plot_timeline
 from asyncsync.runlog.reading import label, sweep_suffix
@@ -40,7 +46,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
     """Accuracy vs time per run; with repeats, their mean and a band from the lowest to the
     highest repeat. With several sweep points, a panel per point, a colour per run."""
     plt = pyplot()
-    targets = _targets(summaries)
+    aims = targets(summaries)
     runs: dict[str, list[dict[str, Any]]] = {}
     for s, name in zip(summaries, names, strict=True):
         if s.get("evaluations"):
@@ -55,7 +61,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
     handles: dict[str, Any] = {}
     sizes: set[int] = set()
     marked = False
-    extent = list(targets)  # every band whole on the y axis
+    extent = list(aims)  # every band whole on the y axis
     for name, group in runs.items():
         point = _point(group[0])
         ax = axes.flat[points.index(point)]
@@ -82,7 +88,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
         handles["time to target (a dot per repeat)"] = plt.Line2D(
             [], [], marker="o", markersize=4, linestyle="none", color="grey")
     for ax, point in zip(axes.flat, points, strict=False):
-        for target in targets:
+        for target in aims:
             handles[f"target {target:g}"] = ax.axhline(target, color="grey", linestyle="--",
                                                        linewidth=1)
         ax.set_title(_point_text(point), fontsize="medium")
@@ -196,7 +202,7 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
     ax.set_xlim(-0.6, len(names_drawn) - 0.4)
     ax.set_ylim(0, 1.12 * highest or 1.0)
     ax.set_ylabel(f"{_clock(summaries)} time to target (s)")
-    listed = ", ".join(f"{t:g}" for t in _targets(summaries))
+    listed = ", ".join(f"{t:g}" for t in targets(summaries))
     ax.set_title(f"Time to test accuracy {listed}\n" if "," not in listed else
                  f"Time to each run's test accuracy target ({listed})\n", fontsize="medium")
     ax.set_title("bar: mean of the repeats that reached it; whisker: its 95% interval; "
@@ -209,12 +215,6 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
     return TargetBars(path, [tick.get_text() for tick in ax.get_xticklabels()], heights,
                       errors, bottoms, dots_drawn, notes, ax.get_ylabel(),
                       ax.get_title().strip())
-
-
-def _targets(summaries: list[dict[str, Any]]) -> list[float]:
-    """The target accuracies of the summaries, each once, in increasing order (runs of
-    several recipes may differ)."""
-    return sorted({s["target_accuracy"] for s in summaries if s.get("target_accuracy")})
 
 
 def _point(summary: dict[str, Any]) -> str:
@@ -328,7 +328,7 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
     written = [plot_accuracy(summaries, out / "accuracy.png", names)] if any(
         s.get("evaluations") for s in summaries) else []
-    if _targets(summaries):
+    if targets(summaries):
         written.append(plot_time_to_target(summaries, out / "time_to_target.png", names).path)
     written.append(plot_compute_proportion([summaries[i] for i in first],
                                            out / "compute_proportion.png",

@@ -19,7 +19,14 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from asyncsync.results.comparison import groups, interval, is_baseline, paired_speedups, speedup
+from asyncsync.results.comparison import (
+    groups,
+    interval,
+    is_baseline,
+    paired_speedups,
+    speedup,
+    targets,
+)
 from asyncsync.results.studies import LogError, identity, resolved_run, written_summary
 from asyncsync.runlog.reading import (
     DamagedLog,
@@ -257,9 +264,9 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     """The comparison: one row per run (with repeats, the mean and its 95% interval), short
     headers and a legend; where the table is wider than `width`, one block per run instead,
     so that no number is ever cut."""
-    targets = sorted({s["target_accuracy"] for s in summaries if s.get("target_accuracy")})
-    accuracy = targets[0] if targets else None
-    target = _fmt(accuracy, ".2f") if len(targets) < 2 else "target"
+    aims = targets(summaries)
+    accuracy = aims[0] if aims else None
+    target = _fmt(accuracy, ".2f") if len(aims) < 2 else "target"
     columns = [c for c in COLUMNS if (c.shown or (
         c.when_any and any(s.get(c.key) is not None for s in summaries))) and not (
         c.needs_target and accuracy is None)]
@@ -281,8 +288,8 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     if accuracy is None:
         legend.append("no run set stop.target_accuracy, so no time to a target and no "
                       "speedup")
-    if len(targets) > 1:
-        legend.append(f"the runs' targets differ ({', '.join(f'{t:g}' for t in targets)}): "
+    if len(aims) > 1:
+        legend.append(f"the runs' targets differ ({', '.join(f'{t:g}' for t in aims)}): "
                       "each time is to its own run's target")
     fewest = min(len(g) for g in groups(summaries))
     if 1 < fewest < WIDE_BELOW:
