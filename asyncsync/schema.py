@@ -1,12 +1,15 @@
 """Typed configuration: build frozen dataclasses from TOML tables with precise errors.
 
 Every error names the dotted key and the problem (``runs[1].stop.time_s: must be > 0, got
--5``). Fields declare value checks with `option(default, check, rule)`.
+-5``). Fields declare value checks with `option(default, check, rule)`. Every number is
+finite: TOML's ``inf`` and ``nan`` are refused whatever the field (a budget, a delay or a
+slowdown of ``inf`` would make a run wait forever; a large finite value says what is meant).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -91,6 +94,8 @@ def _convert(kind: Any, value: Any, key: str, locate: Callable[[str], str]) -> A
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{locate(key)}: must be a finite number, got {value!r}")
     if kind in (int, float, str, bool) and (
         not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))
     ):

@@ -59,11 +59,12 @@ class LinkSpec:
     loss_pct: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("uplink_mbps", "downlink_mbps", "latency_ms", "jitter_ms", "loss_pct"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.loss_pct >= 100:
-            raise ValueError(f"loss_pct must be below 100, got {self.loss_pct}")
+        for name in ("uplink_mbps", "downlink_mbps", "latency_ms", "jitter_ms"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if not 0 <= self.loss_pct < 100:
+            raise ValueError(f"loss_pct must be in [0, 100), got {self.loss_pct}")
 
     @property
     def shaped(self) -> bool:
@@ -137,8 +138,8 @@ class ServerLink:
     is through when both its worker's link and the server's have carried it."""
 
     def __init__(self, mbps: float) -> None:
-        if mbps < 0:
-            raise ValueError(f"server_mbps must be >= 0, got {mbps}")
+        if not 0 <= mbps < math.inf:
+            raise ValueError(f"server_mbps must be a finite number >= 0, got {mbps}")
         self.incoming = Pacer(mbps)
         self.outgoing = Pacer(mbps)
 
