@@ -190,9 +190,9 @@ def _local_steps(rows: torch.Tensor, grads: torch.Tensor, members: list[Filed],
     step, buffer = sgd_rows(params, g, momentum, optimizer.lr, optimizer.momentum,
                             optimizer.weight_decay)
     params.sub_(step)
-    if buffer is not None:
+    if buffer is not None:  # each its own copy: a row view would keep the stack alive
         for i, trainer in enumerate(trainers):
-            trainer.optimizer.momentum_buffer = buffer[i]
+            trainer.optimizer.momentum_buffer = buffer[i].clone()
 
 
 def _stacked(vectors: list[torch.Tensor | None], n: int, device: torch.device

@@ -1,0 +1,50 @@
+"""Batched worker math, as a researcher runs it: what a cohort leaves in its workers'
+trainers, and the paths' agreement where the other cohort tests do not look."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import torch
+from torch import nn
+
+from asyncsync.engine.cohort import Cohort
+from asyncsync.engine.work import LocalWork
+from asyncsync.training.batched import BatchedModel
+from asyncsync.training.trainer import BatchSource, Trainer
+
+
+def _source(seed: int) -> BatchSource:
+    gen = torch.Generator().manual_seed(seed)
+
+    def batches(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(size, 1, 4, 4, generator=gen), torch.randint(3, (size,),
+                                                                       generator=gen)
+    return batches
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_momentum_state_is_each_workers_own_not_a_view_of_a_calls_rows() -> None:
+    """A population samples a few workers a call. Each worker's momentum must hold its own
+    vector: a row view of a call's stacked momentum keeps that call's whole stack alive
+    for as long as any of its workers is not sampled again."""
+    model = _mlp()
+    trainers = [Trainer(copy.deepcopy(model), _source(rank), lr=0.1, momentum=0.9,
+                        device="cpu") for rank in range(40)]
+    cohort = Cohort(BatchedModel(model, torch.device("cpu")))
+    draw = random.Random(0)
+    for _ in range(12):
+        for trainer in draw.sample(trainers, 5):
+            cohort.file(LocalWork(trainer, 4, local=True))
+        cohort.compute()
+    held = [t.optimizer.momentum_buffer for t in trainers]
+    buffers = [b for b in held if b is not None]
+    assert len(buffers) > 20
+    for buffer in buffers:
+        assert buffer.untyped_storage().nbytes() == buffer.numel() * buffer.element_size()
+
