@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import random
 
+import pytest
 import torch
 from torch import nn
 
@@ -48,3 +49,25 @@ def test_momentum_state_is_each_workers_own_not_a_view_of_a_calls_rows() -> None
     for buffer in buffers:
         assert buffer.untyped_storage().nbytes() == buffer.numel() * buffer.element_size()
 
+
+def _bn_mlp(**options: object) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.BatchNorm1d(8, **options),
+                         nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_batchnorm_without_running_statistics_batches_and_equals_one_by_one() -> None:
+    """Such a BatchNorm normalizes by the batch's statistics in eval mode too: it refuses
+    a batch of one sample, and the cohort must not need one."""
+    model = _bn_mlp(track_running_stats=False)
+    one, batched = ([Trainer(copy.deepcopy(model), _source(rank), lr=0.1, momentum=0.9,
+                             device="cpu") for rank in range(3)] for _ in range(2))
+    cohort = Cohort(BatchedModel(model, torch.device("cpu")))
+    for _ in range(2):
+        expected = [LocalWork(t, 4, local=True)()[0].loss for t in one]
+        filed = [cohort.file(LocalWork(t, 4, local=True)) for t in batched]
+        cohort.compute()
+        assert [f.result.loss if f.result else None for f in filed] == [
+            pytest.approx(loss, abs=1e-5) for loss in expected]
+    for a, b in zip(one, batched, strict=True):
+        assert torch.allclose(a.flat, b.flat, rtol=0, atol=1e-5)

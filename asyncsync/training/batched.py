@@ -39,6 +39,8 @@ ACTIVATION_BUDGET = 1 << 29
 in float32 (the backward keeps a few times that): a cohort larger than this is run in
 chunks. Fixed, not measured, so the chunks and hence the results do not depend on the
 host."""
+PROBE_SAMPLES = 2
+"""Samples of the forward that counts a model's activations per sample."""
 Tensors = dict[str, torch.Tensor]
 
 
@@ -205,7 +207,8 @@ def sgd_rows(params: torch.Tensor, grads: torch.Tensor, momentum_rows: torch.Ten
 
 def _activations_per_sample(module: nn.Module, sample_shape: tuple[int, ...]) -> int:
     """The elements of every leaf module's output in one sample's forward (a proxy of the
-    memory a batched call holds per sample); counted once, in eval mode, on a CPU copy."""
+    memory a batched call holds per sample); counted once, in eval mode, on a CPU copy,
+    over `PROBE_SAMPLES` samples (a BatchNorm without running statistics refuses one)."""
     probe = copy.deepcopy(module).to("cpu").eval()
     total = 0
 
@@ -219,7 +222,7 @@ def _activations_per_sample(module: nn.Module, sample_shape: tuple[int, ...]) ->
         if not list(sub.children()):
             hooks.append(sub.register_forward_hook(count).remove)
     with torch.no_grad():
-        probe(torch.zeros((1, *sample_shape)))
+        probe(torch.zeros((PROBE_SAMPLES, *sample_shape)))
     for remove in hooks:
         remove()
-    return max(1, total)
+    return max(1, -(-total // PROBE_SAMPLES))
