@@ -71,3 +71,24 @@ def test_batchnorm_without_running_statistics_batches_and_equals_one_by_one() ->
             pytest.approx(loss, abs=1e-5) for loss in expected]
     for a, b in zip(one, batched, strict=True):
         assert torch.allclose(a.flat, b.flat, rtol=0, atol=1e-5)
+
+
+def test_frozen_parameters_stay_frozen_as_one_by_one() -> None:
+    """A parameter with ``requires_grad`` off gets no gradient from autograd one by one
+    (a fixed projection, a frozen backbone): the batched call must not train it."""
+    model = _mlp()
+    model[1].weight.requires_grad_(False)
+    one, batched = ([Trainer(copy.deepcopy(model), _source(rank), lr=0.1, device="cpu")
+                     for rank in range(2)] for _ in range(2))
+    cohort = Cohort(BatchedModel(model, torch.device("cpu")))
+    works = [dict(batch_size=4, local=True), dict(batch_size=4)]
+    for trainer, work in zip(one, works, strict=True):
+        LocalWork(trainer, **work)()  # type: ignore[arg-type]
+    for trainer, work in zip(batched, works, strict=True):
+        cohort.file(LocalWork(trainer, **work))  # type: ignore[arg-type]
+    cohort.compute()
+    frozen = model[1].weight.numel()
+    for a, b in zip(one, batched, strict=True):
+        assert torch.equal(b.flat[:frozen], model[1].weight.detach().flatten())
+        assert torch.equal(b.params.grad[:frozen], torch.zeros(frozen))
+        assert torch.allclose(a.flat, b.flat, rtol=0, atol=1e-5)

@@ -84,6 +84,14 @@ class BatchedModel:
         self.params = [(name, p.shape, p.numel()) for name, p in
                        self.template.named_parameters()]
         self.num_params = sum(n for _, _, n in self.params)
+        self.frozen: list[slice] = []
+        """The columns of parameters without ``requires_grad``: autograd gives them no
+        gradient one by one, so their batched gradient is zero too."""
+        offset = 0
+        for p in self.template.parameters():
+            if not p.requires_grad:
+                self.frozen.append(slice(offset, offset + p.numel()))
+            offset += p.numel()
         self.buffers: list[tuple[str, torch.Size, int]] = []
         self.counters: list[str] = []  # non-floating buffers (BatchNorm's batch counts)
         for prefix, owner in self.template.named_modules():
@@ -147,6 +155,8 @@ class BatchedModel:
                       else self._masked(params, buffers, x, y, weight))
             (flat,) = torch.autograd.grad(losses.sum(), leaf)
         with torch.no_grad():
+            for columns in self.frozen:
+                flat[:, columns] = 0.0
             offset = self.num_params
             for name, _, size in self.buffers:
                 rows[:, offset : offset + size].copy_(buffers[name].reshape(n, size))
