@@ -294,7 +294,8 @@ def population_run(args: argparse.Namespace, device: torch.device, batched: str,
     if len(reports) == 2 and reports[1][1] > reports[0][1]:
         (first_s, first_v), (last_s, last_v) = reports
         facts["wall_per_round_s"] = (last_s - first_s) / (last_v - first_v)
-        facts["virtual_per_round_s"] = facts["virtual_s"] / last_v
+        # a finished run's virtual time and rounds at its stop, else at the last report
+        facts["virtual_per_round_s"] = facts["virtual_s"] / done
         facts["projected_1500_rounds_s"] = first_s + (1500 - first_v) * facts[
             "wall_per_round_s"]
     return facts
