@@ -92,3 +92,33 @@ def test_frozen_parameters_stay_frozen_as_one_by_one() -> None:
         assert torch.equal(b.flat[:frozen], model[1].weight.detach().flatten())
         assert torch.equal(b.params.grad[:frozen], torch.zeros(frozen))
         assert torch.allclose(a.flat, b.flat, rtol=0, atol=1e-5)
+
+
+class _Centred(nn.Module):
+    """Subtracts the batch's mean sample: it mixes samples without being a BatchNorm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(0, keepdim=True)
+
+
+def test_unequal_batches_of_a_model_that_mixes_samples_are_not_padded() -> None:
+    """A zero sample padded into a batch changes the batch mean such a layer takes: the
+    padded row's loss and gradient would be silently wrong (LB-BSP's unequal batches)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), _Centred(), nn.ReLU(),
+                          nn.Linear(8, 3))
+    one, batched = ([Trainer(copy.deepcopy(model), _source(rank), lr=0.1, device="cpu")
+                     for rank in range(3)] for _ in range(2))
+    cohort = Cohort(BatchedModel(model, torch.device("cpu")))
+    for _ in range(2):
+        sizes = (4, 8, 8)
+        expected = [LocalWork(t, size, local=True)()[0].loss
+                    for t, size in zip(one, sizes, strict=True)]
+        filed = [cohort.file(LocalWork(t, size, local=True))
+                 for t, size in zip(batched, sizes, strict=True)]
+        cohort.compute()
+        assert [f.result.loss if f.result else None for f in filed] == [
+            pytest.approx(loss, abs=1e-5) for loss in expected]
+    for a, b in zip(one, batched, strict=True):
+        assert torch.allclose(a.flat, b.flat, rtol=0, atol=1e-5)
+    assert cohort.calls == 4  # a call per batch size

@@ -15,7 +15,8 @@ gradient imports ``torch._dynamo`` on its first call, 2.5-4 s of every run proce
 rows of 32 samples, one CPU thread: 159 against 203 ms).
 
 Rows whose batches differ in size share one call when the model mixes no samples
-(no BatchNorm, cross-entropy loss): short batches are padded and the padding is masked
+(no BatchNorm, cross-entropy loss, and a zero sample padded into a batch leaves its loss
+unchanged, `BatchedModel.can_pad`): short batches are padded and the padding is masked
 out of the loss. Otherwise each batch size gets its own call.
 
 `sgd_rows` is `FlatSGD`'s step over rows, element for element the same arithmetic.
@@ -39,6 +40,9 @@ ACTIVATION_BUDGET = 1 << 29
 in float32 (the backward keeps a few times that): a cohort larger than this is run in
 chunks. Fixed, not measured, so the chunks and hence the results do not depend on the
 host."""
+PAD_TOLERANCE = 1e-5
+"""How far a padded batch's loss may differ from the unpadded one (float32 rounding of
+the sum in another order) for the model to count as mixing no samples."""
 PROBE_SAMPLES = 2
 """Samples of the forward that counts a model's activations per sample."""
 Tensors = dict[str, torch.Tensor]
@@ -107,6 +111,8 @@ class BatchedModel:
         self.mixes_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
                                  for m in self.template.modules())
         self.pads = not self.mixes_samples and loss_fn is F.cross_entropy
+        """Rows of unequal batches may share a padded call (see `can_pad`)."""
+        self._pads_checked = False
         self._per_sample: int | None = None
         self._plain = vmap(self._loss)
         self._masked = vmap(self._masked_loss)
@@ -119,6 +125,32 @@ class BatchedModel:
                      y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         out = functional_call(self.template, (params, buffers), (x,))
         return (F.cross_entropy(out, y, reduction="none") * weight).sum()
+
+    def can_pad(self, batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Whether rows of unequal batches may share a padded call: the model has no
+        BatchNorm, the loss is cross-entropy, and (checked once, on `batch()`, drawn only
+        then) a zero sample padded into a batch leaves its loss unchanged. A custom layer
+        may mix a batch's samples (e.g. centre them) without being a BatchNorm."""
+        if self.pads and not self._pads_checked:
+            self._pads_checked = True
+            self.pads = self._padding_is_masked(*batch())
+        return self.pads
+
+    def _padding_is_masked(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether the model's loss of `x`, `y` is the same with a zero sample padded in
+        and masked out, to float32 rounding (on a CPU copy: the same answer on any
+        device, and no TF32 rounding that differs between batch sizes)."""
+        probe = copy.deepcopy(self.template).to("cpu").train()
+        x, y = x.cpu(), y.cpu()
+        padded_x = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
+        padded_y = torch.cat([y, y.new_zeros(1)])
+        weight = torch.full((len(y) + 1,), 1.0 / len(y))
+        weight[-1] = 0.0
+        with torch.no_grad():
+            plain = F.cross_entropy(probe(x), y)
+            masked = (F.cross_entropy(probe(padded_x), padded_y, reduction="none")
+                      * weight).sum()
+        return bool(torch.allclose(plain, masked, rtol=PAD_TOLERANCE, atol=PAD_TOLERANCE))
 
     def rows_per_call(self, batch: int, sample_shape: Sequence[int]) -> int:
         """How many rows of `batch` samples one call takes (`ACTIVATION_BUDGET`)."""
