@@ -122,3 +122,16 @@ def test_unequal_batches_of_a_model_that_mixes_samples_are_not_padded() -> None:
     for a, b in zip(one, batched, strict=True):
         assert torch.allclose(a.flat, b.flat, rtol=0, atol=1e-5)
     assert cohort.calls == 4  # a call per batch size
+
+
+def test_a_calls_stacked_rows_fit_its_budget_for_a_wide_model() -> None:
+    """A call stacks its rows' vectors (and their gradients, momentum, steps) beside its
+    activations. A model of many parameters and few activations per sample (here 1M
+    parameters, 4,019 activations a sample) must be chunked by those too: one call
+    stacked 33,395 rows of it, 136 GB."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 1000), nn.ReLU(), nn.Linear(1000, 1000),
+                          nn.ReLU(), nn.Linear(1000, 3))
+    batched = BatchedModel(model, torch.device("cpu"))
+    rows = batched.rows_per_call(4, (1, 4, 4))
+    assert rows >= 1 and rows * batched.numel * 4 <= 2**31  # the stacked rows: 2 GiB

@@ -40,6 +40,14 @@ ACTIVATION_BUDGET = 1 << 29
 in float32 (the backward keeps a few times that): a cohort larger than this is run in
 chunks. Fixed, not measured, so the chunks and hence the results do not depend on the
 host."""
+ROW_BUDGET = 1 << 29
+"""Elements of the vectors of a row's length (`ROW_COPIES` a row) one call may hold,
+about 2 GB in float32: a model of many parameters and few activations is chunked by
+these. Fixed, as `ACTIVATION_BUDGET`."""
+ROW_COPIES = 6
+"""Vectors of a row's length a call holds per row: the stacked rows, their parameters
+as split, the gradients, the momentum, its update and the step (a CPU call over 500 mlp
+rows of 0.45 MiB grew the peak memory by 5.1 times their 0.22 GiB)."""
 PAD_TOLERANCE = 1e-5
 """How far a padded batch's loss may differ from the unpadded one (float32 rounding of
 the sum in another order) for the model to count as mixing no samples."""
@@ -153,10 +161,12 @@ class BatchedModel:
         return bool(torch.allclose(plain, masked, rtol=PAD_TOLERANCE, atol=PAD_TOLERANCE))
 
     def rows_per_call(self, batch: int, sample_shape: Sequence[int]) -> int:
-        """How many rows of `batch` samples one call takes (`ACTIVATION_BUDGET`)."""
+        """How many rows of `batch` samples one call takes: their activations within
+        `ACTIVATION_BUDGET`, their vectors within `ROW_BUDGET`."""
         if self._per_sample is None:
             self._per_sample = _activations_per_sample(self.template, tuple(sample_shape))
-        return max(1, ACTIVATION_BUDGET // max(1, self._per_sample * batch))
+        return max(1, min(ACTIVATION_BUDGET // (self._per_sample * batch),
+                          ROW_BUDGET // (ROW_COPIES * self.numel)))
 
     def gradients(self, rows: torch.Tensor, counters: Tensors,
                   batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
