@@ -262,6 +262,8 @@ def resnet_section(args: argparse.Namespace, device: torch.device, tmp: Path
     for old, new in (('name = "cnn"', 'name = "resnet18"'), ('baseline = "fedavg"', ""),
                      ("time_s = 900", f"time_s = {args.resnet_virtual_s:g}"),
                      ('clock = "virtual"', f'clock = "virtual"\ndevice = "{device}"')):
+        if old not in recipe:  # else the study's own setting would run as resnet18's
+            sys.exit(f"error: {STUDY}: no line {old!r} to edit for the resnet18 setting")
         recipe = recipe.replace(old, new)
     nbsync_only = recipe[: recipe.index("[[runs]]")] + (
         '[[runs]]\nname = "nbsync"\nprotocol = "nbsync"\noptim = { lr = 0.1 }\n')

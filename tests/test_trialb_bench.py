@@ -36,3 +36,20 @@ def test_simulated_time_per_round_counts_the_rounds_done_by_the_stop(
     assert facts["rounds"] == 8
     assert facts["virtual_per_round_s"] == pytest.approx(0.55)
     assert facts["wall_per_round_s"] == pytest.approx(5.0)  # 30 s over rounds 1 to 7
+
+
+def test_the_resnet_setting_refuses_a_study_recipe_it_cannot_edit(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The resnet18 figure edits the nbsync study's recipe by text; an edit that finds
+    nothing to replace (the recipe changed) must not run the study's own setting (its
+    cnn, its 900 virtual s) under the resnet18 label."""
+    bench = _bench()
+    study = tmp_path / "nbsync.toml"
+    study.write_text(bench.STUDY.read_text().replace("time_s = 900", "time_s = 600"))
+    monkeypatch.setattr(bench, "STUDY", study)
+    ran: list[str] = []
+    monkeypatch.setattr(bench, "in_child", lambda recipe, *_: ran.append(recipe) or {})
+    args = argparse.Namespace(resnet_virtual_s=40.0, resnet_wall_s=60.0)
+    with pytest.raises(SystemExit, match="time_s = 900"):
+        bench.resnet_section(args, torch.device("cpu"), tmp_path)
+    assert not ran
