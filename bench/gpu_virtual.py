@@ -22,8 +22,11 @@ Every figure is measured in this one run, on the device it names (``--device``):
 Run: ``.venv/bin/python bench/gpu_virtual.py [--device auto|cpu|cuda] [--json OUT]``;
 ``--only steps,study,resnet,population`` picks sections; ``--models``, ``--sizes``,
 ``--resnet-sizes`` and ``--rounds`` bound them. The defaults take about 5 minutes on one
-H100/H200 and a few minutes on 2 CPU cores (which skip the study and the resnet18 run
-unless named with ``--only``).
+H100/H200. On 2 CPU cores (which skip the study and the resnet18 run unless named with
+``--only``) they take about a quarter of an hour: resnet18's 8-worker row alone is
+3 x 8 steps of about 11 s one by one and 14 s batched (docs/gpu.md), some 10 minutes;
+``--models mlp,cnn`` leaves resnet18 out (a few minutes, mostly the population's two
+capped runs).
 """
 
 from __future__ import annotations
@@ -259,6 +262,8 @@ def resnet_section(args: argparse.Namespace, device: torch.device, tmp: Path
     for old, new in (('name = "cnn"', 'name = "resnet18"'), ('baseline = "fedavg"', ""),
                      ("time_s = 900", f"time_s = {args.resnet_virtual_s:g}"),
                      ('clock = "virtual"', f'clock = "virtual"\ndevice = "{device}"')):
+        if old not in recipe:  # else the study's own setting would run as resnet18's
+            sys.exit(f"error: {STUDY}: no line {old!r} to edit for the resnet18 setting")
         recipe = recipe.replace(old, new)
     nbsync_only = recipe[: recipe.index("[[runs]]")] + (
         '[[runs]]\nname = "nbsync"\nprotocol = "nbsync"\noptim = { lr = 0.1 }\n')
@@ -291,7 +296,8 @@ def population_run(args: argparse.Namespace, device: torch.device, batched: str,
     if len(reports) == 2 and reports[1][1] > reports[0][1]:
         (first_s, first_v), (last_s, last_v) = reports
         facts["wall_per_round_s"] = (last_s - first_s) / (last_v - first_v)
-        facts["virtual_per_round_s"] = facts["virtual_s"] / last_v
+        # a finished run's virtual time and rounds at its stop, else at the last report
+        facts["virtual_per_round_s"] = facts["virtual_s"] / done
         facts["projected_1500_rounds_s"] = first_s + (1500 - first_v) * facts[
             "wall_per_round_s"]
     return facts

@@ -101,8 +101,9 @@ class Cohort:
             return
         began = wall()
         groups: dict[GroupKey, list[Filed]] = {}
+        pads = self.model.can_pad(filed[0].drawn)
         for one in filed:
-            groups.setdefault(self._key(one), []).append(one)
+            groups.setdefault(self._key(one, pads), []).append(one)
         for members in groups.values():
             widest = max(f.size for f in members)
             rows = self.model.rows_per_call(widest, members[0].sample_shape())
@@ -111,11 +112,12 @@ class Cohort:
         self.steps += len(filed)
         self.real_s += wall() - began
 
-    def _key(self, filed: Filed) -> GroupKey:
+    @staticmethod
+    def _key(filed: Filed, pads: bool) -> GroupKey:
         """Steps of one key share a call: same kind, terms and optimizer settings, and the
-        same batch size unless the model pads."""
+        same batch size unless the model `pads`."""
         work, optimizer = filed.work, filed.work.trainer.optimizer
-        size = None if self.model.pads else filed.size
+        size = None if pads else filed.size
         return (work.local, size, work.center is not None, work.correction is not None,
                 work.rho, optimizer.lr, optimizer.momentum, optimizer.weight_decay)
 
@@ -190,9 +192,9 @@ def _local_steps(rows: torch.Tensor, grads: torch.Tensor, members: list[Filed],
     step, buffer = sgd_rows(params, g, momentum, optimizer.lr, optimizer.momentum,
                             optimizer.weight_decay)
     params.sub_(step)
-    if buffer is not None:
+    if buffer is not None:  # each its own copy: a row view would keep the stack alive
         for i, trainer in enumerate(trainers):
-            trainer.optimizer.momentum_buffer = buffer[i]
+            trainer.optimizer.momentum_buffer = buffer[i].clone()
 
 
 def _stacked(vectors: list[torch.Tensor | None], n: int, device: torch.device

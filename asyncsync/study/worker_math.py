@@ -4,9 +4,10 @@ or one by one, as ``compute.batched`` asks and the model and device allow.
 ``auto`` batches on a CUDA device and computes one by one on a CPU, where a batched call
 measured slower than the steps one after another (see docs/gpu.md and
 ``bench/gpu_virtual.py``). ``on`` batches wherever the model can be batched; ``off`` never
-does. A run that asked for batching or runs on CUDA and falls back says so once in the
-log (a warning, unless the model is the timing stand-in, which never batches);
-summary.json records the path and why (`WorkerMath.facts`).
+does. A run that would batch (``on``, or ``auto`` on CUDA from `AUTO_MIN_WORKERS` workers)
+but whose model fails the batched probe says so once in the log (a warning, unless the
+model is the timing stand-in, which never batches); ``auto``'s own choice of one by one
+is not logged. summary.json records the path and why (`WorkerMath.facts`).
 """
 
 from __future__ import annotations

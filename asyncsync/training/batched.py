@@ -15,7 +15,8 @@ gradient imports ``torch._dynamo`` on its first call, 2.5-4 s of every run proce
 rows of 32 samples, one CPU thread: 159 against 203 ms).
 
 Rows whose batches differ in size share one call when the model mixes no samples
-(no BatchNorm, cross-entropy loss): short batches are padded and the padding is masked
+(no BatchNorm, cross-entropy loss, and a zero sample padded into a batch leaves its loss
+unchanged, `BatchedModel.can_pad`): short batches are padded and the padding is masked
 out of the loss. Otherwise each batch size gets its own call.
 
 `sgd_rows` is `FlatSGD`'s step over rows, element for element the same arithmetic.
@@ -39,6 +40,19 @@ ACTIVATION_BUDGET = 1 << 29
 in float32 (the backward keeps a few times that): a cohort larger than this is run in
 chunks. Fixed, not measured, so the chunks and hence the results do not depend on the
 host."""
+ROW_BUDGET = 1 << 29
+"""Elements of the vectors of a row's length (`ROW_COPIES` a row) one call may hold,
+about 2 GB in float32: a model of many parameters and few activations is chunked by
+these. Fixed, as `ACTIVATION_BUDGET`."""
+ROW_COPIES = 6
+"""Vectors of a row's length a call holds per row: the stacked rows, their parameters
+as split, the gradients, the momentum, its update and the step (a CPU call over 500 mlp
+rows of 0.45 MiB grew the peak memory by 5.1 times their 0.22 GiB)."""
+PAD_TOLERANCE = 1e-5
+"""How far a padded batch's loss may differ from the unpadded one (float32 rounding of
+the sum in another order) for the model to count as mixing no samples."""
+PROBE_SAMPLES = 2
+"""Samples of the forward that counts a model's activations per sample."""
 Tensors = dict[str, torch.Tensor]
 
 
@@ -82,6 +96,14 @@ class BatchedModel:
         self.params = [(name, p.shape, p.numel()) for name, p in
                        self.template.named_parameters()]
         self.num_params = sum(n for _, _, n in self.params)
+        self.frozen: list[slice] = []
+        """The columns of parameters without ``requires_grad``: autograd gives them no
+        gradient one by one, so their batched gradient is zero too."""
+        offset = 0
+        for p in self.template.parameters():
+            if not p.requires_grad:
+                self.frozen.append(slice(offset, offset + p.numel()))
+            offset += p.numel()
         self.buffers: list[tuple[str, torch.Size, int]] = []
         self.counters: list[str] = []  # non-floating buffers (BatchNorm's batch counts)
         for prefix, owner in self.template.named_modules():
@@ -97,6 +119,8 @@ class BatchedModel:
         self.mixes_samples = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
                                  for m in self.template.modules())
         self.pads = not self.mixes_samples and loss_fn is F.cross_entropy
+        """Rows of unequal batches may share a padded call (see `can_pad`)."""
+        self._pads_checked = False
         self._per_sample: int | None = None
         self._plain = vmap(self._loss)
         self._masked = vmap(self._masked_loss)
@@ -110,11 +134,39 @@ class BatchedModel:
         out = functional_call(self.template, (params, buffers), (x,))
         return (F.cross_entropy(out, y, reduction="none") * weight).sum()
 
+    def can_pad(self, batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Whether rows of unequal batches may share a padded call: the model has no
+        BatchNorm, the loss is cross-entropy, and (checked once, on `batch()`, drawn only
+        then) a zero sample padded into a batch leaves its loss unchanged. A custom layer
+        may mix a batch's samples (e.g. centre them) without being a BatchNorm."""
+        if self.pads and not self._pads_checked:
+            self._pads_checked = True
+            self.pads = self._padding_is_masked(*batch())
+        return self.pads
+
+    def _padding_is_masked(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether the model's loss of `x`, `y` is the same with a zero sample padded in
+        and masked out, to float32 rounding (on a CPU copy: the same answer on any
+        device, and no TF32 rounding that differs between batch sizes)."""
+        probe = copy.deepcopy(self.template).to("cpu").train()
+        x, y = x.cpu(), y.cpu()
+        padded_x = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
+        padded_y = torch.cat([y, y.new_zeros(1)])
+        weight = torch.full((len(y) + 1,), 1.0 / len(y))
+        weight[-1] = 0.0
+        with torch.no_grad():
+            plain = F.cross_entropy(probe(x), y)
+            masked = (F.cross_entropy(probe(padded_x), padded_y, reduction="none")
+                      * weight).sum()
+        return bool(torch.allclose(plain, masked, rtol=PAD_TOLERANCE, atol=PAD_TOLERANCE))
+
     def rows_per_call(self, batch: int, sample_shape: Sequence[int]) -> int:
-        """How many rows of `batch` samples one call takes (`ACTIVATION_BUDGET`)."""
+        """How many rows of `batch` samples one call takes: their activations within
+        `ACTIVATION_BUDGET`, their vectors within `ROW_BUDGET`."""
         if self._per_sample is None:
             self._per_sample = _activations_per_sample(self.template, tuple(sample_shape))
-        return max(1, ACTIVATION_BUDGET // max(1, self._per_sample * batch))
+        return max(1, min(ACTIVATION_BUDGET // (self._per_sample * batch),
+                          ROW_BUDGET // (ROW_COPIES * self.numel)))
 
     def gradients(self, rows: torch.Tensor, counters: Tensors,
                   batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -145,6 +197,8 @@ class BatchedModel:
                       else self._masked(params, buffers, x, y, weight))
             (flat,) = torch.autograd.grad(losses.sum(), leaf)
         with torch.no_grad():
+            for columns in self.frozen:
+                flat[:, columns] = 0.0
             offset = self.num_params
             for name, _, size in self.buffers:
                 rows[:, offset : offset + size].copy_(buffers[name].reshape(n, size))
@@ -205,7 +259,8 @@ def sgd_rows(params: torch.Tensor, grads: torch.Tensor, momentum_rows: torch.Ten
 
 def _activations_per_sample(module: nn.Module, sample_shape: tuple[int, ...]) -> int:
     """The elements of every leaf module's output in one sample's forward (a proxy of the
-    memory a batched call holds per sample); counted once, in eval mode, on a CPU copy."""
+    memory a batched call holds per sample); counted once, in eval mode, on a CPU copy,
+    over `PROBE_SAMPLES` samples (a BatchNorm without running statistics refuses one)."""
     probe = copy.deepcopy(module).to("cpu").eval()
     total = 0
 
@@ -219,7 +274,7 @@ def _activations_per_sample(module: nn.Module, sample_shape: tuple[int, ...]) ->
         if not list(sub.children()):
             hooks.append(sub.register_forward_hook(count).remove)
     with torch.no_grad():
-        probe(torch.zeros((1, *sample_shape)))
+        probe(torch.zeros((PROBE_SAMPLES, *sample_shape)))
     for remove in hooks:
         remove()
-    return max(1, total)
+    return max(1, -(-total // PROBE_SAMPLES))
