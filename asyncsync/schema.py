@@ -57,11 +57,20 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], path: str,
         check = f.metadata.get("check")
         if check is not None and not check(value):
             raise ConfigError(f"{locate(name)}: {f.metadata['rule']}, got {value!r}")
+        if not _finite(value):
+            raise ConfigError(f"{locate(name)}: must be a finite number, got {value!r}")
         values[name] = value
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{locate('').rstrip('.') or path}: {exc}") from exc
+
+
+def _finite(value: Any) -> bool:
+    """Whether a number, or each number of a list, is finite (anything else: True)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return all(map(_finite, value)) if isinstance(value, list) else True
 
 
 def _convert(kind: Any, value: Any, key: str, locate: Callable[[str], str]) -> Any:
@@ -94,8 +103,6 @@ def _convert(kind: Any, value: Any, key: str, locate: Callable[[str], str]) -> A
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if kind is float and isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{locate(key)}: must be a finite number, got {value!r}")
     if kind in (int, float, str, bool) and (
         not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))
     ):

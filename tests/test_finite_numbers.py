@@ -28,7 +28,7 @@ protocol = "bsp"
 @pytest.mark.parametrize("assignment", [
     "network.latency_ms=inf", "network.jitter_ms=inf", "network.bandwidth_mbps=inf",
     "network.server_mbps=inf", "compute.slowdown=[1, inf]", "compute.base_step_s=inf",
-    "stop.time_s=inf", "optim.lr=inf", "optim.lr=-inf", "data.alpha=nan",
+    "stop.time_s=inf", "optim.lr=inf", "stop.patience_s=inf", "model.size_mb=inf",
 ])
 def test_a_recipe_number_that_is_not_finite_is_refused_by_key(tmp_path: Path,
                                                                assignment: str) -> None:
