@@ -25,6 +25,12 @@ from asyncsync.wire.frames import (
 )
 
 
+def _heard(task: asyncio.Future[Any]) -> None:
+    """Mark a finished request's outcome as heard (its caller may have gone)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class LocalTransport:
     """A client transport bound to an in-process `ServerCore`, optionally over a `Link` and
     the server's shared `ServerLink` (whole messages are paced: a message is through when
@@ -68,7 +74,10 @@ class LocalTransport:
             sent = None if vector is None else vector.clone()
             # As over HTTP, a request the server has begun runs to its end even when the
             # caller is cancelled (a worker killed mid-request): rules never see half a push.
-            reply, out = await asyncio.shield(self.core.handle(op, decoded, sent))
+            # Its refusal then has nobody to hear it, and is not an error to print.
+            handled = asyncio.ensure_future(self.core.handle(op, decoded, sent))
+            handled.add_done_callback(_heard)
+            reply, out = await asyncio.shield(handled)
         except WireError as err:
             raise refusal_from(err.status, err.reason) from None
         reply_head = encode_header(reply, out)
