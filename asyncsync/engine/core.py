@@ -165,9 +165,13 @@ class ServerCore:
             self.finished.set()
 
     async def close(self) -> None:
+        """Release the run's tasks, seam and log; then raise the error that ended the run,
+        if one of its periodic tasks failed."""
         await self.run.close()
         self.store.seam.close()
         self.events.close()
+        if self.run.failure is not None:
+            raise self.run.failure
 
     # ---- messages ----------------------------------------------------------------------
     def tensor_numel(self, op: str, header: dict[str, Any]) -> int | None:

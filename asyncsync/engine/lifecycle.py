@@ -30,9 +30,15 @@ hovering at chance level sets tiny new bests by noise alone."""
 class RunLifecycle:
     """Starts the run's clock and its periodic tasks, and ends the run.
 
+    A periodic task that fails (an evaluation the model or test data cannot do, say) ends
+    the run: it is logged, the run stops with reason ``error`` (no final evaluation), and
+    `ServerCore.close` raises the error, so the run fails with it instead of going on
+    without its evaluations.
+
     Attributes:
         evals: every evaluation so far.
         started: whether the run's clock runs; stopped: whether `stop` completed.
+        failure: the error of a periodic task that failed (None: none did).
     """
 
     def __init__(self, settings: ServerSettings, store: ParameterStore, rule: ServerRule,
@@ -49,7 +55,8 @@ class RunLifecycle:
         self.checkpoint_failures = 0
         self.started = False
         self.stopped = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self.failure: BaseException | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
 
     def elapsed(self) -> float:
         """Seconds of the run so far (0 before it starts)."""
@@ -70,7 +77,19 @@ class RunLifecycle:
             jobs.append(self._evaluations)
         if self.settings.checkpoint_path is not None:
             jobs.append(self._checkpoints)
-        self._tasks += [asyncio.create_task(job()) for job in jobs]
+        for job in jobs:
+            task = asyncio.create_task(job(), name=job.__name__.strip("_"))
+            task.add_done_callback(self._task_done)
+            self._tasks.append(task)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """End the run with the error of a periodic task that failed."""
+        if task.cancelled() or task.exception() is None or self.failure is not None:
+            return
+        self.failure = task.exception()
+        LOG.error("the run's %s task failed; the run stops", task.get_name(),
+                  exc_info=self.failure)
+        self._tasks.append(asyncio.ensure_future(self.stop(reason="error")))
 
     async def _budget(self) -> None:
         if self.settings.time_s is not None:
@@ -168,7 +187,7 @@ class RunLifecycle:
             return False
         self.store.stop()
         stopped_at = round(self.elapsed(), 3)
-        if self.evaluator is not None and self.started and (
+        if self.evaluator is not None and self.started and self.failure is None and (
                 not self.evals or self.evals[-1].version != self.store.version):
             await self.evaluate()  # (a model already evaluated is not scored twice)
         if self.settings.checkpoint_path is not None and self.started:
@@ -185,7 +204,7 @@ class RunLifecycle:
         return True
 
     async def close(self) -> None:
-        """Cancel the periodic tasks."""
+        """Cancel the periodic tasks (their errors are `failure`'s business)."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
