@@ -71,6 +71,7 @@ class FedNovaParams(ServerOptimizerOptions, Cutoff):
     def __post_init__(self) -> None:
         check_fields(self)
         self.check_cutoff()
+        self.check_server_optimizer()
         if self.local_steps > self.max_steps:
             raise ValueError(f"max_steps: must be >= local_steps ({self.local_steps}), "
                              f"got {self.max_steps}")
