@@ -61,3 +61,11 @@ def test_staleness_constants_of_another_function_are_refused(params: Any) -> Non
         params(staleness_fn="constant", b=10)
     params(staleness_fn="hinge", a=2.0, b=10)
     params(a=2.0)
+
+
+def test_fednova_local_steps_with_a_budget_are_refused() -> None:
+    """With a time budget the budget decides each round's steps; `local_steps` is unused."""
+    with pytest.raises(ValueError, match=r"^local_steps: .*budget_s"):
+        FedNovaParams(budget_s=0.5, local_steps=3)
+    FedNovaParams(budget_s=0.5)
+    FedNovaParams(local_steps=3)
