@@ -24,7 +24,8 @@ Choices where the paper is open:
   plain ASP, and counted in `uncompensated`; the push reply's meta says
   ``compensated: False``. Refusing it instead would make the worker rejoin and restart
   (that is what an out-of-step refusal means), and a worker slower than the ring spans
-  would loop through rejoins without ever contributing.
+  would loop through rejoins without ever contributing. ``ring`` is at least 2: a ring of
+  one version would compensate nothing (staleness 0 needs no compensation).
 - Buffer slots (e.g. BatchNorm statistics) carry values, not gradients: they replace the
   global ones as in ASP, uncompensated.
 
@@ -63,7 +64,9 @@ class DcasgdParams:
 
     lam: float = option(0.04, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
                         "lambda: weight of the delay compensation g * g * (w - w_pulled)")
-    ring: int = option(16, lambda v: v >= 1, "must be >= 1",
+    ring: int = option(16, lambda v: v >= 2,
+                       "must be >= 2 (a ring of 1 keeps only the current version: no stale "
+                       "gradient could be compensated)",
                        "pulled models kept: the last `ring` versions (older: uncompensated)")
 
     def __post_init__(self) -> None:

@@ -49,6 +49,9 @@ from asyncsync.protocols.server_optim import (
     apply_delta,
 )
 
+_MOMENTUM = 0.9
+"""The paper's outer Nesterov momentum (the default of `outer_momentum`)."""
+
 
 @dataclass(frozen=True)
 class DilocoParams(AdaptiveOptions, Cutoff):
@@ -57,7 +60,7 @@ class DilocoParams(AdaptiveOptions, Cutoff):
     inner_steps: int = option(50, lambda v: v >= 1, "must be >= 1",
                               "H: local (inner) steps between outer steps")
     outer_lr: float = option(0.7, lambda v: v > 0, "must be > 0", "outer learning rate")
-    outer_momentum: float = option(0.9, lambda v: 0 <= v < 1, "must be in [0, 1)",
+    outer_momentum: float = option(_MOMENTUM, lambda v: 0 <= v < 1, "must be in [0, 1)",
                                    "outer Nesterov momentum (0: plain outer SGD)")
     outer_optimizer: str = option("sgd", lambda v: v in SERVER_OPTIMIZERS,
                                   f"must be one of {', '.join(SERVER_OPTIMIZERS)}",
@@ -66,6 +69,11 @@ class DilocoParams(AdaptiveOptions, Cutoff):
     def __post_init__(self) -> None:
         check_fields(self)
         self.check_cutoff()
+        self.check_unused("outer_optimizer", self.outer_optimizer)
+        if self.outer_optimizer != "sgd" and self.outer_momentum != _MOMENTUM:
+            raise ValueError(f"outer_momentum: not used by the {self.outer_optimizer!r} "
+                             f"optimizer (outer_optimizer is {self.outer_optimizer!r}: its "
+                             "momentum is beta1); leave this key out")
 
     def make_outer_optimizer(self) -> ServerOptimizer:
         """A fresh outer optimizer as configured."""

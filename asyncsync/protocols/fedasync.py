@@ -47,6 +47,7 @@ class FedAsyncParams(StalenessOptions):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.check_staleness()
 
 
 class FedAsyncServer(ServerRule[FedAsyncParams]):

@@ -9,7 +9,8 @@ not sampled for a round stay idle until a round includes them. With C = 1 (the d
 every live worker trains in every round. Local SGD's options apply: FedProx's proximal
 term (``mu``) and a server optimizer on the weighted mean delta (``server_optimizer``:
 FedAdam, FedYogi, FedAdagrad; see `asyncsync.protocols.server_optim`), and the round
-policies of `asyncsync.protocols.rounds.Cutoff`: with ``overcommit = o`` a round draws
+policies of `asyncsync.protocols.rounds.Cutoff`: backup workers count within the round's
+k sampled workers (at most k - 1 of them, for the run's size); with ``overcommit = o`` a round draws
 ``ceil(m (1 + o))`` workers and closes with the first m deltas (over-selection, as in
 Bonawitz et al., MLSys 2019); deadlines, fixed or adaptive, close it with what arrived.
 
@@ -40,6 +41,20 @@ class FedAvgParams(LocalSgdParams):
                              "C: fraction of the live workers sampled for each round")
     seed: int = option(0, help="seed of the client sampling")
 
+    def sampled(self, workers: int) -> int:
+        """k = max(1, round(C n)): how many of `workers` live workers a round samples."""
+        return min(workers, max(1, round(self.fraction * workers)))
+
+    def check_workers(self, workers: int) -> None:
+        """Also refuse backup workers that would leave none of a round's k sampled workers
+        to wait for (the round would close with its first delta and drop the others)."""
+        super().check_workers(workers)
+        sampled = self.sampled(workers)
+        if self.backup_workers and self.backup_workers >= sampled:
+            raise ValueError(f"backup_workers: must be < the {sampled} workers a round samples "
+                             f"(fraction {self.fraction:g} of {workers}), "
+                             f"got {self.backup_workers}")
+
 
 class FedAvgServer(LocalSgdServer):
     """Local SGD's rounds over a sampled fraction of the live workers, weighted by samples."""
@@ -49,7 +64,7 @@ class FedAvgServer(LocalSgdServer):
         with over-selection ``ceil(k (1 + overcommit))`` of them, of which the first k
         reports close the round."""
         pool = sorted(candidates)
-        wanted = min(len(pool), max(1, round(self.params.fraction * len(pool))))
+        wanted = self.params.sampled(len(pool))
         count = min(len(pool), math.ceil(wanted * (1 + self.params.overcommit) - 1e-9))
         self.wanted = wanted
         rng = random.Random(self.params.seed * 1_000_003 + version)

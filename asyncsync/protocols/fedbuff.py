@@ -76,6 +76,8 @@ class FedBuffParams(LocalSgdParams, StalenessOptions):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        self.check_server_optimizer()
+        self.check_staleness()
         self.refuse_cutoff("fedbuff", "it has no rounds: every K deltas make a version, "
                            "whenever they come")
 

@@ -55,12 +55,15 @@ from asyncsync.protocols.ports import Context, StepResult
 from asyncsync.protocols.rounds import Cutoff
 from asyncsync.protocols.server_optim import ServerOptimizerOptions, apply_delta
 
+_LOCAL_STEPS = 8
+"""H without a budget (the default of `local_steps`)."""
+
 
 @dataclass(frozen=True)
 class FedNovaParams(ServerOptimizerOptions, Cutoff):
     """Parameters of FedNova (with the server optimizer's and the round policies)."""
 
-    local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
+    local_steps: int = option(_LOCAL_STEPS, lambda v: v >= 1, "must be >= 1",
                               "H: local steps per round when there is no budget")
     budget_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
                              "seconds of local computation per round (0: H steps)")
@@ -71,6 +74,10 @@ class FedNovaParams(ServerOptimizerOptions, Cutoff):
     def __post_init__(self) -> None:
         check_fields(self)
         self.check_cutoff()
+        self.check_server_optimizer()
+        if self.budget_s and self.local_steps != _LOCAL_STEPS:
+            raise ValueError("local_steps: not used with a time budget (budget_s decides each "
+                             "round's steps, up to max_steps); leave this key out")
         if self.local_steps > self.max_steps:
             raise ValueError(f"max_steps: must be >= local_steps ({self.local_steps}), "
                              f"got {self.max_steps}")

@@ -85,6 +85,15 @@ class LbbspParams:
             raise ValueError(f"max_batch: must be >= min_batch ({self.min_batch}) or 0, "
                              f"got {self.max_batch}")
 
+    def check_workers(self, workers: int) -> None:
+        """Refuse a `global_batch` that `workers` workers cannot split within the bounds."""
+        total = self.global_batch
+        if total:
+            low, high = self.bounds(total)
+            if not workers * low <= total <= workers * high:
+                raise ValueError(f"global_batch: {total} samples cannot be split among "
+                                 f"{workers} workers with batches in [{low}, {high}]")
+
     def bounds(self, total: int) -> tuple[int, int]:
         """The batch bounds of one worker when the global batch is `total`."""
         return self.min_batch, self.max_batch or total
@@ -134,11 +143,9 @@ class LbbspServer(BspServer):
         total = params.global_batch
         self.total = total or None
         self.batches: dict[int, int] = {}
+        params.check_workers(n)
         if total:
             low, high = params.bounds(total)
-            if not n * low <= total <= n * high:
-                raise ValueError(f"global_batch: {total} samples cannot be split among {n} "
-                                 f"workers with batches in [{low}, {high}]")
             self.batches = dict(enumerate(apportion(total, [1.0] * n, low, high)))
         self.speeds: list[float] = [0.0] * n
         self.gains = [1.0] * n

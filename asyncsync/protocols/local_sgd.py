@@ -66,6 +66,7 @@ class LocalSgdParams(ServerOptimizerOptions, Cutoff):
     def __post_init__(self) -> None:
         check_fields(self)
         self.check_cutoff()
+        self.check_server_optimizer()
 
 
 class LocalSgdServer(ServerOptimizerState, RoundServer):

@@ -10,6 +10,10 @@ of every live worker are in, ``w <- mean_i w_i``, version += 1, and the pulls ar
 anchor is thus one round old, and communication is hidden whenever one averaging takes less
 than tau local steps.
 
+**(choice)** As in the authors' code, the pushed (averaged) model is the local model
+after its pull toward the anchor; alpha = 1 is therefore refused: each local model would
+be reset to the anchor and pushed as it is, and the average would never move.
+
 The background exchanges are `asyncsync.protocols.overlap.Transfers`.
 
 Reference: J. Wang, H. Liang, G. Joshi, "Overlap Local-SGD: An Algorithmic Approach to Hide
@@ -34,7 +38,9 @@ class OverlapLocalSgdParams:
 
     local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
                               "tau: local steps between synchronization points")
-    alpha: float = option(0.2, lambda v: 0 < v <= 1, "must be in (0, 1]",
+    alpha: float = option(0.2, lambda v: 0 < v < 1,
+                          "must be in (0, 1) (at 1 every local model is reset to the anchor "
+                          "and pushed as it is: the average would never move)",
                           "how far the local model is pulled toward the anchor")
 
     def __post_init__(self) -> None:

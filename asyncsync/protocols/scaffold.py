@@ -72,6 +72,7 @@ class ScaffoldParams(ServerOptimizerOptions, Cutoff):
     def __post_init__(self) -> None:
         check_fields(self)
         self.check_cutoff()
+        self.check_server_optimizer()
 
 
 class ScaffoldServer(LocalSgdServer):

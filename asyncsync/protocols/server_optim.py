@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -199,6 +199,17 @@ class AdaptiveOptions:
     bias_correction: bool = option(True, help="divide the moments by 1 - beta^t, as "
                                               "torch.optim.Adam (false: the paper's rule)")
 
+    def check_unused(self, key: str, kind: str) -> None:
+        """Refuse, naming it, a moment option set to other than its default that optimizer
+        `kind` (the value of the option `key`) does not use: a silently ignored key would
+        let a sweep over it compare identical runs."""
+        unused = {"sgd": ("beta1", "beta2", "tau", "bias_correction"),
+                  "adagrad": ("beta2",)}.get(kind, ())
+        for item in fields(AdaptiveOptions):
+            if item.name in unused and getattr(self, item.name) != item.default:
+                raise ValueError(f"{item.name}: not used by the {kind!r} optimizer ({key} is "
+                                 f"{kind!r}); leave this key out")
+
     def adaptive_optimizer(self, kind: str, lr: float) -> ServerAdaptive:
         """The adaptive optimizer `kind` (adam | yogi | adagrad) at learning rate `lr`."""
         return ServerAdaptive(kind, lr, self.beta1, self.beta2, self.tau, self.bias_correction)
@@ -216,6 +227,11 @@ class ServerOptimizerOptions(AdaptiveOptions):
     server_lr: float | None = option(None, lambda v: v is None or v > 0, "must be > 0",
                                      "eta_g (default: 1 with sgd, i.e. plain averaging; "
                                      f"{ADAPTIVE_LR} with the adaptive ones)")
+
+    def check_server_optimizer(self) -> None:
+        """Refuse the adaptive options the chosen server optimizer does not use (call it
+        from the parameters' ``__post_init__``)."""
+        self.check_unused("server_optimizer", self.server_optimizer)
 
     def make_server_optimizer(self) -> ServerOptimizer:
         """A fresh server optimizer as configured."""

@@ -13,7 +13,7 @@ From C. Xie, S. Koyejo, I. Gupta, "Asynchronous Federated Optimization", OPT 202
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from asyncsync.schema import option
 
@@ -32,6 +32,18 @@ class StalenessOptions:
                       "exponent (polynomial) or slope (hinge) of s")
     b: int = option(4, lambda v: v >= 0, "must be >= 0",
                     "hinge: largest staleness still weighted 1")
+
+    def check_staleness(self) -> None:
+        """Refuse, naming it, a constant of s set to other than its default that the chosen
+        function does not have (``a``: polynomial and hinge; ``b``: hinge); call it from
+        the parameters' ``__post_init__``."""
+        used = {"constant": (), "polynomial": ("a",), "hinge": ("a", "b")}[self.staleness_fn]
+        for item in fields(StalenessOptions):
+            if (item.name in ("a", "b") and item.name not in used
+                    and getattr(self, item.name) != item.default):
+                raise ValueError(f"{item.name}: not used by the {self.staleness_fn!r} staleness "
+                                 "function (a: polynomial and hinge; b: hinge); leave this "
+                                 "key out")
 
     def staleness_weight(self, staleness: int) -> float:
         """s(staleness) for the configured staleness function."""

@@ -61,6 +61,12 @@ class WbspParams:
     def __post_init__(self) -> None:
         check_fields(self)
 
+    def check_workers(self, workers: int) -> None:
+        """Refuse a `slow_worker` that is not a rank of a run of `workers` workers."""
+        if self.slow_worker is not None and self.slow_worker >= workers:
+            raise ValueError(f"slow_worker: must be a rank below {workers}, "
+                             f"got {self.slow_worker}")
+
 
 @dataclass(frozen=True)
 class PushRecord:
@@ -87,9 +93,7 @@ class WbspServer(ServerRule[WbspParams]):
     push_kinds = frozenset({"delta"})
 
     def __init__(self, params: WbspParams, store: Store) -> None:
-        if params.slow_worker is not None and params.slow_worker >= store.workers:
-            raise ValueError(f"slow_worker: must be a rank below {store.workers}, "
-                             f"got {params.slow_worker}")
+        params.check_workers(store.workers)
         super().__init__(params, store)
         self.slow_worker = params.slow_worker
         self.smoothing = params.rate_smoothing
