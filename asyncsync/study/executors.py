@@ -178,6 +178,21 @@ def slurm_executor(folder: Path, options: SlurmOptions, name: str) -> Any:
     return executor
 
 
+def submit_array(executor: Any, dirs: list[str], calibrated: list[str], study: Path) -> Any:
+    """Submit one array task per run folder of `dirs` (`slurm_task`); returns the jobs.
+
+    Raises:
+        ConfigError: Slurm refused the array (sbatch's own reason in the message).
+    """
+    try:
+        return executor.map_array(slurm_task, dirs, calibrated)
+    except (RuntimeError, OSError) as exc:  # submitit's FailedJobError: sbatch's stderr
+        reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise ConfigError(f"--executor slurm: sbatch refused the job array ({reason}); once "
+                          f"that is fixed, asyncsync run RECIPE --executor slurm --resume "
+                          f"{study} submits its runs") from None
+
+
 def shared_problem(path: Path) -> str | None:
     """Why compute nodes probably cannot see `path` (None: no reason known)."""
     resolved = path.resolve()

@@ -40,7 +40,7 @@ from asyncsync.study.executors import (
     interrupted,
     shared_problem,
     slurm_executor,
-    slurm_task,
+    submit_array,
     write_summary,
 )
 from asyncsync.study.netns import preflight
@@ -278,7 +278,7 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                       "filesystem the compute nodes share (--logs)", highlight=False,
                       soft_wrap=True)
     dirs = [str(study.slots[position].run_dir) for position in todo]
-    array = await asyncio.to_thread(executor.map_array, slurm_task, dirs, calibrated)
+    array = await asyncio.to_thread(submit_array, executor, dirs, calibrated, study.root)
     array_id = str(array[0].job_id).split("_")[0]
     (study.root / SUBMITTED).write_text(json.dumps(
         {"job_array": array_id, "cluster": executor.cluster,
