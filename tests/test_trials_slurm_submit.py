@@ -35,6 +35,7 @@ def test_a_refused_submission_is_one_error_line_with_sbatchs_reason(
     text = out.out + out.err
     assert "Traceback" not in text, text
     errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert [line for line in text.splitlines() if "sbatch" in line] == errors, text
     assert code == 2, text
     (study,) = (tmp_path / "logs" / "small").iterdir()
     assert errors == [

@@ -10,6 +10,7 @@ Only paths and plain strings go in, nothing but the folder comes back (no pickle
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import sys
@@ -184,8 +185,10 @@ def submit_array(executor: Any, dirs: list[str], calibrated: list[str], study: P
     Raises:
         ConfigError: Slurm refused the array (sbatch's own reason in the message).
     """
+    said = io.StringIO()  # submitit prints a refusal's stderr, then raises it
     try:
-        return executor.map_array(slurm_task, dirs, calibrated)
+        with contextlib.redirect_stderr(said):
+            return executor.map_array(slurm_task, dirs, calibrated)
     except (RuntimeError, OSError) as exc:  # submitit's FailedJobError: sbatch's stderr
         reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise ConfigError(f"--executor slurm: sbatch refused the job array ({reason}); once "
