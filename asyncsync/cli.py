@@ -290,6 +290,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # as `python -m asyncsync` (and so a study's child processes) has it: a recipe's
+        # model "module:callable" is found in the working directory by the installed
+        # command too, whose own folder is sys.path[0]
+        sys.path.insert(0, os.getcwd())
     console = make_console()
     try:
         args = _parser().parse_args(argv)
@@ -320,9 +325,10 @@ def main(argv: list[str] | None = None) -> int:
                 step_time_table,
             )
             from asyncsync.study.recipe import load_recipe
-            from asyncsync.study.run_one import check_data, device_problem
+            from asyncsync.study.run_one import check_data, check_models, device_problem
 
             recipe = load_recipe(args.recipe, _overrides(args), args.only, args.repeats)
+            check_models(recipe)
             console.print(check_table(recipe))
             check_data(recipe)
             if problem := device_problem(recipe):

@@ -49,6 +49,7 @@ from asyncsync.study.run_one import (
     calibration,
     check_data,
     check_devices,
+    check_models,
     prepare_folder,
     run_and_record,
 )
@@ -107,6 +108,7 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     On Ctrl-C (the task is cancelled) it prints "interrupted", the table of the runs that
     finished and the log path, then lets the cancellation go on.
     """
+    check_models(recipe)
     await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
     if slurm is None:  # a Slurm task's node has its own devices
         await asyncio.to_thread(check_devices, recipe)  # a driver query, off the loop
