@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -80,9 +81,16 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
     """Simulate the prepared run in `run_dir` and write its summary.json.
 
     A run that raises gets a summary with its error's first line. Returns whether it ran.
+    What an earlier attempt left in the folder (a Slurm task requeued after preemption) is
+    removed first: logs are appended to, and two attempts' records would count twice.
     """
     folder = Path(run_dir)
     written = json.loads((folder / "recipe.json").read_text())
+    for path in folder.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.name != "recipe.json":
+            path.unlink()
     try:
         spec = load_recipe(folder / "recipe.json").runs[0]
         facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s)
