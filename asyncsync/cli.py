@@ -8,7 +8,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,6 +22,9 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.launch import DEFAULT_PORT, TOKEN_ENV
 from asyncsync.tracking import export_runs, parse_track
 from asyncsync.training.catalog import DATASETS
+
+if TYPE_CHECKING:
+    from asyncsync.study.recipe import Recipe
 
 # The commands import torch (and what needs it) when they run, not here: `run` starts its
 # child processes first, so that their imports of torch overlap its own
@@ -226,6 +229,17 @@ def _port(text: str) -> int:
     return value
 
 
+def _what_runs(recipe: Recipe) -> str:
+    """``check``'s count of the runs `run` would start, and what they are compared with."""
+    count = len(recipe.runs)
+    runs = f"{count} run{'s' if count > 1 else ''}"
+    if recipe.repeats > 1:
+        runs += f" x {recipe.repeats} repeats = {count * recipe.repeats}"
+    if any(spec.base_name == recipe.baseline for spec in recipe.runs):
+        return f"{runs}, baseline {recipe.baseline}"
+    return f"{runs}, no baseline: {recipe.baseline} is not among the runs, so no speedups"
+
+
 def _report(args: argparse.Namespace, console: Console) -> int:
     """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all)."""
     reports, notes = find_reports(args.dirs, every=args.all)
@@ -339,9 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(shards_table(recipe))
             if (population := population_table(recipe)) is not None:
                 console.print(population)
-            runs = f"{len(recipe.runs)} run{'s' if len(recipe.runs) > 1 else ''}"
-            console.print(f"{args.recipe}: ok ({runs}, "
-                          f"baseline {recipe.baseline}; data found)", highlight=False)
+            console.print(f"{args.recipe}: ok ({_what_runs(recipe)}; data found)",
+                          highlight=False, soft_wrap=True)
         elif args.command == "traces":
             from asyncsync.hetero.fedscale import convert
 
