@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="time limit of each task in minutes (default 60)")
     slurm.add_argument("--slurm-cpus", type=_positive, default=1, metavar="N",
                        help="CPUs per task (default 1)")
-    slurm.add_argument("--slurm-gpus", type=int, default=0, metavar="N",
+    slurm.add_argument("--slurm-gpus", type=_count, default=0, metavar="N",
                        help="GPUs per task (default 0)")
     slurm.add_argument("--slurm-array-parallelism", type=_positive, default=None,
                        metavar="N", help="tasks of the array running at once (default: "
@@ -215,6 +215,17 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
     return value
 
 
