@@ -145,17 +145,30 @@ class Dashboard:
         head.add_row(Text(self.recipe.name, style="bold"),
                      ProgressBar(total=max(self._total, 1), completed=self._done, width=30),
                      Text(f"{share:.0%}  {self.progress()}"))
-        runs = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
-        for column in ("run", "protocol", "elapsed", "version", "accuracy", "best", "speed"):
-            runs.add_column(column, justify="left" if column in ("run", "protocol")
-                            else "right", no_wrap=True)
+        rows = []
         for name, (spec, status) in self._active.items():
             speed = status.get("virtual_per_real")
-            runs.add_row(name, spec.protocol.name,
+            rows.append((name, spec.protocol.name,
                          f"{status['elapsed_s']:.0f}/{status.get('time_s') or 0:.0f} s",
                          str(status["version"]), _acc(status["accuracy"]),
                          _acc(status["best_accuracy"]),
-                         "-" if speed is None else f"{speed:.2g}x")
+                         "-" if speed is None else f"{speed:.2g}x"))
+        headers = ("run", "protocol", "elapsed", "version", "accuracy", "best", "speed")
+        widths = [max(len(column), *(len(row[i]) for row in rows))
+                  for i, column in enumerate(headers)]
+        # in a narrow terminal the figures are never cut: the protocol goes (the run's name
+        # has it), then the run's name folds
+        shown = [i for i in range(len(headers)) if i != 1 or
+                 self.console.width - sum(w + 1 for w in widths[1:]) >= min(widths[0], 16)]
+        runs = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+        for i in shown:
+            if i == 0:
+                runs.add_column(headers[i], overflow="fold")
+            else:
+                runs.add_column(headers[i], justify="left" if i == 1 else "right",
+                                no_wrap=True, min_width=widths[i])
+        for row in rows:
+            runs.add_row(*(row[i] for i in shown))
         return Group(head, runs)
 
     def render(self, spec: RunSpec, index: int, status: dict[str, Any]) -> Group:
