@@ -30,3 +30,20 @@ def test_the_runs_in_progress_keep_their_figures_in_60_columns() -> None:
     assert all(row[-6:] == ["3/3", "s", "5502", "0.898", "0.900", "0.061x"] for row in rows), text
     assert "…" not in text, text
     assert "asp@compute.bas" in text  # the name folds onto more lines, never cut
+
+
+def test_a_runs_panel_in_60_columns_drops_whole_columns_rather_than_cut_figures() -> None:
+    """A real run's panel, 4 workers on shaped links: what is shown is shown whole (60
+    columns cut every cell, the rank's column to nothing)."""
+    recipe = load_recipe(RECIPES / "wan.toml")
+    console = Console(width=60, record=True, color_system=None)
+    console.print(Dashboard(recipe, live=False, console=console).render(
+        recipe.runs[0], 0, status(overruns=3)))
+    text = console.export_text()
+    assert "…" not in text, text
+    header = next(line.split() for line in text.splitlines() if "state" in line)
+    assert header[:2] == ["w", "slow"] and "state" in header and "ovr" in header, text
+    rows = [line.split() for line in text.splitlines() if "1234" in line]
+    assert [row[:2] for row in rows] == [["0", "1.5x"], ["1", "1.5x"], ["2", "1.5x"],
+                                         ["3", "1.5x"]], text
+    assert all(row[-1] == "3" and "50%" in row for row in rows), text
