@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 # (asyncsync.study.children), and `report` or --help never load it.
 
 
+TRACK_HELP = ("tensorboard[=DIR], mlflow[=URI], wandb[=PROJECT] (repeatable; defaults: runs/, "
+              "mlruns/, project asyncsync)")
+
+
 class UsageError(Exception):
     """A command line argparse refused: shown as one ``error:`` line, like any bad input."""
 
@@ -54,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--plain", action="store_true", help="plain progress lines, no live view")
     run.add_argument("--track", action="append", default=[], metavar="SPEC",
                      help="stream the runs to TensorBoard, MLflow or W&B while they run: "
-                          "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
+                          + TRACK_HELP)
     run.add_argument("--jobs", type=_positive, default=len(os.sched_getaffinity(0)),
                      metavar="N", help="virtual-clock runs at once, each in a process of its "
                      "own with one torch thread (default: the usable cores, here %(default)s;"
@@ -134,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
                              "latest study of each recipe)")
     report.add_argument("--track", action="append", default=[], metavar="SPEC",
                         help="also send the reported runs to TensorBoard, MLflow or W&B: "
-                             "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
+                             + TRACK_HELP)
 
     data = sub.add_parser("data", help="prepare a real dataset under --root, offline first: "
                           "the files already there, else a system package's (Debian's "
