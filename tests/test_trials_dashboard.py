@@ -47,3 +47,16 @@ def test_a_runs_panel_in_60_columns_drops_whole_columns_rather_than_cut_figures(
     assert [row[:2] for row in rows] == [["0", "1.5x"], ["1", "1.5x"], ["2", "1.5x"],
                                          ["3", "1.5x"]], text
     assert all(row[-1] == "3" and "50%" in row for row in rows), text
+
+
+def test_the_views_render_with_no_run_in_progress_and_no_worker_yet() -> None:
+    """The study's view once its last run in progress ended; a run's panel before any
+    worker reported."""
+    recipe = load_recipe(RECIPES / "wan.toml")
+    console = Console(width=60, record=True, color_system=None)
+    dashboard = Dashboard(recipe, live=False, console=console)
+    dashboard.study(total=2, done=2)
+    console.print(dashboard.render_study())
+    console.print(dashboard.render(recipe.runs[0], 0, {**status(0), "workers": []}))
+    text = console.export_text()
+    assert "2/2 runs done" in text and "version 123" in text, text

@@ -158,7 +158,7 @@ class Dashboard:
                          _acc(status["best_accuracy"]),
                          "-" if speed is None else f"{speed:.2g}x"))
         headers = ("run", "protocol", "elapsed", "version", "accuracy", "best", "speed")
-        widths = [max(len(column), *(len(row[i]) for row in rows))
+        widths = [max([len(column), *(len(row[i]) for row in rows)])
                   for i, column in enumerate(headers)]
         # in a narrow terminal the figures are never cut: the protocol goes (the run's name
         # has it), then the run's name folds
@@ -190,8 +190,8 @@ class Dashboard:
                 for w in condensed(status)["workers"]]
         # short headers, no wrapping: the panel stays whole in an 80-column terminal; in a
         # narrower one whole columns go (`NARROW_DROPS`), never part of a figure
-        widths = {column: max(len(column), *(Text.from_markup(row[i]).cell_len
-                                             for row in rows))
+        widths = {column: max([len(column), *(Text.from_markup(row[i]).cell_len
+                                              for row in rows)])
                   for i, column in enumerate(WORKER_COLUMNS)}
         shown = list(WORKER_COLUMNS)
         for column in NARROW_DROPS:
