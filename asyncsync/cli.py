@@ -20,7 +20,7 @@ from asyncsync.results.studies import LogError, find_reports, pool_problem, reci
 from asyncsync.runlog.reading import label, sweep_suffix
 from asyncsync.schema import ConfigError
 from asyncsync.study.launch import DEFAULT_PORT, TOKEN_ENV
-from asyncsync.tracking import export_runs, parse_track
+from asyncsync.tracking import export_runs, parse_track, unique_specs
 from asyncsync.training.catalog import DATASETS
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ def _what_runs(recipe: Recipe) -> str:
 def _report(args: argparse.Namespace, console: Console) -> int:
     """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all)."""
     reports, notes = find_reports(args.dirs, every=args.all)
-    trackers = [parse_track(spec) for spec in args.track]
+    trackers = [parse_track(spec) for spec in unique_specs(args.track)]
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)
     for run_dirs in reports:
@@ -309,7 +309,7 @@ def _run(args: argparse.Namespace) -> int:
                              args.slurm_gpus, args.slurm_array_parallelism)
         summaries = run_recipe_file(args.recipe, overrides, args.only, args.logs,
                                     repeats=args.repeats, live=False if args.plain else None,
-                                    trackers=[parse_track(s) for s in args.track],
+                                    track=args.track,
                                     jobs=args.jobs, resume=args.resume,
                                     slurm=None if local else slurm, wait=not args.no_wait,
                                     spares=spares)

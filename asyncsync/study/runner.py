@@ -54,7 +54,7 @@ from asyncsync.study.run_one import (
     run_and_record,
 )
 from asyncsync.study.specs import RunSpec
-from asyncsync.tracking import RunFeed, Tracker, follow, parse_track
+from asyncsync.tracking import RunFeed, Tracker, follow, parse_track, unique_specs
 
 T = TypeVar("T")
 
@@ -352,11 +352,14 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
                     repeats: int | None = None, trackers: Sequence[Tracker] = (), *,
                     jobs: int = 1, resume: Path | None = None,
                     slurm: SlurmOptions | None = None, wait: bool = True,
-                    spares: Spares | None = None) -> list[dict[str, Any]]:
-    """Load and run a recipe file (the CLI's ``run``); see `run_recipe`. The recipe's own
-    ``[tracking]`` trackers join `trackers`."""
+                    spares: Spares | None = None, track: Sequence[str] = ()
+                    ) -> list[dict[str, Any]]:
+    """Load and run a recipe file (the CLI's ``run``); see `run_recipe`. The trackers of
+    the ``--track`` specs `track` and of the recipe's own ``[tracking]`` join `trackers`,
+    each place once."""
     recipe = load_recipe(path, overrides, only, repeats)
-    trackers = [*trackers, *(parse_track(spec) for spec in recipe.track_specs)]
+    trackers = [*trackers, *(parse_track(spec) for spec in
+                             unique_specs([*track, *recipe.track_specs]))]
     return asyncio.run(_terminable(run_recipe(recipe, logs, live, trackers, jobs=jobs,
                                               resume=resume, slurm=slurm, wait=wait,
                                               spares=spares)))
