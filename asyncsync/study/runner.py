@@ -178,6 +178,9 @@ def _reopen(recipe: Recipe, root: Path) -> Path:
         written = json.loads((root / "recipe.json").read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--resume {root}: not a study folder (recipe.json: {exc})") from None
+    if "repeat" in written and (root.parent / "recipe.json").is_file():
+        raise ConfigError(f"--resume {root}: a run's folder; --resume takes its study's "
+                          f"folder: --resume {root.parent}")
     if written != json.loads(json.dumps(recipe.as_table())):
         raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
                           "resolved now; give the same recipe, --set, --only, --repeats "
