@@ -410,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                       soft_wrap=True)
         return 2
     except OSError as exc:  # a file or directory the command could not use
-        where = f"{exc.filename}: " if exc.filename else ""
+        name = exc.filename
+        where = f"{os.fsdecode(name) if isinstance(name, bytes) else name}: " if name else ""
         console.print(f"[red]error:[/red] {where}{exc.strerror or exc}", highlight=False,
                       soft_wrap=True)
         return 2
