@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ class SupervisorGone(Exception):
 
 
 SUBMITTED = "submitted.json"
-"""A study folder's record of its Slurm job array (read by ``asyncsync report``)."""
+"""A study folder's record of its Slurm job array (``--resume`` asks squeue about it)."""
 
 LOCAL_FILESYSTEMS = ("tmpfs", "ramfs", "overlay")
 """Filesystem types that compute nodes do not share with a login node."""
@@ -202,6 +203,22 @@ def submit_array(executor: Any, dirs: list[str], calibrated: list[str], study: P
         raise ConfigError(f"--executor slurm: sbatch refused the job array ({reason}); once "
                           f"that is fixed, asyncsync run RECIPE --executor slurm --resume "
                           f"{study} submits its runs") from None
+
+
+def queued_tasks(study: Path) -> tuple[str, list[str]] | None:
+    """The study's Slurm job array and its tasks still queued or running (``squeue``), or
+    None: not submitted to Slurm, no squeue here, or none left (squeue forgets ended jobs)."""
+    with contextlib.suppress(OSError, ValueError, LookupError, TypeError,
+                             subprocess.SubprocessError):
+        submitted = json.loads((study / SUBMITTED).read_text())
+        if submitted["cluster"] != "slurm":
+            return None
+        array = str(submitted["job_array"])
+        listed = subprocess.run(["squeue", "-h", "-j", array, "-o", "%i"], capture_output=True,
+                                text=True, timeout=60)
+        tasks = listed.stdout.split()
+        return (array, tasks) if listed.returncode == 0 and tasks else None
+    return None
 
 
 def shared_problem(path: Path) -> str | None:

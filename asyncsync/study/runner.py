@@ -38,6 +38,7 @@ from asyncsync.study.executors import (
     error_line,
     failure,
     interrupted,
+    queued_tasks,
     shared_problem,
     slurm_executor,
     submit_array,
@@ -185,6 +186,14 @@ def _reopen(recipe: Recipe, root: Path) -> Path:
         raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
                           "resolved now; give the same recipe, --set, --only, --repeats "
                           "and --clock")
+    if queued := queued_tasks(root):
+        array, tasks = queued
+        raise ConfigError(f"--resume {root}: its Slurm job array {array} still has "
+                          f"{len(tasks)} task{'s' if len(tasks) > 1 else ''} queued or running "
+                          f"({', '.join(tasks[:5])}{', ...' if len(tasks) > 5 else ''}); "
+                          f"resuming now would run them twice: wait for them (asyncsync "
+                          f"report {root} tables what is done), or cancel them first "
+                          f"(scancel {array})")
     return root
 
 
