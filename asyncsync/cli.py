@@ -8,7 +8,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -20,12 +20,19 @@ from asyncsync.results.studies import LogError, find_reports, pool_problem, reci
 from asyncsync.runlog.reading import label, sweep_suffix
 from asyncsync.schema import ConfigError
 from asyncsync.study.launch import DEFAULT_PORT, TOKEN_ENV
-from asyncsync.tracking import export_runs, parse_track
+from asyncsync.tracking import export_runs, parse_track, unique_specs
 from asyncsync.training.catalog import DATASETS
+
+if TYPE_CHECKING:
+    from asyncsync.study.recipe import Recipe
 
 # The commands import torch (and what needs it) when they run, not here: `run` starts its
 # child processes first, so that their imports of torch overlap its own
 # (asyncsync.study.children), and `report` or --help never load it.
+
+
+TRACK_HELP = ("tensorboard[=DIR], mlflow[=URI], wandb[=PROJECT] (repeatable; defaults: runs/, "
+              "mlruns/, project asyncsync)")
 
 
 class UsageError(Exception):
@@ -51,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--plain", action="store_true", help="plain progress lines, no live view")
     run.add_argument("--track", action="append", default=[], metavar="SPEC",
                      help="stream the runs to TensorBoard, MLflow or W&B while they run: "
-                          "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
+                          + TRACK_HELP)
     run.add_argument("--jobs", type=_positive, default=len(os.sched_getaffinity(0)),
                      metavar="N", help="virtual-clock runs at once, each in a process of its "
                      "own with one torch thread (default: the usable cores, here %(default)s;"
@@ -72,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="time limit of each task in minutes (default 60)")
     slurm.add_argument("--slurm-cpus", type=_positive, default=1, metavar="N",
                        help="CPUs per task (default 1)")
-    slurm.add_argument("--slurm-gpus", type=int, default=0, metavar="N",
+    slurm.add_argument("--slurm-gpus", type=_count, default=0, metavar="N",
                        help="GPUs per task (default 0)")
     slurm.add_argument("--slurm-array-parallelism", type=_positive, default=None,
                        metavar="N", help="tasks of the array running at once (default: "
@@ -131,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
                              "latest study of each recipe)")
     report.add_argument("--track", action="append", default=[], metavar="SPEC",
                         help="also send the reported runs to TensorBoard, MLflow or W&B: "
-                             "tensorboard=DIR, mlflow[=URI], wandb[=PROJECT] (repeatable)")
+                             + TRACK_HELP)
 
     data = sub.add_parser("data", help="prepare a real dataset under --root, offline first: "
                           "the files already there, else a system package's (Debian's "
@@ -215,6 +222,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
 def _port(text: str) -> int:
     """An argparse type: a TCP port number, 0 (any free port) to 65535."""
     try:
@@ -226,10 +244,21 @@ def _port(text: str) -> int:
     return value
 
 
+def _what_runs(recipe: Recipe) -> str:
+    """``check``'s count of the runs `run` would start, and what they are compared with."""
+    count = len(recipe.runs)
+    runs = f"{count} run{'s' if count > 1 else ''}"
+    if recipe.repeats > 1:
+        runs += f" x {recipe.repeats} repeats = {count * recipe.repeats}"
+    if any(spec.base_name == recipe.baseline for spec in recipe.runs):
+        return f"{runs}, baseline {recipe.baseline}"
+    return f"{runs}, no baseline: {recipe.baseline} is not among the runs, so no speedups"
+
+
 def _report(args: argparse.Namespace, console: Console) -> int:
     """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all)."""
     reports, notes = find_reports(args.dirs, every=args.all)
-    trackers = [parse_track(spec) for spec in args.track]
+    trackers = [parse_track(spec) for spec in unique_specs(args.track)]
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)
     for run_dirs in reports:
@@ -280,7 +309,7 @@ def _run(args: argparse.Namespace) -> int:
                              args.slurm_gpus, args.slurm_array_parallelism)
         summaries = run_recipe_file(args.recipe, overrides, args.only, args.logs,
                                     repeats=args.repeats, live=False if args.plain else None,
-                                    trackers=[parse_track(s) for s in args.track],
+                                    track=args.track,
                                     jobs=args.jobs, resume=args.resume,
                                     slurm=None if local else slurm, wait=not args.no_wait,
                                     spares=spares)
@@ -290,6 +319,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # as `python -m asyncsync` (and so a study's child processes) has it: a recipe's
+        # model "module:callable" is found in the working directory by the installed
+        # command too, whose own folder is sys.path[0]
+        sys.path.insert(0, os.getcwd())
     console = make_console()
     try:
         args = _parser().parse_args(argv)
@@ -320,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
                 step_time_table,
             )
             from asyncsync.study.recipe import load_recipe
-            from asyncsync.study.run_one import check_data, device_problem
+            from asyncsync.study.run_one import check_data, check_models, device_problem
 
             recipe = load_recipe(args.recipe, _overrides(args), args.only, args.repeats)
+            check_models(recipe)
             console.print(check_table(recipe))
             check_data(recipe)
             if problem := device_problem(recipe):
@@ -333,9 +368,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(shards_table(recipe))
             if (population := population_table(recipe)) is not None:
                 console.print(population)
-            runs = f"{len(recipe.runs)} run{'s' if len(recipe.runs) > 1 else ''}"
-            console.print(f"{args.recipe}: ok ({runs}, "
-                          f"baseline {recipe.baseline}; data found)", highlight=False)
+            console.print(f"{args.recipe}: ok ({_what_runs(recipe)}; data found)",
+                          highlight=False, soft_wrap=True)
         elif args.command == "traces":
             from asyncsync.hetero.fedscale import convert
 
@@ -376,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                       soft_wrap=True)
         return 2
     except OSError as exc:  # a file or directory the command could not use
-        where = f"{exc.filename}: " if exc.filename else ""
+        name = exc.filename
+        where = f"{os.fsdecode(name) if isinstance(name, bytes) else name}: " if name else ""
         console.print(f"[red]error:[/red] {where}{exc.strerror or exc}", highlight=False,
                       soft_wrap=True)
         return 2

@@ -226,7 +226,8 @@ def test_check_takes_the_options_that_choose_runs_as_run_does(
     rows = [line.split() for line in out.splitlines()]
     assert any(row[:2] == ["asp", "asp"] and row[-1] == "virtual" for row in rows)
     assert not any(row[:1] == ["bsp"] for row in rows)
-    assert "quickstart.toml: ok (1 run, baseline bsp; data found)" in out
+    assert ("quickstart.toml: ok (1 run, no baseline: bsp is not among the runs, so no "
+            "speedups; data found)") in out
     assert one_error(run_main(capsys, "check", QUICKSTART, "--repeats", "0")).endswith(
         "--repeats: must be >= 1, got 0")
 

@@ -296,6 +296,10 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
         legend.append(f"with {fewest} repeats the 95% intervals are very wide (Student's t "
                       f"with {fewest - 1} degree{'s' if fewest > 2 else ''} of freedom): "
                       f"run {WIDE_BELOW} or more for a usable interval")
+    legend += [f"{name.removesuffix(SLIP_MARK)}: {count} of {repeats} repeats finished (its "
+               f"figures are over {'that one' if count == 1 else 'those'})"
+               for (name, *_), count in zip(rows, map(len, groups(summaries)), strict=True)
+               if count < repeats]
     if any(name.endswith(SLIP_MARK) for name, *_ in rows):
         legend.append(f"{SLIP_MARK} evaluations slipped (a gap > 1.5 evaluation intervals): "
                       "a coarser grid for its times to target; see eval_interval_* in table.csv")

@@ -96,15 +96,17 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
         for study in chosen:
             runs = sorted(studies[study], key=_recipe_order)
             waiting = [r for r in runs if not _finished(r)]
+            unstarted = [name for name in _study_folders(study) if not (study / name).is_dir()
+                         ] if study.is_relative_to(root) else []
             written = {r: written_summary(r) for r in runs if r not in waiting}  # in run order
             cut = [r for r, summary in written.items() if summary.get("interrupted")]
             done = [r for r, summary in written.items() if not summary.get("interrupted")]
             said += [f"{r}: left out, it was interrupted (Ctrl-C)" for r in cut]
-            if waiting:
-                said.append(f"{len(waiting)} of {len(runs)} runs "
-                            f"{'has' if len(waiting) == 1 else 'have'} no summary.json yet "
-                            f"(not started, still running, or killed): "
-                            f"{', '.join(r.name for r in waiting)}; "
+            if waiting or unstarted:
+                names = [r.name for r in waiting] + unstarted
+                said.append(f"{len(names)} of {len(runs) + len(unstarted)} runs "
+                            f"{'has' if len(names) == 1 else 'have'} no summary.json yet "
+                            f"(not started, still running, or killed): {', '.join(names)}; "
                             f"asyncsync run RECIPE --resume {study} runs them")
             reported += len(done)
             if every:
@@ -127,6 +129,19 @@ def _finished(run_dir: Path) -> bool:
         return True
     resolved_run(run_dir)  # a folder that is no run's log says so, not that it is unfinished
     return False
+
+
+def _study_folders(study: Path) -> list[str]:
+    """The run folders a study's recipe.json promises, in its order (``<run>`` or, with
+    repeats, ``<run>-r<k>``, as the runner names them); [] where it names none."""
+    with contextlib.suppress(OSError, ValueError, LookupError, AttributeError, TypeError):
+        recipe = json.loads((study / "recipe.json").read_text())
+        repeats = recipe.get("repeats", 1)
+        names = [run["name"] for run in recipe["runs"] if isinstance(run.get("name"), str)]
+        if isinstance(repeats, int) and repeats >= 1:
+            return [name if repeats == 1 else f"{name}-r{k}" for name in names
+                    for k in range(repeats)]
+    return []
 
 
 def written_summary(run_dir: Path) -> dict[str, Any]:

@@ -56,7 +56,11 @@ def run_model(spec: RunSpec, data: Dataset) -> torch.nn.Module:
     worker (1.8 s of a 1,000-worker run's set-up).
     """
     torch.default_generator.manual_seed(spec.seed)
-    return build_model(spec.model.name, data.input_shape, data.num_classes, spec.model.options)
+    try:
+        return build_model(spec.model.name, data.input_shape, data.num_classes,
+                           spec.model.options)
+    except ValueError as exc:  # not importable, or options it does not take: the recipe's
+        raise ConfigError(f"{spec.name}: model: {exc}") from None
 
 
 def build_server(spec: RunSpec, run_id: str, log_dir: Path | None, host: str = "127.0.0.1",

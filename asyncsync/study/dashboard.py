@@ -27,6 +27,10 @@ from asyncsync.results.report import make_console
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.specs import RunSpec
 
+WORKER_COLUMNS = ("w", "slow", "link", "state", "steps", "smp/s", "comp", "MB up", "MB dn",
+                  "loss", "ovr")
+NARROW_DROPS = ("link", "MB dn", "MB up", "loss", "smp/s", "steps")
+"""The worker columns a terminal too narrow for all of them loses, first to last."""
 PLAIN_EVERY_S = 5.0
 ROWS_MAX = 16
 STATE_STYLE = {"computing": "green", "pushing": "cyan", "pulling": "cyan",
@@ -145,17 +149,30 @@ class Dashboard:
         head.add_row(Text(self.recipe.name, style="bold"),
                      ProgressBar(total=max(self._total, 1), completed=self._done, width=30),
                      Text(f"{share:.0%}  {self.progress()}"))
-        runs = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
-        for column in ("run", "protocol", "elapsed", "version", "accuracy", "best", "speed"):
-            runs.add_column(column, justify="left" if column in ("run", "protocol")
-                            else "right", no_wrap=True)
+        rows = []
         for name, (spec, status) in self._active.items():
             speed = status.get("virtual_per_real")
-            runs.add_row(name, spec.protocol.name,
+            rows.append((name, spec.protocol.name,
                          f"{status['elapsed_s']:.0f}/{status.get('time_s') or 0:.0f} s",
                          str(status["version"]), _acc(status["accuracy"]),
                          _acc(status["best_accuracy"]),
-                         "-" if speed is None else f"{speed:.2g}x")
+                         "-" if speed is None else f"{speed:.2g}x"))
+        headers = ("run", "protocol", "elapsed", "version", "accuracy", "best", "speed")
+        widths = [max([len(column), *(len(row[i]) for row in rows)])
+                  for i, column in enumerate(headers)]
+        # in a narrow terminal the figures are never cut: the protocol goes (the run's name
+        # has it), then the run's name folds
+        shown = [i for i in range(len(headers)) if i != 1 or
+                 self.console.width - sum(w + 1 for w in widths[1:]) >= min(widths[0], 16)]
+        runs = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+        for i in shown:
+            if i == 0:
+                runs.add_column(headers[i], overflow="fold")
+            else:
+                runs.add_column(headers[i], justify="left" if i == 1 else "right",
+                                no_wrap=True, min_width=widths[i])
+        for row in rows:
+            runs.add_row(*(row[i] for i in shown))
         return Group(head, runs)
 
     def render(self, spec: RunSpec, index: int, status: dict[str, Any]) -> Group:
@@ -166,19 +183,27 @@ class Dashboard:
             f"target {_acc(spec.stop.target_accuracy)})  "
             f"elapsed {status['elapsed_s']:.0f}/{budget:.0f} s{_virtual(status)}"
             + ("  [yellow]stopping[/yellow]" if status.get("stopping") else ""))
+        rows = [[f"{w['count']}x", f"{w['factor_min']:.1f}-{w['factor']:.1f}x", "",
+                 *_figures(w)] if "count" in w  # a state's workers together
+                else [str(w["rank"]), f"{w['factor']:.1f}x",
+                      link_label(spec.network.link(w["rank"])), *_figures(w)]
+                for w in condensed(status)["workers"]]
+        # short headers, no wrapping: the panel stays whole in an 80-column terminal; in a
+        # narrower one whole columns go (`NARROW_DROPS`), never part of a figure
+        widths = {column: max([len(column), *(Text.from_markup(row[i]).cell_len
+                                              for row in rows)])
+                  for i, column in enumerate(WORKER_COLUMNS)}
+        shown = list(WORKER_COLUMNS)
+        for column in NARROW_DROPS:
+            if sum(widths[c] + 2 for c in shown) + 1 <= self.console.width:  # padding, rule
+                break
+            shown.remove(column)
         table = Table(expand=False, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
-        # short headers, no wrapping: the panel stays legible in an 80-column terminal
-        for column in ("w", "slow", "link", "state", "steps", "smp/s", "comp", "MB up",
-                       "MB dn", "loss", "ovr"):
+        for column in shown:
             table.add_column(column, justify="left" if column in ("state", "link") else "right",
-                             no_wrap=True)
-        for w in condensed(status)["workers"]:
-            if "count" in w:  # a state's workers together
-                table.add_row(f"{w['count']}x", f"{w['factor_min']:.1f}-{w['factor']:.1f}x",
-                              "", *_figures(w))
-            else:
-                table.add_row(str(w["rank"]), f"{w['factor']:.1f}x",
-                              link_label(spec.network.link(w["rank"])), *_figures(w))
+                             no_wrap=True, min_width=widths[column])
+        for row in rows:
+            table.add_row(*(row[WORKER_COLUMNS.index(c)] for c in shown))
         return Group(head, table)
 
     @staticmethod

@@ -10,8 +10,11 @@ Only paths and plain strings go in, nothing but the folder comes back (no pickle
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,7 +38,7 @@ class SupervisorGone(Exception):
 
 
 SUBMITTED = "submitted.json"
-"""A study folder's record of its Slurm job array (read by ``asyncsync report``)."""
+"""A study folder's record of its Slurm job array (``--resume`` asks squeue about it)."""
 
 LOCAL_FILESYSTEMS = ("tmpfs", "ramfs", "overlay")
 """Filesystem types that compute nodes do not share with a login node."""
@@ -79,9 +82,16 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
     """Simulate the prepared run in `run_dir` and write its summary.json.
 
     A run that raises gets a summary with its error's first line. Returns whether it ran.
+    What an earlier attempt left in the folder (a Slurm task requeued after preemption) is
+    removed first: logs are appended to, and two attempts' records would count twice.
     """
     folder = Path(run_dir)
     written = json.loads((folder / "recipe.json").read_text())
+    for path in folder.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.name != "recipe.json":
+            path.unlink()
     try:
         spec = load_recipe(folder / "recipe.json").runs[0]
         facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s)
@@ -176,6 +186,39 @@ def slurm_executor(folder: Path, options: SlurmOptions, name: str) -> Any:
                                cpus_per_task=options.cpus, gpus_per_node=options.gpus,
                                **slurm)
     return executor
+
+
+def submit_array(executor: Any, dirs: list[str], calibrated: list[str], study: Path) -> Any:
+    """Submit one array task per run folder of `dirs` (`slurm_task`); returns the jobs.
+
+    Raises:
+        ConfigError: Slurm refused the array (sbatch's own reason in the message).
+    """
+    said = io.StringIO()  # submitit prints a refusal's stderr, then raises it
+    try:
+        with contextlib.redirect_stderr(said):
+            return executor.map_array(slurm_task, dirs, calibrated)
+    except (RuntimeError, OSError) as exc:  # submitit's FailedJobError: sbatch's stderr
+        reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise ConfigError(f"--executor slurm: sbatch refused the job array ({reason}); once "
+                          f"that is fixed, asyncsync run RECIPE --executor slurm --resume "
+                          f"{study} submits its runs") from None
+
+
+def queued_tasks(study: Path) -> tuple[str, list[str]] | None:
+    """The study's Slurm job array and its tasks still queued or running (``squeue``), or
+    None: not submitted to Slurm, no squeue here, or none left (squeue forgets ended jobs)."""
+    with contextlib.suppress(OSError, ValueError, LookupError, TypeError,
+                             subprocess.SubprocessError):
+        submitted = json.loads((study / SUBMITTED).read_text())
+        if submitted["cluster"] != "slurm":
+            return None
+        array = str(submitted["job_array"])
+        listed = subprocess.run(["squeue", "-h", "-j", array, "-o", "%i"], capture_output=True,
+                                text=True, timeout=60)
+        tasks = listed.stdout.split()
+        return (array, tasks) if listed.returncode == 0 and tasks else None
+    return None
 
 
 def shared_problem(path: Path) -> str | None:

@@ -185,14 +185,31 @@ def _check_override(key: str, defaults: dict[str, Any], runs: list[Any], item: s
 def _sweep_points(sweep: Any) -> list[dict[str, Any]]:
     """The points of a ``[sweep]`` table: one key (a dotted defaults key) and its values;
     no sweep is one point without overrides."""
-    if not isinstance(sweep, dict) or len(sweep) > 1:
+    if not isinstance(sweep, dict):
         raise ConfigError("sweep: expected a table with one key, e.g. workers = [4, 16, 64]")
+    sweep = _dotted(sweep)
+    if len(sweep) > 1:
+        raise ConfigError(f"sweep: one key at a time, got {', '.join(sweep)}: a grid of "
+                          "several keys is not offered; sweep one and give the others their "
+                          "values with --set, one study each")
     if not sweep:
         return [{}]
     key, values = next(iter(sweep.items()))
     if not isinstance(values, list) or not values:
         raise ConfigError(f"sweep.{key}: expected a non-empty list of values")
     return [{key: value} for value in values]
+
+
+def _dotted(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A ``[sweep]`` table with its nested tables as dotted keys: TOML reads an unquoted
+    ``optim.lr = [...]`` (or ``[sweep.optim]``) as a table ``optim`` holding ``lr``."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and value:
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

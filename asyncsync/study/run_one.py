@@ -8,6 +8,7 @@ runs it (a virtual run in a thread of its own, a real run as processes) and writ
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,28 @@ def check_data(recipe: Recipe) -> None:
         if spec.data.name != "synthetic" and key not in seen:
             seen.add(key)
             run_data(spec)
+
+
+def check_models(recipe: Recipe) -> None:
+    """Import every ``module:callable`` model the recipe's runs name, once each (nothing is
+    built).
+
+    Raises:
+        ConfigError: one cannot be imported (the run and the key named).
+    """
+    seen = set()
+    for spec in recipe.runs:
+        name = spec.model.name
+        if ":" not in name or name in seen:
+            continue
+        seen.add(name)
+        module, _, attr = name.partition(":")
+        try:
+            getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"{spec.name}: model.name: {name!r} cannot be imported ({exc}); "
+                              "a module is looked up in the working directory, then in the "
+                              "installed packages") from None
 
 
 def device_problem(recipe: Recipe) -> str | None:

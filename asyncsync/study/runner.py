@@ -38,9 +38,10 @@ from asyncsync.study.executors import (
     error_line,
     failure,
     interrupted,
+    queued_tasks,
     shared_problem,
     slurm_executor,
-    slurm_task,
+    submit_array,
     write_summary,
 )
 from asyncsync.study.netns import preflight
@@ -49,11 +50,12 @@ from asyncsync.study.run_one import (
     calibration,
     check_data,
     check_devices,
+    check_models,
     prepare_folder,
     run_and_record,
 )
 from asyncsync.study.specs import RunSpec
-from asyncsync.tracking import RunFeed, Tracker, follow, parse_track
+from asyncsync.tracking import RunFeed, Tracker, follow, parse_track, unique_specs
 
 T = TypeVar("T")
 
@@ -107,6 +109,7 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     On Ctrl-C (the task is cancelled) it prints "interrupted", the table of the runs that
     finished and the log path, then lets the cancellation go on.
     """
+    check_models(recipe)
     await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
     if slurm is None:  # a Slurm task's node has its own devices
         await asyncio.to_thread(check_devices, recipe)  # a driver query, off the loop
@@ -176,10 +179,21 @@ def _reopen(recipe: Recipe, root: Path) -> Path:
         written = json.loads((root / "recipe.json").read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--resume {root}: not a study folder (recipe.json: {exc})") from None
+    if "repeat" in written and (root.parent / "recipe.json").is_file():
+        raise ConfigError(f"--resume {root}: a run's folder; --resume takes its study's "
+                          f"folder: --resume {root.parent}")
     if written != json.loads(json.dumps(recipe.as_table())):
         raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
                           "resolved now; give the same recipe, --set, --only, --repeats "
                           "and --clock")
+    if queued := queued_tasks(root):
+        array, tasks = queued
+        raise ConfigError(f"--resume {root}: its Slurm job array {array} still has "
+                          f"{len(tasks)} task{'s' if len(tasks) > 1 else ''} queued or running "
+                          f"({', '.join(tasks[:5])}{', ...' if len(tasks) > 5 else ''}); "
+                          f"resuming now would run them twice: wait for them (asyncsync "
+                          f"report {root} tables what is done), or cancel them first "
+                          f"(scancel {array})")
     return root
 
 
@@ -278,7 +292,7 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                       "filesystem the compute nodes share (--logs)", highlight=False,
                       soft_wrap=True)
     dirs = [str(study.slots[position].run_dir) for position in todo]
-    array = await asyncio.to_thread(executor.map_array, slurm_task, dirs, calibrated)
+    array = await asyncio.to_thread(submit_array, executor, dirs, calibrated, study.root)
     array_id = str(array[0].job_id).split("_")[0]
     (study.root / SUBMITTED).write_text(json.dumps(
         {"job_array": array_id, "cluster": executor.cluster,
@@ -350,11 +364,14 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
                     repeats: int | None = None, trackers: Sequence[Tracker] = (), *,
                     jobs: int = 1, resume: Path | None = None,
                     slurm: SlurmOptions | None = None, wait: bool = True,
-                    spares: Spares | None = None) -> list[dict[str, Any]]:
-    """Load and run a recipe file (the CLI's ``run``); see `run_recipe`. The recipe's own
-    ``[tracking]`` trackers join `trackers`."""
+                    spares: Spares | None = None, track: Sequence[str] = ()
+                    ) -> list[dict[str, Any]]:
+    """Load and run a recipe file (the CLI's ``run``); see `run_recipe`. The trackers of
+    the ``--track`` specs `track` and of the recipe's own ``[tracking]`` join `trackers`,
+    each place once."""
     recipe = load_recipe(path, overrides, only, repeats)
-    trackers = [*trackers, *(parse_track(spec) for spec in recipe.track_specs)]
+    trackers = [*trackers, *(parse_track(spec) for spec in
+                             unique_specs([*track, *recipe.track_specs]))]
     return asyncio.run(_terminable(run_recipe(recipe, logs, live, trackers, jobs=jobs,
                                               resume=resume, slurm=slurm, wait=wait,
                                               spares=spares)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from asyncsync.tracking.base import Tracker, TrackingError
@@ -38,3 +39,19 @@ def parse_track(spec: str) -> Tracker:
         return WandbTracker(where)
     raise TrackingError(f"--track {spec}: expected tensorboard=DIR, mlflow[=URI] or "
                         "wandb[=PROJECT]")
+
+
+def unique_specs(specs: Iterable[str]) -> list[str]:
+    """`specs` without those that name a place an earlier one names (``tensorboard`` and
+    ``tensorboard=runs/``, a recipe's ``[tracking]`` given again with ``--track``): two
+    trackers of one place would each start the same runs there."""
+    seen, kept = set(), []
+    for spec in specs:
+        tool, _, where = spec.partition("=")
+        tool = tool.strip().lower()
+        where = where.strip() or DEFAULTS.get(tool, "")
+        place = (tool, str(Path(where)) if tool == "tensorboard" else where)
+        if place not in seen:
+            seen.add(place)
+            kept.append(spec)
+    return kept
