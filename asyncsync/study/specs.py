@@ -19,7 +19,6 @@ from typing import Any
 from asyncsync.hetero.compute import ComputeProfile
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams
-from asyncsync.protocols.rounds import Cutoff
 from asyncsync.runlog.reading import sweep_suffix
 from asyncsync.schema import option
 from asyncsync.study.hetero_specs import (
@@ -176,9 +175,10 @@ class RunSpec:
     capacity: CapacitySpec = field(default_factory=CapacitySpec)
 
     def __post_init__(self) -> None:
-        if isinstance(self.protocol.params, Cutoff):  # (the server would refuse it)
+        check_workers = getattr(self.protocol.params, "check_workers", None)
+        if callable(check_workers):  # parameters that say what fits (the server would too)
             try:
-                self.protocol.params.check_workers(self.workers)
+                check_workers(self.workers)
             except ValueError as exc:
                 raise ValueError(f"protocol.{exc}") from None
         self._check_network()
