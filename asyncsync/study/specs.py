@@ -106,7 +106,7 @@ class FaultSpec:
     heartbeat_s: float = option(2.0, _positive, "must be > 0",
                                 "seconds between a worker's heartbeats (real clock)")
     checkpoint_s: float = option(0.0, lambda v: v >= 0, "must be >= 0",
-                                 "server checkpoint period (0 = off)")
+                                 "server checkpoint period (0 = off; real clock)")
 
     def __post_init__(self) -> None:
         if self.heartbeat_s >= self.worker_timeout_s:
@@ -186,6 +186,10 @@ class RunSpec:
             raise ValueError("network.message_overhead_ms: a real run pays its messages' "
                              "software cost itself; it is charged on the virtual clock only "
                              "(set clock = \"virtual\")")
+        if self.fault.checkpoint_s and self.clock == "virtual":
+            raise ValueError("fault.checkpoint_s: a virtual run takes no checkpoints (it is "
+                             "deterministic: a cut one is run again from its start); set "
+                             "clock = \"real\" or leave this key out")
         if self.stop.patience_s is not None and self.stop.patience_s < self.eval.interval_s:
             raise ValueError(f"stop.patience_s: {self.stop.patience_s:g} s is shorter than "
                              f"eval.interval_s ({self.eval.interval_s:g} s); patience is "

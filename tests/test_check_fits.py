@@ -1,4 +1,6 @@
-"""`check` refuses a protocol's parameters that do not fit the run's number of workers, as
+"""`check` refuses settings that the run would refuse or ignore.
+
+It refuses a protocol's parameters that do not fit the run's number of workers, as
 the server would, for every protocol whose parameters say what fits (not only the round
 protocols): wbsp's ``slow_worker = 3`` or lbbsp's ``global_batch = 2`` with 3 workers passed
 `check`, and each run then failed."""
@@ -40,3 +42,14 @@ def test_parameters_that_fit_are_accepted(tmp_path: Path) -> None:
     path = tmp_path / "r.toml"
     path.write_text(RECIPE.format(protocol='name = "wbsp", slow_worker = 2'))
     assert load_recipe(path).runs[0].protocol.params.slow_worker == 2  # type: ignore[attr-defined]
+
+
+def test_a_checkpoint_period_on_the_virtual_clock_is_refused(tmp_path: Path) -> None:
+    """A virtual run takes no checkpoints; the key used to be taken and ignored."""
+    path = tmp_path / "r.toml"
+    path.write_text(RECIPE.format(protocol='name = "bsp"'))
+    with pytest.raises(ConfigError, match=r"fault\.checkpoint_s: a virtual run takes no "
+                                          "checkpoints"):
+        load_recipe(path, ["fault.checkpoint_s=5"])
+    assert load_recipe(path, ["fault.checkpoint_s=5", 'clock="real"']).runs[0].fault \
+        .checkpoint_s == 5
