@@ -298,6 +298,7 @@ def test_a_model_that_cannot_be_batched_falls_back_logged_and_recorded(
         _, facts = _run(tmp_path, "bsp", "on", "fallback", recipe)
     assert facts["worker_math"] == "one-by-one"
     assert "batched gradient failed" in facts["worker_math_reason"]
+    assert facts["worker_math_fallback"] is True
     said = [r for r in caplog.records if "one by one" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
 
@@ -322,6 +323,7 @@ def test_auto_computes_one_by_one_on_a_cpu(tmp_path: Path) -> None:
     _, facts = _run(tmp_path, "bsp", "auto", "auto")
     assert facts["worker_math"] == "one-by-one"
     assert facts["worker_math_reason"].startswith("auto")
+    assert "worker_math_fallback" not in facts  # auto's own choice: nothing to warn of
 
 
 def test_a_bad_batched_value_is_refused_with_its_key(tmp_path: Path) -> None:

@@ -119,3 +119,19 @@ def test_the_time_left_counts_the_runs_in_progress(monkeypatch: pytest.MonkeyPat
     dashboard._active["asp"] = (recipe.runs[1], {**status(0), "elapsed_s": 30.0})
     dashboard._done = 1
     assert dashboard.progress() == "1/2 runs done, 1 running, 38s elapsed, about 10s left"
+
+
+def test_a_run_whose_batching_fell_back_says_so_in_its_line() -> None:
+    """A study's child process's warning is not shown, so the run's line says it."""
+    recipe = load_recipe(RECIPES / "quickstart.toml")
+    console = Console(width=200, record=True, color_system=None)
+    dashboard = Dashboard(recipe, live=False, console=console)
+    result = {"best_accuracy": 0.6, "final_accuracy": 0.6, "time_to_target_s": None,
+              "compute_proportion": 0.5, "worker_math": "one-by-one",
+              "worker_math_reason": "a batched gradient failed (RuntimeError: x)"}
+    dashboard.finished(recipe.runs[0], 0, result)
+    dashboard.finished(recipe.runs[1], 1, {**result, "worker_math_fallback": True})
+    first, second = console.export_text().strip().splitlines()
+    assert "one by one" not in first
+    assert second.endswith("(steps ran one by one: a batched gradient failed "
+                           "(RuntimeError: x))")

@@ -242,6 +242,9 @@ class Dashboard:
             line = (f"{escape(shown)}: best accuracy {_acc(summary['best_accuracy'])}, "
                     f"time to target {'-' if ttt is None else f'{ttt:.1f} s'}, "
                     f"compute proportion {summary['compute_proportion'] or 0:.2f}")
+            if summary.get("worker_math_fallback"):
+                line += (f" [yellow](steps ran one by one: "
+                         f"{escape(str(summary['worker_math_reason']))})[/yellow]")
         count = (f"{self._done}/{self._total}" if self._total
                  else f"{index + 1}/{len(self.recipe.runs)}")
         self.console.print(f"[{count}] {line}")

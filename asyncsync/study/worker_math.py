@@ -7,7 +7,9 @@ measured slower than the steps one after another (see docs/gpu.md and
 does. A run that would batch (``on``, or ``auto`` on CUDA from `AUTO_MIN_WORKERS` workers)
 but whose model fails the batched probe says so once in the log (a warning, unless the
 model is the timing stand-in, which never batches); ``auto``'s own choice of one by one
-is not logged. summary.json records the path and why (`WorkerMath.facts`).
+is not logged. summary.json records the path and why (`WorkerMath.facts`), and
+``worker_math_fallback`` where the log warned, so a study's line for the run says it too
+(a child process's log is not shown).
 """
 
 from __future__ import annotations
@@ -36,16 +38,19 @@ PROBE_BATCH = 2
 @dataclass
 class WorkerMath:
     """The chosen path: the workers' device (the run's, on either path), the cohort (None:
-    one by one) and why."""
+    one by one), why, and whether it fell back from batching that was asked for."""
 
     path: str
     reason: str
     device: str
     cohort: Cohort | None = None
+    fell_back: bool = False
 
     def facts(self) -> dict[str, Any]:
         """What summary.json records of it."""
         facts: dict[str, Any] = {"worker_math": self.path, "worker_math_reason": self.reason}
+        if self.fell_back:
+            facts["worker_math_fallback"] = True
         if self.cohort is not None:
             facts.update(worker_math_device=self.device, batched_calls=self.cohort.calls,
                          batched_steps=self.cohort.steps)
@@ -70,7 +75,8 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
         level = logging.INFO if spec.model.name == TIMING_MODEL else logging.WARNING
         LOG.log(level, "compute.batched = %r: the workers' steps run one by one: %s", asked,
                 reason)
-        return WorkerMath(ONE_BY_ONE, reason, str(device))
+        return WorkerMath(ONE_BY_ONE, reason, str(device),
+                          fell_back=level == logging.WARNING)
     why = ("asked (compute.batched = \"on\")" if asked == "on"
            else f"auto: {device.type} device")
     LOG.info("the workers' steps run batched on %s (%s)", device, why)
