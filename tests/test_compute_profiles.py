@@ -266,7 +266,7 @@ def test_recipe_profile_tables(tmp_path: Path) -> None:
         ({"name": "periodic", "worker": -1}, "worker: must be >= 0"),
         ({"name": "zigzag"}, "profile.name: must be one of"),
         ({"name": "random", "low": 3.0, "high": 2.0}, "high: must be >= low"),
-        ({"name": "trace", "path": str(tmp_path / "none.csv")}, "cannot read trace"),
+        ({"name": "trace", "path": str(tmp_path / "none.csv")}, "none.csv: cannot read"),
         ({"name": "moving", "speed": 1}, "profile.speed: unknown key"),
     ):
         with pytest.raises(ConfigError, match=message):

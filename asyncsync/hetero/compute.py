@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from asyncsync.hetero.traces import TraceError, unreadable
 from asyncsync.schema import check_fields, from_mapping, option
 
 
@@ -320,7 +321,7 @@ def read_trace(path: str | Path) -> dict[int, list[tuple[float, float]]]:
     try:
         rows = list(csv.reader(path.read_text(encoding="utf-8").splitlines()))
     except OSError as exc:
-        raise ValueError(f"cannot read trace {path}: {exc.strerror}") from exc
+        raise TraceError(path, 0, unreadable(path, exc)) from exc
     points: dict[int, list[tuple[float, float]]] = {}
     for number, row in enumerate(rows, start=1):
         if not row or (number == 1 and not _is_number(row[0])):

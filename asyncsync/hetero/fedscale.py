@@ -30,7 +30,7 @@ import numpy as np
 
 from asyncsync.hetero.availability import OnlineTimes, merged, write_availability
 from asyncsync.hetero.capacity import Capacity, write_capacity
-from asyncsync.hetero.traces import TraceError
+from asyncsync.hetero.traces import TraceError, unreadable
 
 PLAIN = (dict, list, tuple, int, float, str, bool, type(None))
 MAX_INTERVALS = 1_000_000
@@ -79,7 +79,7 @@ def read_plain_pickle(path: str | Path) -> Any:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise TraceError(path, 0, f"cannot read: {exc.strerror or exc}") from exc
+        raise TraceError(path, 0, unreadable(path, exc)) from exc
     try:
         value = _PlainUnpickler(io.BytesIO(data)).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,

@@ -27,6 +27,13 @@ class TraceError(InputError, ValueError):
         self.problem = problem
 
 
+def unreadable(path: str | Path, exc: OSError) -> str:
+    """Why `path` cannot be read, saying where a relative path was looked for (a recipe's
+    trace paths are read from the working directory, not the recipe's folder)."""
+    where = "" if Path(path).is_absolute() else f" (looked for in {Path.cwd()})"
+    return f"cannot read: {exc.strerror or exc}{where}"
+
+
 def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] = (),
              ) -> Iterator[tuple[int, dict[str, str]]]:
     """The data rows of a CSV trace with their line numbers, as ``{column: text}`` of the
@@ -35,7 +42,7 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # a spreadsheet's BOM is no column
     except OSError as exc:
-        raise TraceError(path, 0, f"cannot read: {exc.strerror or exc}") from exc
+        raise TraceError(path, 0, unreadable(path, exc)) from exc
     except UnicodeDecodeError as exc:
         raise TraceError(path, 0, f"not UTF-8 text (byte {exc.start}): a trace is a CSV "
                                   "file") from None
