@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -224,7 +224,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
         assert isinstance(loop, VirtualTimeLoop)
         loop.watch(1.0, lambda: status(progress()))  # every virtual second, no timer
     try:
-        await asyncio.gather(*(worker.run() for worker in workers))
+        await together(worker.run() for worker in workers)
         await core.stop()
         if math.cohort is not None:
             cost.math_s += math.cohort.real_s
@@ -346,6 +346,20 @@ def _timing_parts(spec: RunSpec) -> _Parts:
     return _Parts(model, batches, None, spec.model.size_mb * 1e6 / (4 * numel))
 
 
+async def together(coroutines: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Await `coroutines` together. The first error cancels the others and is raised once
+    they have ended, so that no worker is left pending when the loop closes (its tasks
+    were destroyed then, with a page of warnings after the error)."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """summary.json of a run."""
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -389,8 +403,10 @@ def run_virtual(protocol: str | Protocol, model: Callable[[], torch.nn.Module],
             await core.stop()
             return final
 
-        finals = await asyncio.gather(*(one(w) for w in workers))
-        await core.close()
+        try:
+            finals = await together(one(w) for w in workers)
+        finally:
+            await core.close()
         leaked = sorted(t.get_name() for t in asyncio.all_tasks()
                         if t is not asyncio.current_task())
         if leaked:
