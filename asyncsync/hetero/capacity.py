@@ -53,6 +53,9 @@ def load_capacity(path: str | Path) -> list[Capacity]:
     rows: list[Capacity] = []
     seen: dict[int, int] = {}
     for line, row in csv_rows(path, ("worker", *LINK_COLUMNS), SPEED_COLUMNS):
+        if not any(name in row for name in SPEED_COLUMNS):
+            raise TraceError(path, _header_line(path), "the header names no speed column: "
+                                                       "add s_per_sample or flops_per_s")
         speed = [name for name in SPEED_COLUMNS if row.get(name, "") != ""]
         if len(speed) != 1:
             raise TraceError(path, line, "give exactly one of s_per_sample and flops_per_s "
@@ -70,6 +73,13 @@ def load_capacity(path: str | Path) -> list[Capacity]:
         rows.append(Capacity(ident, figures.get("s_per_sample"), figures.get("flops_per_s"),
                              figures["up_mbps"], figures["down_mbps"]))
     return rows
+
+
+def _header_line(path: str | Path) -> int:
+    """The line number of a CSV trace's header (its first line that is not a comment)."""
+    text = Path(path).read_text(encoding="utf-8-sig")
+    return next(number for number, line in enumerate(text.splitlines(), start=1)
+                if line.strip() and not line.lstrip().startswith("#"))
 
 
 def assign_rows(rows: list[Capacity], workers: int, seed: int) -> list[Capacity]:
