@@ -414,6 +414,9 @@ class StreamConnection:
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError) as exc:
             transport.close()
             raise ConnectionError(f"no upgrade from {url}: {exc!r}") from exc
+        except BaseException:  # cancelled: the request's time is up
+            transport.close()
+            raise
         transport.close()
         raise StreamRefused(status, reason)
 

@@ -147,15 +147,17 @@ class HttpTransport:
         never read, so a retry cannot apply it twice), and a connection the server closed
         without an answer when the op is in `RESENDABLE_OPS`, for up to
         `connect_timeout_s` seconds. A failed TLS handshake raises `TlsFailure` at once;
-        another connection that breaks mid-request raises `ConnectionError`; a 4xx raises
-        the SDK's refusal. A leave is retried for `LEAVE_RETRY_S` at most.
+        another connection that breaks mid-request, or a try not answered within
+        `timeout_s` (on either channel), raises `ConnectionError`; a 4xx raises the SDK's
+        refusal. A leave is retried for `LEAVE_RETRY_S` at most.
         """
         deadline = now() + (min(LEAVE_RETRY_S, self.connect_timeout_s) if op == "leave"
                              else self.connect_timeout_s)
         backoff = 0.1
         while True:
             try:
-                return await self._request_once(op, header, vector)
+                async with asyncio.timeout(self.timeout_s):  # (aiohttp's only bounds POSTs)
+                    return await self._request_once(op, header, vector)
             except (aiohttp.ClientSSLError, ssl.SSLError) as exc:
                 raise TlsFailure(
                     f"TLS with {self.url} failed ({exc}): the server must serve https with "
@@ -172,6 +174,9 @@ class HttpTransport:
                     raise ConnectionError(f"cannot reach {self.url}: {exc}") from exc
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, 2.0)
+            except TimeoutError as exc:  # (also aiohttp's, of the same total)
+                raise ConnectionError(f"request {op} to {self.url} got no answer in "
+                                      f"{self.timeout_s:g} s") from exc
             except aiohttp.ClientError as exc:
                 raise ConnectionError(f"request {op} to {self.url} failed: {exc}") from exc
 
