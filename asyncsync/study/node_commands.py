@@ -208,7 +208,7 @@ def node_command(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if args.command == "server":
-        port = args.port if args.port is not None else env.master_port
+        port = args.port if args.port is not None else env.server_port
         return _serve(args, args.host, port)
     if args.command == "worker":
         url, rank = args.server or env.server_url, args.rank
@@ -224,6 +224,6 @@ def node_command(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
         raise ConfigError(f"WORLD_SIZE={env.world_size}, but run {spec.name!r} needs "
                           f"{spec.workers} workers + 1 server = {spec.workers + 1} tasks")
     if env.rank == 0:
-        return _serve(args, env.master_addr, env.master_port)
+        return _serve(args, env.master_addr, env.server_port)
     assert env.server_url is not None and env.worker_rank is not None
     return _work(args, env.server_url, env.worker_rank, f"{env.rank_name}={env.rank}")
