@@ -121,6 +121,7 @@ class HttpTransport:
         """Replies are received into this pool's warm vectors (`asyncsync.training.buffers`)."""
         self.timeout_s = timeout_s
         self._opened: aiohttp.ClientSession | None = None  # made at the first POST
+        self._answered = False  # whether the server has answered an upgrade yet
 
     @property
     def _session(self) -> aiohttp.ClientSession:
@@ -261,15 +262,25 @@ class HttpTransport:
             stream.close()
         token, tls, local_addr = self._dial
         try:
-            return await StreamConnection.open(self.url, token, tls, local_addr)
+            stream = await StreamConnection.open(self.url, token, tls, local_addr)
         except ssl.SSLError:
             raise
+        except ConnectionAbortedError as exc:  # accepted, then closed without an answer
+            if not self._answered:  # not a restarting server: not an asyncsync server
+                raise ConnectionError(  # (or an https one), so retrying cannot help
+                    f"{self.url} closed the connection without answering: is it an "
+                    "asyncsync server's URL, and does the server serve https (then give "
+                    "https://)?") from exc
+            raise _Unreachable(str(exc)) from exc
         except OSError as exc:
             raise _Unreachable(str(exc)) from exc
         except StreamRefused as refused:
+            self._answered = True
             if refused.status == BUSY:
                 raise _ServerBusy(f"busy: {refused.reason[:200]}") from refused
             raise
+        self._answered = True
+        return stream
 
     async def _read_reply(self, read_any: ReadAny, read_into: ReadInto | None = None,
                           ) -> tuple[dict[str, Any], torch.Tensor | None]:
