@@ -21,6 +21,7 @@ from asyncsync.errors import InputError
 from asyncsync.protocols.base import Refused
 from asyncsync.schema import ConfigError
 from asyncsync.study.launch import TOKEN_ENV, from_environ
+from asyncsync.study.netns import SHAPED_ENV
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.specs import RunSpec
 from asyncsync.transport.status import status_of
@@ -44,8 +45,16 @@ def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
 
 
 def _node_spec(recipe: Recipe, args: argparse.Namespace) -> RunSpec:
-    """The node's run, with the --tls-* flags over the recipe's ``tls`` keys."""
+    """The node's run, with the --tls-* flags over the recipe's ``tls`` keys; a
+    kernel-shaped run is refused unless `asyncsync run` started this node in its
+    namespaces (by hand, nothing would shape its links)."""
     spec = _pick_run(recipe, args.run)
+    if spec.network.emulation == "kernel" and os.environ.get(SHAPED_ENV) != "1":
+        raise ConfigError(
+            f"run {spec.name}: network.emulation = \"kernel\": only `asyncsync run` shapes "
+            "links with tc (it starts the nodes in network namespaces of their own); a "
+            f"{args.command} started by hand would run unshaped: shape the hosts' links "
+            "yourself and drop the network keys, or use emulation = \"app\"")
     flags = {key: str(value) for key in ("cert", "key", "ca")
              if (value := getattr(args, f"tls_{key}", None)) is not None}
     try:
