@@ -158,7 +158,8 @@ def join_refused(refusal: Refused, url: str, rank: int) -> JoinRefused:
     from asyncsync.study.assembly import WORKER_TOKEN_ENV
 
     status = status_of(refusal)
-    detail = str(refusal)
+    detail = " ".join(str(refusal).split())  # one line, whatever page another server sent
+    detail = detail if len(detail) <= 300 else f"{detail[:300]}..."
     if not detail.startswith(f"{status}: "):
         detail = f"{status}: {detail}"
     if status == 401:
@@ -168,7 +169,7 @@ def join_refused(refusal: Refused, url: str, rank: int) -> JoinRefused:
             f"recipe's token); give it the server's {TOKEN_ENV}, or as {WORKER_TOKEN_ENV} "
             f"what `asyncsync worker-token` prints for it")
     hint = f": is another worker running with rank {rank}?" if status == 409 else \
-        HINTS.get(status, "")
+        HINTS.get(404 if status >= 500 else status, "")  # (asyncsync answers no 5xx)
     return JoinRefused(f"the server at {url} refused worker {rank}'s join ({detail}){hint}")
 
 
