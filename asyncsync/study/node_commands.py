@@ -93,6 +93,12 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
 
     recipe = load_recipe(args.recipe)
     spec = _node_spec(recipe, args)
+    events = None if args.log_dir is None else args.log_dir / "events.jsonl"
+    if events is not None and not args.resume and events.exists() and events.stat().st_size:
+        raise ConfigError(f"--log-dir {args.log_dir} holds a run's logs already "
+                          f"({events.name}): give --resume to continue that run from its "
+                          "checkpoint, or another folder (a new run would mix its logs, "
+                          "summary and table with the old one's)")
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)
     record = run_record(args)
