@@ -36,6 +36,9 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.hetero_specs import NetworkSpec
 from asyncsync.study.specs import RunSpec
 
+SHAPED_ENV = "ASYNCSYNC_KERNEL_SHAPED"
+"""Set (to 1) in the environment of the nodes a kernel-shaped run starts in its namespaces:
+a node of a kernel-shaped recipe without it was started by hand, and nothing shapes it."""
 NETNS_DIR = Path("/run/netns")
 PREFIX = "asyncsync-"
 STALE = re.compile(r"^asyncsync-[0-9a-f]{6}-(\d+)-")

@@ -21,6 +21,7 @@ from asyncsync.errors import InputError
 from asyncsync.protocols.base import Refused
 from asyncsync.schema import ConfigError
 from asyncsync.study.launch import TOKEN_ENV, from_environ
+from asyncsync.study.netns import SHAPED_ENV
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.specs import RunSpec
 from asyncsync.transport.status import status_of
@@ -44,8 +45,16 @@ def _pick_run(recipe: Recipe, name: str | None) -> RunSpec:
 
 
 def _node_spec(recipe: Recipe, args: argparse.Namespace) -> RunSpec:
-    """The node's run, with the --tls-* flags over the recipe's ``tls`` keys."""
+    """The node's run, with the --tls-* flags over the recipe's ``tls`` keys; a
+    kernel-shaped run is refused unless `asyncsync run` started this node in its
+    namespaces (by hand, nothing would shape its links)."""
     spec = _pick_run(recipe, args.run)
+    if spec.network.emulation == "kernel" and os.environ.get(SHAPED_ENV) != "1":
+        raise ConfigError(
+            f"run {spec.name}: network.emulation = \"kernel\": only `asyncsync run` shapes "
+            "links with tc (it starts the nodes in network namespaces of their own); a "
+            f"{args.command} started by hand would run unshaped: shape the hosts' links "
+            "yourself and drop the network keys, or use emulation = \"app\"")
     flags = {key: str(value) for key in ("cert", "key", "ca")
              if (value := getattr(args, f"tls_{key}", None)) is not None}
     try:
@@ -84,6 +93,12 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
 
     recipe = load_recipe(args.recipe)
     spec = _node_spec(recipe, args)
+    events = None if args.log_dir is None else args.log_dir / "events.jsonl"
+    if events is not None and not args.resume and events.exists() and events.stat().st_size:
+        raise ConfigError(f"--log-dir {args.log_dir} holds a run's logs already "
+                          f"({events.name}): give --resume to continue that run from its "
+                          "checkpoint, or another folder (a new run would mix its logs, "
+                          "summary and table with the old one's)")
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)
     record = run_record(args)
@@ -149,7 +164,8 @@ def join_refused(refusal: Refused, url: str, rank: int) -> JoinRefused:
     from asyncsync.study.assembly import WORKER_TOKEN_ENV
 
     status = status_of(refusal)
-    detail = str(refusal)
+    detail = " ".join(str(refusal).split())  # one line, whatever page another server sent
+    detail = detail if len(detail) <= 300 else f"{detail[:300]}..."
     if not detail.startswith(f"{status}: "):
         detail = f"{status}: {detail}"
     if status == 401:
@@ -159,7 +175,7 @@ def join_refused(refusal: Refused, url: str, rank: int) -> JoinRefused:
             f"recipe's token); give it the server's {TOKEN_ENV}, or as {WORKER_TOKEN_ENV} "
             f"what `asyncsync worker-token` prints for it")
     hint = f": is another worker running with rank {rank}?" if status == 409 else \
-        HINTS.get(status, "")
+        HINTS.get(404 if status >= 500 else status, "")  # (asyncsync answers no 5xx)
     return JoinRefused(f"the server at {url} refused worker {rank}'s join ({detail}){hint}")
 
 
@@ -208,7 +224,7 @@ def node_command(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if args.command == "server":
-        port = args.port if args.port is not None else env.master_port
+        port = args.port if args.port is not None else env.server_port
         return _serve(args, args.host, port)
     if args.command == "worker":
         url, rank = args.server or env.server_url, args.rank
@@ -224,6 +240,6 @@ def node_command(args: argparse.Namespace) -> Coroutine[Any, Any, None]:
         raise ConfigError(f"WORLD_SIZE={env.world_size}, but run {spec.name!r} needs "
                           f"{spec.workers} workers + 1 server = {spec.workers + 1} tasks")
     if env.rank == 0:
-        return _serve(args, env.master_addr, env.master_port)
+        return _serve(args, env.master_addr, env.server_port)
     assert env.server_url is not None and env.worker_rank is not None
     return _work(args, env.server_url, env.worker_rank, f"{env.rank_name}={env.rank}")

@@ -30,7 +30,7 @@ from asyncsync.clock import now
 from asyncsync.protocols.base import Refused
 from asyncsync.study.assembly import WORKER_TOKEN_ENV, run_client_tls
 from asyncsync.study.launch import TOKEN_ENV
-from asyncsync.study.netns import RunNetwork, call_in
+from asyncsync.study.netns import SHAPED_ENV, RunNetwork, call_in
 from asyncsync.study.specs import RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.tokens import worker_token
@@ -48,10 +48,13 @@ class _Node:
     output: IO[bytes]
 
 
-def node_env(run_token: str, server: bool) -> dict[str, str]:
-    """A node's environment: the server gets the run token, a worker the worker token."""
+def node_env(run_token: str, server: bool, shaped: bool = False) -> dict[str, str]:
+    """A node's environment: the server gets the run token, a worker the worker token;
+    `shaped`: the node runs in a kernel-shaped run's namespace (`SHAPED_ENV`)."""
     env = {key: value for key, value in os.environ.items()
-           if key not in (TOKEN_ENV, WORKER_TOKEN_ENV)}
+           if key not in (TOKEN_ENV, WORKER_TOKEN_ENV, SHAPED_ENV)}
+    if shaped:
+        env[SHAPED_ENV] = "1"
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     if server:
         env[TOKEN_ENV] = run_token
@@ -108,14 +111,15 @@ async def _run_nodes(spec: RunSpec, recipe_name: str, run_dir: Path, on_status: 
     host = network.address("server") if network else "127.0.0.1"
     server = _spawn("server", ["server", *common, "--host", host, "--port", "0",
                                "--port-file", str(port_file)], run_dir,
-                    node_env(token, server=True), network.command("server") if network else ())
+                    node_env(token, server=True, shaped=network is not None),
+                    network.command("server") if network else ())
     nodes = [server]
     try:
         port = await _wait_for_port(port_file, server, STARTUP_S)
         url = f"{'https' if spec.tls.cert else 'http'}://{host}:{port}"
         nodes += [_spawn(f"worker-{rank}", ["worker", *common, "--server", url,
                                             "--rank", str(rank)], run_dir,
-                         node_env(token, server=False),
+                         node_env(token, server=False, shaped=network is not None),
                          network.command(f"w{rank}") if network else ())
                   for rank in range(spec.workers)]
         status = StatusPoll(url, run_id, token, tls,

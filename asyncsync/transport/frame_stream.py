@@ -385,8 +385,9 @@ class StreamConnection:
     async def open(cls, url: str, token: str | None, tls: ssl.SSLContext | bool | None,
                    local_addr: str | None) -> StreamConnection:
         """Connect to the server at `url` and upgrade. Raises OSError (ssl.SSLError for a
-        failed handshake) when it cannot connect, and `StreamRefused` when the server
-        answers anything but 101."""
+        failed handshake; ConnectionAbortedError when the server closed the connection
+        without a byte of answer) when it cannot upgrade, and `StreamRefused` when the
+        server answers anything but 101."""
         parts = urlsplit(url)
         host = parts.hostname or "127.0.0.1"
         https = parts.scheme == "https"
@@ -402,19 +403,22 @@ class StreamConnection:
         transport.write(f"POST {PATH} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                         f"Connection: Upgrade\r\nUpgrade: {UPGRADE}\r\n{auth}"
                         "Content-Length: 0\r\n\r\n".encode("utf-8", "surrogateescape"))
+        upgraded = False
         try:
             head = await receiver.read_until(b"\r\n\r\n", BUFFER_BYTES)
             status = int(head.split(b" ", 2)[1])
-            if status == 101:
+            if upgraded := status == 101:
                 return cls(receiver)
             length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                            if line.lower().startswith(b"content-length:")), 0)
             reason = (await receiver.read_exactly(min(length, 1000))
                       ).decode("utf-8", "replace")
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError) as exc:
-            transport.close()
-            raise ConnectionError(f"no upgrade from {url}: {exc!r}") from exc
-        transport.close()
+            kind = ConnectionError if receiver.received else ConnectionAbortedError
+            raise kind(f"no upgrade from {url}: {exc!r}") from exc
+        finally:  # (also when cancelled: the request's time is up)
+            if not upgraded:
+                transport.close()
         raise StreamRefused(status, reason)
 
     @property

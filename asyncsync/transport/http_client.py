@@ -121,6 +121,7 @@ class HttpTransport:
         """Replies are received into this pool's warm vectors (`asyncsync.training.buffers`)."""
         self.timeout_s = timeout_s
         self._opened: aiohttp.ClientSession | None = None  # made at the first POST
+        self._answered = False  # whether the server has answered an upgrade yet
 
     @property
     def _session(self) -> aiohttp.ClientSession:
@@ -147,15 +148,17 @@ class HttpTransport:
         never read, so a retry cannot apply it twice), and a connection the server closed
         without an answer when the op is in `RESENDABLE_OPS`, for up to
         `connect_timeout_s` seconds. A failed TLS handshake raises `TlsFailure` at once;
-        another connection that breaks mid-request raises `ConnectionError`; a 4xx raises
-        the SDK's refusal. A leave is retried for `LEAVE_RETRY_S` at most.
+        another connection that breaks mid-request, or a try not answered within
+        `timeout_s` (on either channel), raises `ConnectionError`; a 4xx raises the SDK's
+        refusal. A leave is retried for `LEAVE_RETRY_S` at most.
         """
         deadline = now() + (min(LEAVE_RETRY_S, self.connect_timeout_s) if op == "leave"
                              else self.connect_timeout_s)
         backoff = 0.1
         while True:
             try:
-                return await self._request_once(op, header, vector)
+                async with asyncio.timeout(self.timeout_s):  # (aiohttp's only bounds POSTs)
+                    return await self._request_once(op, header, vector)
             except (aiohttp.ClientSSLError, ssl.SSLError) as exc:
                 raise TlsFailure(
                     f"TLS with {self.url} failed ({exc}): the server must serve https with "
@@ -172,6 +175,9 @@ class HttpTransport:
                     raise ConnectionError(f"cannot reach {self.url}: {exc}") from exc
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, 2.0)
+            except TimeoutError as exc:  # (also aiohttp's, of the same total)
+                raise ConnectionError(f"request {op} to {self.url} got no answer in "
+                                      f"{self.timeout_s:g} s") from exc
             except aiohttp.ClientError as exc:
                 raise ConnectionError(f"request {op} to {self.url} failed: {exc}") from exc
 
@@ -256,15 +262,25 @@ class HttpTransport:
             stream.close()
         token, tls, local_addr = self._dial
         try:
-            return await StreamConnection.open(self.url, token, tls, local_addr)
+            stream = await StreamConnection.open(self.url, token, tls, local_addr)
         except ssl.SSLError:
             raise
+        except ConnectionAbortedError as exc:  # accepted, then closed without an answer
+            if not self._answered:  # not a restarting server: not an asyncsync server
+                raise ConnectionError(  # (or an https one), so retrying cannot help
+                    f"{self.url} closed the connection without answering: is it an "
+                    "asyncsync server's URL, and does the server serve https (then give "
+                    "https://)?") from exc
+            raise _Unreachable(str(exc)) from exc
         except OSError as exc:
             raise _Unreachable(str(exc)) from exc
         except StreamRefused as refused:
+            self._answered = True
             if refused.status == BUSY:
                 raise _ServerBusy(f"busy: {refused.reason[:200]}") from refused
             raise
+        self._answered = True
+        return stream
 
     async def _read_reply(self, read_any: ReadAny, read_into: ReadInto | None = None,
                           ) -> tuple[dict[str, Any], torch.Tensor | None]:
