@@ -115,10 +115,10 @@ def final_records(run_dir: Path) -> dict[int, dict[str, Any]]:
     """Each worker's last ``final`` record (its run's totals) by rank; a worker that wrote
     none is absent.
 
-    A worker restarted after a kill appends to its own log, where the killed process left
-    steps that no ``final`` record counts: their `COUNTED` totals (from its ``compute``
-    records) are added to the last one's, and ``unfinished_steps`` says how many steps that
-    was; its times and bytes are the last process's. Streams the logs, parsing only the
+    A worker started again appends to its own log. Its `COUNTED` totals are those of every
+    process: the ``final`` records' sums, plus the steps that no ``final`` record counts (a
+    killed process's, from its ``compute`` records; ``unfinished_steps`` says how many);
+    its times and bytes are the last process's. Streams the logs, parsing only the
     lines that may be a ``final`` record or (a worker's own log; a shared log is a virtual
     run's, with no processes to kill) a computation."""
     shared = (run_dir / WORKERS_LOG).exists()
@@ -137,10 +137,9 @@ def final_records(run_dir: Path) -> dict[int, dict[str, Any]]:
             finals[rank] = record
     for rank, final in finals.items():
         done = computed.get(rank, {})
-        extra = {key: done.get(key, 0) - counted[rank][key] for key in COUNTED}
-        if extra["steps"] > 0:
-            finals[rank] = {**final, **{key: final[key] + extra[key] for key in COUNTED},
-                            "unfinished_steps": extra["steps"]}
+        extra = {key: max(0, done.get(key, 0) - counted[rank][key]) for key in COUNTED}
+        finals[rank] = {**final, **{key: counted[rank][key] + extra[key] for key in COUNTED},
+                        **({"unfinished_steps": extra["steps"]} if extra["steps"] else {})}
     return dict(sorted(finals.items()))
 
 
