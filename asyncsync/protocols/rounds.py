@@ -31,7 +31,8 @@ parameter dataclass derives from `Cutoff` lets a round close before every member
   what has arrived by then **(choice)**: timed from the first push rather than from the
   round's opening, so that `d` is the patience granted to stragglers whatever the step
   time is, and a round never closes empty. The timer is a loop timer, so it runs on the
-  run's clock (virtual in virtual mode).
+  run's clock (virtual in virtual mode); a report that arrives at the deadline's instant
+  is on time (`ON_TIME_S`).
 - A push based on an older version than the current one is then *late* (its round closed
   without it): it is dropped, counted in `late` (per worker), answered with meta
   ``late: True``, and the worker's pull is answered with the current model, so the late
@@ -86,6 +87,13 @@ from asyncsync.protocols.base import (
 )
 from asyncsync.protocols.deadlines import MIN_ROUNDS, RoundDurations
 from asyncsync.protocols.ports import Contributions, Store
+
+ON_TIME_S = 1e-6
+"""A report that arrives within a microsecond of its round's deadline is on time. On the
+virtual clock a steady straggler's report arrives at the very instant an adaptive deadline
+lands on, and the deadline's timer, armed first, won that tie every round; firing it a
+microsecond later (more than the loop's clock resolution, 1 ns on Linux) lets everything
+due at the instant run first."""
 
 
 def average(vectors: Sequence[torch.Tensor], weights: Sequence[float] | None = None,
@@ -390,7 +398,7 @@ class RoundServer(ServerRule[P]):
         self._deadlines[fragment] = deadline
         if deadline is not None:
             self._timers[fragment] = asyncio.get_running_loop().call_later(
-                deadline, self._expire, fragment, self.closed[fragment])
+                deadline + ON_TIME_S, self._expire, fragment, self.closed[fragment])
 
     def _disarm(self, fragment: int) -> None:
         timer = self._timers[fragment]
