@@ -10,16 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli import one_error, run_main
-
-RECIPE = """
-[defaults]
-workers = 1
-[defaults.model]
-name = "mlp"
-[[runs]]
-name = "net"
-protocol = "asp"
-"""
+from tests.test_trialn_foreign_server import RECIPE  # one worker, the mlp, asp
 
 
 def test_a_used_log_dir_needs_resume(capsys: pytest.CaptureFixture[str],
