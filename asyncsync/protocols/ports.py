@@ -188,7 +188,9 @@ class Context(Protocol):
                     correction: torch.Tensor | None = None) -> StepResult:
         """`count` local SGD steps; with ``proximal=(center, rho)`` on the objective
         ``f(x) + rho/2 ||x - center||^2``; with a `correction` (a full-length vector), each
-        step's gradient is ``g + correction`` (parameters only; SCAFFOLD's ``c - c_i``)."""
+        step's gradient is ``g + correction`` (parameters only; SCAFFOLD's ``c - c_i``).
+        Raises `RunStopped`, before any step, if `count` steps would pass the worker's
+        step budget: a call runs whole or not at all."""
         ...
 
     async def snapshot(self) -> torch.Tensor:

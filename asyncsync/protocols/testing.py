@@ -125,8 +125,9 @@ class FakeContext:
     """The `Context` port over a `FakeStore` and its rule, for testing a `WorkerLoop`.
 
     The local model is `local` (the store's model at first). A local step subtracts
-    ``lr * grad_fn(local)`` and takes `step_s` seconds of the store's clock; once
-    `max_steps` steps are done, the next computation raises `RunStopped`. Pushes go to
+    ``lr * grad_fn(local)`` and takes `step_s` seconds of the store's clock. A computation
+    whose steps would pass `max_steps` raises `RunStopped` before any of them, as the
+    engine's context does. Pushes go to
     the rule's `on_push` and are recorded in `pushed`; pulls and queries go to the rule.
     """
 
@@ -150,10 +151,12 @@ class FakeContext:
         self.workers = self.store.workers
         self.numel = self.store.numel
 
+    def _check_budget(self, count: int) -> None:
+        if self.done + count > self.max_steps:
+            raise RunStopped
+
     def _step(self, correction: torch.Tensor | None,
               proximal: tuple[torch.Tensor, float] | None) -> torch.Tensor:
-        if self.done >= self.max_steps:
-            raise RunStopped
         self.done += 1
         self.store.clock += self.step_s
         grad = self.grad_fn(self.local).clone()
@@ -165,6 +168,7 @@ class FakeContext:
 
     async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
                        ) -> tuple[StepResult, torch.Tensor]:
+        self._check_budget(1)
         grad = self._step(None, None)  # always a new tensor
         return StepResult(float(self.local.norm()), batch_size or self.batch_size,
                           self.step_s), grad
@@ -173,6 +177,7 @@ class FakeContext:
                     proximal: tuple[torch.Tensor, float] | None = None,
                     correction: torch.Tensor | None = None) -> StepResult:
         size = batch_size or self.batch_size
+        self._check_budget(count)
         for _ in range(count):
             self.local = self.local - self.lr * self._step(correction, proximal)
         return StepResult(float(self.local.norm()), count * size, count * self.step_s)
