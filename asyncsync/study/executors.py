@@ -92,14 +92,16 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
             shutil.rmtree(path)
         elif path.name != "recipe.json":
             path.unlink()
+    known: dict[str, Any] = {}
     try:
         spec = load_recipe(folder / "recipe.json").runs[0]
-        facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s)
+        facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s,
+                         known)
         summary = {**summarize_run(folder), **facts}
     except SupervisorGone:  # not the run's fault: --resume runs it again
         summary = interrupted(folder)
     except Exception as exc:
-        summary = failure(folder, error_line(exc))
+        summary = {**failure(folder, error_line(exc)), **known}
     write_summary(folder, summary)
     return "error" not in summary
 

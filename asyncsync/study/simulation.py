@@ -56,7 +56,7 @@ from asyncsync.study.assembly import (
     step_times,
 )
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
-from asyncsync.study.worker_math import choose_worker_math
+from asyncsync.study.worker_math import WorkerMath, choose_worker_math
 from asyncsync.training.models import TimingModel
 from asyncsync.training.trainer import BatchSource, Trainer
 from asyncsync.transport.gc_tuning import tune_gc, young_threshold
@@ -84,11 +84,12 @@ ones two runs of the same recipe and seed may differ in."""
 class RealCost:
     """Real seconds a virtual-time run spent building its server and workers, in its
     workers' local steps and in evaluations (the last two run inline, so they are what
-    bounds a run's speed)."""
+    bounds a run's speed), and the path its workers' math took."""
 
     setup_s: float = 0.0
     math_s: float = 0.0
     eval_s: float = 0.0
+    math: WorkerMath | None = None  # the worker math's path, once chosen
 
 
 class _TimedWorkerSeam(VirtualWorkerSeam):
@@ -142,12 +143,15 @@ def calibrate_step_s(spec: RunSpec) -> float:
 
 
 def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | None = None,
-             calibrated_s: float | None = None) -> dict[str, Any]:
+             calibrated_s: float | None = None,
+             known: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run `spec` in virtual time, writing the same records as a real run (every worker's in
     one `WORKERS_LOG` above `SHARED_LOG_ABOVE` workers); returns the facts
     a summary adds (each worker's step time and its source, real seconds taken, of which in
     the model's math and in evaluations, virtual seconds per real one). `calibrated_s` is a
-    step time measured on this host, for a recipe whose ``base_step_s`` is "calibrate"."""
+    step time measured on this host, for a recipe whose ``base_step_s`` is "calibrate".
+    `known` receives the worker math's facts even when the run raises, so that a failed
+    run's summary says which path ran."""
     torch.set_num_threads(1)
     tune_gc()  # collections were a quarter of a 2,000-worker run's host time
     times = run_step_times(spec, calibrated_s)
@@ -156,10 +160,12 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     began = wall()
     try:
         with young_threshold(YOUNG_PER_WORKER * spec.workers):
-            virtual_s, math_facts = loop.run_until_complete(
+            virtual_s = loop.run_until_complete(
                 _run(spec, run_dir, run_id, times, status, cost))
     finally:
         loop.close()
+        if known is not None and cost.math is not None:
+            known.update(cost.math.facts())
     real_s = wall() - began
     fixed = spec.compute.explicit_step_s or calibrated_s
     return {"clock": "virtual", "base_step_s": fixed or None, **times.facts(),
@@ -167,7 +173,7 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
             "real_s": round(real_s, 3), "setup_real_s": round(cost.setup_s, 3),
             "math_real_s": round(cost.math_s, 3), "eval_real_s": round(cost.eval_s, 3),
             "virtual_per_real": round(virtual_s / real_s, 3) if real_s > 0 else None,
-            **math_facts}
+            **(cost.math.facts() if cost.math else {})}
 
 
 def run_step_times(spec: RunSpec, calibrated_s: float | None = None) -> StepTimes:
@@ -183,11 +189,11 @@ def run_step_times(spec: RunSpec, calibrated_s: float | None = None) -> StepTime
 
 
 async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
-               status: StatusSink | None, cost: RealCost) -> tuple[float, dict[str, Any]]:
+               status: StatusSink | None, cost: RealCost) -> float:
     building = wall()
     protocol = get_protocol(spec.protocol.name)
     parts = _timing_parts(spec) if spec.model.name == TIMING_MODEL else _training_parts(spec)
-    math = choose_worker_math(spec, parts.model, parts.batches)
+    math = cost.math = choose_worker_math(spec, parts.model, parts.batches)
     core = build_core(parts.model(), protocol, spec.workers,
                       server_settings(spec, run_id, None), protocol_params=spec.protocol.params,
                       test_data=parts.test_data, events=JsonlLog(run_dir / "events.jsonl"),
@@ -228,7 +234,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
         await core.stop()
         if math.cohort is not None:
             cost.math_s += math.cohort.real_s
-        return core.elapsed(), math.facts()
+        return core.elapsed()
     finally:
         await core.close()
         if shared is not None:
