@@ -233,11 +233,8 @@ class WorkerContext:
             raise RunStopped
         return reply, out
 
-    def _check_budget(self, count: int = 1) -> None:
-        """Raise `RunStopped` if `count` more steps would pass `max_steps`: a call runs
-        whole or not at all, so no step goes unaccounted and none is done past the budget."""
-        if (self._max_steps is not None
-                and self._metrics.stats.steps + count > self._max_steps):
+    def _check_budget(self, count: int = 1) -> None:  # a call runs whole or not at all
+        if self._max_steps is not None and self._metrics.stats.steps + count > self._max_steps:
             raise RunStopped
 
 
@@ -255,8 +252,7 @@ class Worker:
         run_id: must match the server's.
         lr: local SGD's learning rate (`momentum`, `weight_decay`: its momentum and decay).
         batch_size: default local batch size.
-        max_steps: never do more local steps than this; a computation that would pass it
-            stops the worker instead (None: until the server stops).
+        max_steps: at most this many local steps (None: until the server stops).
         heartbeat_s: seconds between heartbeats (keep well under the server's timeout);
             None: none, for a worker that cannot fall silent (in the server's process).
         max_rejoins: give up after rejoining this many times.
