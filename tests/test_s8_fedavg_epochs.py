@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -88,6 +89,19 @@ async def test_local_sgd_keeps_its_h_steps_and_equal_weights() -> None:
     assert [c.pushed[0].steps for c in contexts] == [2, 2]
 
 
+class RecordingSampler(BatchSampler):
+    """A `BatchSampler` that keeps every row it hands out."""
+
+    def __init__(self, data: Dataset, indices: torch.Tensor, seed: int) -> None:
+        super().__init__(data, indices, seed)
+        self.drawn: list[int] = []
+
+    def rows(self, batch_size: int) -> list[int]:
+        picked = super().rows(batch_size)
+        self.drawn += picked
+        return picked
+
+
 def _recording(pushes: list[Push], models: dict[int, torch.Tensor]) -> Any:
     """A `prepare` for `run_virtual` that keeps a copy of every push the rule takes and the
     model of every version the store commits."""
@@ -124,10 +138,10 @@ def test_the_engine_runs_epochs_over_each_shard_and_weighs_by_shard_size() -> No
     pushes: list[Push] = []
     models: dict[int, torch.Tensor] = {}
 
-    def sampler(rank: int) -> BatchSampler:
-        return BatchSampler(data, torch.arange(starts[rank], starts[rank] + shards[rank]), rank)
+    samplers = {rank: RecordingSampler(data, torch.arange(starts[rank], starts[rank] + n), rank)
+                for rank, n in shards.items()}
 
-    core, finals = run_virtual("fedavg", tiny_model, sampler, [0.0, 0.0, 0.0],
+    core, finals = run_virtual("fedavg", tiny_model, samplers.__getitem__, [0.0, 0.0, 0.0],
                                settings=ServerSettings(lr=0.1, time_s=1.0), params=params,
                                batch_size=batch, step_s=0.002, prepare=_recording(pushes, models))
     versions = core.store.version
@@ -148,6 +162,39 @@ def test_the_engine_runs_epochs_over_each_shard_and_weighs_by_shard_size() -> No
     assert unlike_the_mean == versions  # the weights mattered in every round
     assert {p.worker for p in pushes} == set(shards)
     assert all(f["steps"] > 0 for f in finals)
+    for rank, n in shards.items():  # a round is E passes over the shard: each sample E times
+        rows = samplers[rank].drawn
+        rounds = sum(p.worker == rank for p in pushes)
+        assert len(rows) >= rounds * epochs * n
+        for start in range(0, rounds * epochs * n, epochs * n):
+            assert Counter(rows[start : start + epochs * n]) == dict.fromkeys(
+                range(starts[rank], starts[rank] + n), epochs), (rank, start)
+
+
+def test_backup_workers_drop_the_largest_shard_and_weigh_the_arrived_ones() -> None:
+    """Equal step times, shards of 20, 45 and 90: the largest client's round is the longest,
+    so with one backup worker every round closes with the two others, weighted 20 : 45, and
+    the largest client's deltas are dropped as late (the bias the fedavg page states)."""
+    x, y = tiny_data()
+    data = Dataset(x, y, x, y, 2)
+    bounds = {0: (0, 20), 1: (20, 65), 2: (65, 155)}
+    pushes: list[Push] = []
+    models: dict[int, torch.Tensor] = {}
+    core, _ = run_virtual(
+        "fedavg", tiny_model,
+        lambda rank: BatchSampler(data, torch.arange(*bounds[rank]), rank), [0.0] * 3,
+        settings=ServerSettings(lr=0.1, time_s=1.0), batch_size=16, step_s=0.002,
+        params=FedAvgParams(local_epochs=1, backup_workers=1),
+        prepare=_recording(pushes, models))
+    late = [p for p in pushes if p.worker == 2]
+    assert core.store.version >= 3 and late and core.rule.dropped() == len(late)
+    for commit in core.store.commits:
+        assert sorted(w for w, _ in commit.contributions) == [0, 1]
+        taken = {p.worker: p for p in pushes if p.base_version == commit.version - 1
+                 and p.worker in (0, 1)}
+        expected = models[commit.version - 1] + (20 * taken[0].vector
+                                                 + 45 * taken[1].vector) / 65
+        assert torch.allclose(models[commit.version], expected, rtol=0, atol=1e-6)
 
 
 def test_the_engine_context_tells_the_shard_size_of_a_batch_sampler_only() -> None:
