@@ -21,13 +21,7 @@ from torch import nn
 
 from asyncsync.clock import now, sleep
 from asyncsync.engine.channel import Dial, Transport, checked_transport, connect
-from asyncsync.engine.compute import (
-    Charged,
-    ThreadedWorkerSeam,
-    WorkerSeam,
-    enter_loop,
-    leave_loop,
-)
+from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam, enter_loop, leave_loop
 from asyncsync.engine.presence import Presence, WentOffline
 from asyncsync.engine.settings import require_int
 from asyncsync.engine.work import LocalWork
@@ -76,6 +70,7 @@ class WorkerContext:
         self.numel = trainer.numel
         self.batch_size = batch_size
         self.lr = trainer.optimizer.lr
+        self.shard_size = trainer.shard_size  # known when the batches are a BatchSampler
         self.version = 0
         self.workers = 1
         self._transport = transport
@@ -247,7 +242,8 @@ class Worker:
             HTTP one (`Worker.connect` dials a URL).
         model: the local model (same architecture as the server's).
         batches: a callable ``batch_size -> (inputs, targets)`` or an iterable of batches
-            (not for protocols that resize batches, e.g. lbbsp).
+            (not for protocols that resize batches, e.g. lbbsp); a `ShardBatchSource` (a
+            `BatchSampler`) tells the loop its shard's size (`Context.shard_size`).
         protocol: a registered name or a `Protocol`; `protocol_params` its parameters.
         run_id: must match the server's.
         lr: local SGD's learning rate (`momentum`, `weight_decay`: its momentum and decay).

@@ -18,6 +18,54 @@ Membership is local SGD's: a lost participant's delta is withdrawn and the round
 with the others' (it is drawn again if no participant is left); a rejoined worker joins
 the open round when C = 1, otherwise it waits until a round samples it.
 
+**Local epochs.** By default each participant runs H steps (``local_steps``) of the batch
+B, so every delta carries the same ``H B`` samples and the weights are equal. With
+``local_epochs = E`` it runs the paper's ClientUpdate instead: E epochs over its own shard
+of ``n_k`` samples, ``E n_k`` samples in ``ceil(E n_k / B)`` steps (the paper's ``u_k``):
+``E n_k // B`` steps of B and, when B does not divide ``E n_k``, one step of the rest.
+Its delta carries ``samples = E n_k`` (what it processed), so the server weighs it by
+``n_k / n``, and with unequal shards (a recipe's ``data.partition``, e.g.
+``quantity_skew`` or ``dirichlet``) larger clients run more steps and count more. B is
+the recipe's ``data.batch_size``; the shard is the worker's, drawn in reshuffled epochs
+(`asyncsync.training.data.BatchSampler`), and a worker learns its size as
+``Context.shard_size``. A worker whose batches tell no size (a cycled iterable, the
+timing model's constant batches) stops with an error naming ``local_epochs``.
+
+- **(choice)** The last batch of a round is short, not dropped or filled from the next
+  epoch (the paper takes B to divide ``n_k``): a round is exactly E epochs, and the
+  weights are exactly ``n_k / n``. A worker's rounds begin where its sampler stands, so
+  they stay aligned with its epochs unless a round is cut short (the worker went offline
+  mid-round).
+- **(choice)** ``local_epochs`` and ``local_steps`` exclude each other: a recipe that sets
+  both (``local_steps`` other than its default) is refused, naming ``local_steps``.
+- Larger shards take longer rounds, so a deadline or backup workers (`Cutoff`) drop the
+  large clients' deltas more often than the small ones'; the weights are then the
+  arrived deltas' ``n_k`` over their sum.
+
+A recipe (unequal shards, half the clients a round, one epoch each):
+
+```toml
+name = "fedavg_epochs"
+[defaults]
+workers = 4
+clock = "virtual"
+[defaults.data]
+partition = "quantity_skew"
+batch_size = 200
+[defaults.model]
+name = "mlp"
+options = { hidden = 16 }
+[defaults.compute]
+base_step_s = 0.01
+[defaults.stop]
+time_s = 3
+[defaults.eval]
+interval_s = 1
+[[runs]]
+name = "fedavg_e1"
+protocol = { name = "fedavg", local_epochs = 1, fraction = 0.5 }
+```
+
 Reference: H. B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Agüera y Arcas,
 "Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017.
 """
@@ -27,10 +75,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from asyncsync.protocols.base import Protocol, Push, Unacceptable, option, register
+from asyncsync.protocols.base import Context, Protocol, Push, Unacceptable, option, register
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer, LocalSgdWorker
+
+_LOCAL_STEPS = next(f.default for f in fields(LocalSgdParams) if f.name == "local_steps")
+"""H's default (a round's steps, unless `local_epochs` plans them)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +91,16 @@ class FedAvgParams(LocalSgdParams):
     fraction: float = option(1.0, lambda v: 0 < v <= 1, "must be in (0, 1]",
                              "C: fraction of the live workers sampled for each round")
     seed: int = option(0, help="seed of the client sampling")
+    local_epochs: int = option(0, lambda v: v >= 0, "must be >= 0",
+                               "E: local epochs over the worker's data shard per round, "
+                               "ceil(E n_k / B) steps of the batch B, the last one short "
+                               "(0: local_steps)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.local_epochs and self.local_steps != _LOCAL_STEPS:
+            raise ValueError("local_steps: not used with local_epochs (a round is E epochs "
+                             "over each worker's shard); leave one of the two keys out")
 
     def sampled(self, workers: int) -> int:
         """k = max(1, round(C n)): how many of `workers` live workers a round samples."""
@@ -77,6 +138,25 @@ class FedAvgServer(LocalSgdServer):
         return float(push.samples)
 
 
-FEDAVG = register(Protocol("fedavg", "federated averaging: sampled clients, H local steps, "
-                                     "deltas weighted by samples",
-                           FedAvgParams, FedAvgServer, LocalSgdWorker))
+class FedAvgWorker(LocalSgdWorker[FedAvgParams]):
+    """Local SGD's loop; with ``local_epochs = E`` each round is E epochs over the worker's
+    shard of n_k samples: ``E n_k // B`` steps of the batch B and one of the rest."""
+
+    def plan(self, ctx: Context) -> list[tuple[int, int]]:
+        epochs = self.params.local_epochs
+        if not epochs:
+            return super().plan(ctx)
+        if ctx.shard_size is None or ctx.shard_size < 1:
+            raise ValueError(f"local_epochs: worker {ctx.rank} cannot count epochs: its batch "
+                             f"source tells no shard size (got {ctx.shard_size!r}; a "
+                             "BatchSampler does, as in a recipe that trains a model; a "
+                             "cycled iterable or the timing model's constant batches do "
+                             "not): set local_steps instead")
+        full, last = divmod(epochs * ctx.shard_size, ctx.batch_size)
+        return [(count, size) for count, size in ((full, ctx.batch_size), (1, last))
+                if count and size]
+
+
+FEDAVG = register(Protocol("fedavg", "federated averaging: sampled clients, H local steps "
+                                     "or E epochs, deltas weighted by samples",
+                           FedAvgParams, FedAvgServer, FedAvgWorker))

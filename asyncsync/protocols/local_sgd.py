@@ -156,18 +156,27 @@ class LocalSgdWorker(WorkerLoop[LP]):
     """Push and pull in one request (the pull waits for the round anyway). An asynchronous
     variant whose pull should see the pushes that arrive in the meantime sets False."""
 
+    def plan(self, ctx: Context) -> list[tuple[int, int]]:
+        """A round's local steps as runs of ``(steps, batch size)``: H steps of the default
+        batch (FedAvg's epochs plan otherwise)."""
+        return [(self.params.local_steps, ctx.batch_size)]
+
     async def run(self, ctx: Context) -> None:
-        steps, mu = self.params.local_steps, self.params.mu
+        plan, mu = self.plan(ctx), self.params.mu
+        steps = sum(count for count, _ in plan)
         anchor, version, _ = await ctx.pull()
         while True:
             await ctx.adopt(anchor, version)
-            result = await ctx.steps(steps, proximal=(anchor, mu) if mu > 0 else None)
+            proximal = (anchor, mu) if mu > 0 else None
+            samples = 0
+            for count, size in plan:
+                samples += (await ctx.steps(count, size, proximal=proximal)).samples
             delta = await ctx.delta_since(anchor)
             if self.fused:
                 anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
-                                                        samples=result.samples)
+                                                        samples=samples)
             else:
-                await ctx.push("delta", delta, steps=steps, samples=result.samples)
+                await ctx.push("delta", delta, steps=steps, samples=samples)
                 anchor, version, _ = await ctx.pull()
 
 

@@ -159,6 +159,8 @@ class Context(Protocol):
         rank: this worker's rank; workers: the run's size; numel: the model's length.
         version: the global version the local model was last adopted from.
         batch_size: the default local batch size; lr: the learning rate of local steps.
+        shard_size: the samples in this worker's data shard, which its batches go through
+            in reshuffled epochs (None: its batch source does not tell).
 
     Vectors are CPU tensors; those a verb returns belong to the loop. Every verb that
     computes goes through the worker's compute seam (its time is charged as computation);
@@ -171,6 +173,7 @@ class Context(Protocol):
     version: int
     batch_size: int
     lr: float
+    shard_size: int | None
 
     async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
                        ) -> tuple[StepResult, torch.Tensor]:

@@ -127,8 +127,9 @@ class FakeContext:
     The local model is `local` (the store's model at first). A local step subtracts
     ``lr * grad_fn(local)`` and takes `step_s` seconds of the store's clock. A computation
     whose steps would pass `max_steps` raises `RunStopped` before any of them, as the
-    engine's context does. Pushes go to
-    the rule's `on_push` and are recorded in `pushed`; pulls and queries go to the rule.
+    engine's context does. `shard_size` is the size the context reports for the worker's
+    data shard (None: unknown). Pushes go to the rule's `on_push` and are recorded in
+    `pushed`; pulls and queries go to the rule.
     """
 
     store: FakeStore
@@ -136,6 +137,7 @@ class FakeContext:
     rank: int = 0
     max_steps: int = 100
     batch_size: int = 16
+    shard_size: int | None = None
     lr: float = 0.1
     step_s: float = 0.001
     grad_fn: Callable[[torch.Tensor], torch.Tensor] = _toward_zero

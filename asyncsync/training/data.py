@@ -88,7 +88,8 @@ def synthetic(
 class BatchSampler:
     """Draws mini-batches from `indices` (a worker's shard) in seeded, reshuffled epochs.
 
-    Called with a batch size it is a `BatchSource`. `rows` draws the same batch as row
+    Called with a batch size it is a `BatchSource` (one that tells its `shard_size`: a
+    `asyncsync.training.trainer.ShardBatchSource`). `rows` draws the same batch as row
     indices into `data`'s training split, for a caller that gathers many workers' batches
     at once (`asyncsync.engine.cohort`).
     """
@@ -103,6 +104,11 @@ class BatchSampler:
         self._gen = torch.Generator().manual_seed(seed)
         self._order = self._shuffled()
         self._cursor = 0
+
+    @property
+    def shard_size(self) -> int:
+        """The samples in the shard (one epoch)."""
+        return len(self._indices)
 
     def _shuffled(self) -> list[int]:
         indices = self._indices

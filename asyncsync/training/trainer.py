@@ -25,6 +25,21 @@ BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+@runtime_checkable
+class ShardBatchSource(Protocol):
+    """A `BatchSource` that draws from a shard of known size (e.g.
+    `asyncsync.training.data.BatchSampler`), in reshuffled epochs."""
+
+    @property
+    def shard_size(self) -> int:
+        """The samples in the shard."""
+        ...
+
+    def __call__(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next `batch_size` samples."""
+        ...
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` is CUDA when present, else CPU; other names are passed to torch."""
     if name == "auto":
@@ -136,6 +151,13 @@ class Trainer:
     @property
     def numel(self) -> int:
         return self.params.flat.numel()
+
+    @property
+    def shard_size(self) -> int | None:
+        """The samples in the shard the batches come from (None: the source does not tell,
+        e.g. a cycled iterable)."""
+        source = self.batches
+        return source.shard_size if isinstance(source, ShardBatchSource) else None
 
     def gradient(self, batch_size: int) -> Computed:
         """Compute the gradient of one batch into ``self.params.grad``."""
