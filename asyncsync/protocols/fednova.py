@@ -8,8 +8,11 @@ participant of the round has pushed, each delta is normalized by its step count,
 ``d_i = delta_i / tau_i``, and rescaled by the effective step count,
 ``delta = tau_eff sum_i p_i d_i`` with ``tau_eff = sum_i p_i tau_i``; the server optimizer
 (`asyncsync.protocols.server_optim`) steps the parameters on ``-delta`` (sgd at lr 1:
-``w <- w + delta``), buffers (BatchNorm statistics) take the plain mean of the deltas.
-Then version += 1. With equal step counts this is FedAvg's ``w + sum_i p_i delta_i``.
+``w <- w + delta``), buffers (BatchNorm statistics) take the ``p_i``-weighted mean of the
+deltas. Then version += 1. With equal step counts this is FedAvg's ``w + sum_i p_i delta_i``.
+``p_i = n_i / sum_j n_j`` is worker i's share of the round's data: a worker whose batches
+come from a shard of known size (`Context.shard_size`) sends it with its delta (meta
+``shard``), as the paper's clients hold ``n_i`` samples.
 
 Rounds and membership are local SGD's (`asyncsync.protocols.local_sgd`): every live worker
 takes part in every round, a lost worker's delta is withdrawn and the round closes with
@@ -17,9 +20,10 @@ the others', a rejoined worker joins the open round.
 
 Choices where the paper is open or does not fit:
 
-- **(choice)** ``p_i = 1/n`` over the round's n deltas. The paper's ``p_i`` is worker i's
-  share of the data; the server here does not know it, and the samples a push carries
-  measure work done (proportional to ``tau_i``), which would bring back the bias.
+- **(choice)** Where a delta of the round does not say its shard's size (a worker whose
+  batch source does not tell), ``p_i = 1/n`` over the round's n deltas. The samples a push
+  carries are not used: they measure work done (proportional to ``tau_i``), which would
+  bring back the bias.
 - **(choice)** The normalizer is ``a_i = tau_i``, the paper's for plain local SGD; with
   local momentum or a proximal term the paper's ``a_i`` differs and the normalization is
   approximate.
@@ -83,15 +87,44 @@ class FedNovaParams(ServerOptimizerOptions, Cutoff):
                              f"got {self.max_steps}")
 
 
+SHARD_BOUND = 2**40
+"""The largest shard a delta may claim (more is refused)."""
+
+
+def shard_of(push: Push) -> int | None:
+    """The shard size a delta claims (meta ``shard``), None if it claims none.
+
+    Raises:
+        Unacceptable: the claim is not an int in ``1..SHARD_BOUND``.
+    """
+    shard = push.meta.get("shard")
+    if shard is None:
+        return None
+    if not isinstance(shard, int) or isinstance(shard, bool) or not 1 <= shard <= SHARD_BOUND:
+        raise Unacceptable(f"fednova: meta 'shard' must be an int in 1..{SHARD_BOUND} "
+                           f"(the samples of the worker's shard), got {shard!r}")
+    return shard
+
+
+def shares(pushes: list[Push]) -> list[float]:
+    """Each delta's ``p_i``: its shard's share of the round's data when every delta says
+    its shard's size, else ``1/n``."""
+    shards = [shard_of(push) for push in pushes]
+    if any(shard is None for shard in shards):
+        return [1 / len(pushes)] * len(pushes)
+    total = sum(shard for shard in shards if shard is not None)
+    return [(shard or 0) / total for shard in shards]
+
+
 def normalized(pushes: list[Push], num_params: int) -> torch.Tensor:
-    """``tau_eff sum_i d_i / n`` with ``d_i = delta_i / tau_i`` on the parameters, the mean
-    delta on the buffers."""
-    n = len(pushes)
-    tau_eff = sum(push.steps for push in pushes) / n
+    """``tau_eff sum_i p_i d_i`` with ``d_i = delta_i / tau_i`` on the parameters, the
+    ``p_i``-weighted mean delta on the buffers."""
+    p = shares(pushes)
+    tau_eff = sum(p_i * push.steps for p_i, push in zip(p, pushes, strict=True))
     total = torch.zeros_like(pushes[0].vector)
-    for push in pushes:
-        total[:num_params].add_(push.vector[:num_params], alpha=tau_eff / (n * push.steps))
-        total[num_params:].add_(push.vector[num_params:], alpha=1 / n)
+    for p_i, push in zip(p, pushes, strict=True):
+        total[:num_params].add_(push.vector[:num_params], alpha=tau_eff * p_i / push.steps)
+        total[num_params:].add_(push.vector[num_params:], alpha=p_i)
     return total
 
 
@@ -99,7 +132,9 @@ class FedNovaServer(LocalSgdServer):
     """Local SGD's rounds; each round's deltas normalized by their step counts."""
 
     def weight(self, push: Push) -> float:
-        """Deltas are not weighted (equal p_i), but each must say how many steps it took."""
+        """Each delta must say how many steps it took, and may say its shard's size (the
+        weights are the round's `shares`, from `aggregate`)."""
+        shard_of(push)
         if push.steps < 1:
             raise Unacceptable("fednova normalizes deltas by their steps: 'steps' must be >= 1")
         bound = self.params.max_steps
@@ -123,8 +158,9 @@ class FedNovaWorker(WorkerLoop):
             await ctx.adopt(anchor, version)
             steps, samples = await self.local_work(ctx)
             delta = await ctx.delta_since(anchor)
+            meta = None if ctx.shard_size is None else {"shard": ctx.shard_size}
             anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
-                                                    samples=samples)
+                                                    samples=samples, meta=meta)
 
     async def local_work(self, ctx: Context) -> tuple[int, int]:
         """Run this round's local steps; ``(steps, samples)``."""
