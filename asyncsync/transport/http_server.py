@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from torch import nn
 
 from asyncsync.engine.compute import enter_loop, leave_loop
@@ -73,6 +74,22 @@ async def handle(request: web.Request) -> web.StreamResponse:
         gone = web.Response(status=400, text="the client left")
         gone.force_close()
         return gone
+    except web.RequestPayloadError as err:  # e.g. a Content-Encoding its bytes do not follow
+        reason = f"the body cannot be read: {payload_problem(err)}"
+        HTTP_LOG.info("a client at %s sent a %s request whose %s", request.remote, op,
+                      reason[4:])
+        request.content.feed_eof()  # nothing more of it can be read: aiohttp must not try
+        broken = web.Response(status=400, text=reason)
+        broken.force_close()
+        return broken
+
+
+def payload_problem(error: web.RequestPayloadError) -> str:
+    """aiohttp's reason why a body cannot be read (a bad content encoding or chunk), on
+    one line."""
+    cause = error.__cause__
+    text = cause.message if isinstance(cause, HttpProcessingError) else str(error)
+    return " ".join(str(text).split())[:200]
 
 
 async def send_frame(request: web.Request, head: bytes, vector: torch.Tensor | None,
