@@ -371,6 +371,11 @@ def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
                test_data: tuple[torch.Tensor, torch.Tensor] | None = None,
                events: JsonlLog | None = None, seam: ServerSeam | None = None) -> ServerCore:
     """A `ServerCore` whose initial global model is `model`'s current parameters."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got a {type(model).__name__}")
+    if settings is not None and not isinstance(settings, ServerSettings):
+        raise ValueError(f"settings must be a ServerSettings (ServerSettings(lr=...) makes "
+                         f"one), got a {type(settings).__name__}")
     proto = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
     params = proto.params() if protocol_params is None else protocol_params
     settings = settings or ServerSettings()
