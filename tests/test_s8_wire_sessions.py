@@ -46,8 +46,10 @@ class Client:
             return resp.status, await resp.read()
 
     async def join(self, worker: int, secret: str | None = None) -> str:
-        header = {"worker": worker, "run_id": RUN,
-                  **({"session": secret} if secret else {})}
+        return await self.join_with({"worker": worker, "run_id": RUN,
+                                     **({"session": secret} if secret else {})})
+
+    async def join_with(self, header: dict[str, Any]) -> str:
         status, reply = await self.send("join", header)
         assert status == 200, reply
         return str(head_of(reply)["meta"]["session"])
@@ -151,3 +153,22 @@ async def test_after_stop_every_request_is_told_stop_and_changes_nothing(
         assert status == 200 and head_of(reply)["stop"] is True, (op, reply[:100])
     assert store.version == version and torch.equal(store.w, model)
     assert not store.live and client.server.core.finished.is_set()
+
+
+async def test_a_join_that_says_it_runs_another_protocol_or_model_is_refused(
+    client: Client,
+) -> None:
+    """(A bsp worker joined an asp server and trained; a worker with a larger model failed
+    with a tensor size error. A worker may say what it runs: the join is refused first.)"""
+    numel = client.server.core.store.numel
+    me = {"worker": 0, "run_id": RUN}
+    for fields, reason in [
+        ({"protocol": "bsp"}, "this server runs protocol 'asp', the worker 'bsp'"),
+        ({"protocol": ["asp"]}, "a worker runs its server's protocol"),
+        ({"numel": numel + 3}, f"model has {numel + 3} values, the server's {numel}"),
+        ({"numel": True}, "a worker needs its server's model"),
+    ]:
+        await refused(client, "join", {**me, **fields}, 403, reason)
+    assert not client.server.core.store.live and not client.server.core.workers[0].session
+    secret = await client.join_with({**me, "protocol": "asp", "numel": numel})
+    assert client.server.core.workers[0].session == secret

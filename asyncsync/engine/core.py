@@ -244,6 +244,7 @@ class ServerCore:
                         meta: dict[str, Any], vector: torch.Tensor | None,
                         finite: bool | None) -> Reply:
         if op == "join":
+            self._check_fit(header)
             return await self._join(worker, header.get("session"))
         if op == "leave":
             await self._leave(worker)
@@ -308,6 +309,18 @@ class ServerCore:
         if record.nonfinite in NONFINITE_WARN_AT:
             LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
                         "training has probably diverged", worker, record.nonfinite)
+
+    def _check_fit(self, header: dict[str, Any]) -> None:
+        """Refuse a join whose worker says (optional fields ``protocol``, ``numel``) that it
+        runs another protocol, or a model of another size, than this server."""
+        protocol = header.get("protocol", self.protocol.name)
+        if protocol != self.protocol.name:
+            raise Forbidden(f"this server runs protocol {self.protocol.name!r}, the worker "
+                            f"{brief(protocol)}: a worker runs its server's protocol")
+        numel = header.get("numel", self.store.numel)
+        if numel != self.store.numel or isinstance(numel, bool):
+            raise Forbidden(f"the worker's model has {brief(numel)} values, the server's "
+                            f"{self.store.numel}: a worker needs its server's model")
 
     async def _join(self, worker: int, secret: object) -> Reply:
         """First joins wait for everyone (the start barrier); later ones rejoin at once.
