@@ -4,9 +4,11 @@ for calls made in the wrong order (each names what to do instead)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from asyncsync.cli import main
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.http_server import ParameterServer
 from tests.helpers import tiny_model
@@ -86,3 +88,16 @@ async def test_closing_a_run_that_was_not_stopped_warns_that_workers_are_left_re
     await server.close()
     assert "closing with workers 0 still in the run" in caplog.text
     assert "stop() and wait_finished() before close()" in caplog.text
+
+
+def test_the_server_command_refuses_an_empty_host_with_one_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(`asyncsync server --host ""` listened on every interface; with the check above it
+    was a traceback.)"""
+    recipe = Path(__file__).parent.parent / "recipes" / "quickstart.toml"
+    assert main(["server", "--recipe", str(recipe), "--run", "bsp", "--host", "",
+                 "--port", "0"]) == 2
+    err = capsys.readouterr()
+    assert "error:" in err.out + err.err and "host must be a non-empty str" in err.out + err.err
+    assert "Traceback" not in err.out + err.err

@@ -31,6 +31,7 @@ from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import Protocol
 from asyncsync.runlog.metrics import JsonlLog
+from asyncsync.schema import ConfigError
 from asyncsync.transport.answers import BodyPace, answer_frame
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import PATH as STREAM_PATH
@@ -199,8 +200,8 @@ class ParameterServer:
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty str (None: no token)")
         if not isinstance(host, str) or not host:  # asyncio takes None and "" for "all"
-            raise ValueError(f"host must be a non-empty str, the address to listen on "
-                             f"('0.0.0.0' for every interface), got {host!r}")
+            raise ConfigError(f"host must be a non-empty str, the address to listen on "
+                              f"('0.0.0.0' for every interface), got {host!r}")  # (--host)
         if tls is not None and not isinstance(tls, ssl.SSLContext):
             raise ValueError(f"tls must be an ssl.SSLContext (server_tls(cert, key) makes one), "
                              f"got a {type(tls).__name__}")
