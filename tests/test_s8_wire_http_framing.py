@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from asyncsync.engine.settings import ServerSettings
+from asyncsync.transport.frame_stream import PATH as STREAM_PATH
+from asyncsync.transport.frame_stream import REQUEST, UPGRADE
 from asyncsync.transport.http_server import HTTP_LOG, ParameterServer
 from asyncsync.transport.log_filters import PeerErrorFilter, RepeatFilter
 from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
@@ -153,3 +155,31 @@ async def test_a_well_formed_push_in_a_content_encoding_is_applied(
                                                     b"Content-Encoding: " + name))
     assert status == 200
     assert server.core.store.version == 1
+
+
+async def test_a_stream_client_that_dies_mid_tensor_changes_nothing(
+    joined: tuple[ParameterServer, bytes], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker killed while its push's tensor is on the wire (the stream channel receives
+    it straight into a vector): nothing is applied, nothing is logged as an error, and the
+    server serves the next worker."""
+    server, push = joined
+    before = server.core.store.w.clone()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(f"POST {STREAM_PATH} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                 f"Upgrade: {UPGRADE}\r\nContent-Length: 0\r\n\r\n".encode())
+    assert b" 101 " in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WITHIN_S)
+    with caplog.at_level(logging.INFO):
+        writer.write(REQUEST.pack(4, len(push)) + b"push" + push[:len(push) - 40])
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the server is receiving the tensor
+        writer.transport.abort()  # killed: a reset, not an orderly close
+        for _ in range(200):
+            if server.gate.open == 0:
+                break
+            await asyncio.sleep(0.02)
+    assert server.gate.open == 0
+    assert server.core.store.version == 0 and torch.equal(server.core.store.w, before)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    status, _ = await exchange(server.port, request("push", push))
+    assert status == 200 and server.core.store.version == 1
