@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from asyncsync.engine.settings import ServerSettings
+from asyncsync.transport.frame_stream import StreamConnection
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
@@ -172,3 +173,53 @@ async def test_a_join_that_says_it_runs_another_protocol_or_model_is_refused(
     assert not client.server.core.store.live and not client.server.core.workers[0].session
     secret = await client.join_with({**me, "protocol": "asp", "numel": numel})
     assert client.server.core.workers[0].session == secret
+
+
+@pytest.mark.parametrize("header", [
+    {"run_id": "another run", "session": "S"}, {"worker": 5, "session": "S"},
+    {"session": "forged"}, {"session": None},
+], ids=["wrong run", "unknown rank", "forged secret", "no secret"])
+async def test_a_push_from_no_session_is_refused_before_its_tensor_is_received(
+    client: Client, header: dict[str, Any],
+) -> None:
+    """Only a session's holder makes the server take a model-sized vector and receive a
+    tensor into it: the refusal comes when the frame's header has arrived, before the
+    tensor (here never sent)."""
+    secret = await client.join(0)
+    push = {**client.push(0, secret), **header}
+    push["session"] = secret if push["session"] == "S" else push["session"]
+    push = {key: value for key, value in push.items() if value is not None}
+    body = frame(push, client.gradient())
+    head_bytes = PREFIX.size + PREFIX.unpack(body[:PREFIX.size])[0]
+    taken = client.server.core.buffers.allocated + client.server.core.buffers.reused
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
+    writer.write(f"POST /v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: {CONTENT_TYPE}\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:head_bytes])
+    status_line = await asyncio.wait_for(reader.readline(), 30)
+    writer.close()
+    assert status_line.split()[1] in (b"403", b"410"), status_line
+    core = client.server.core
+    assert core.buffers.allocated + core.buffers.reused == taken
+    assert core.store.version == 0
+
+
+async def test_on_a_stream_too_a_push_from_no_session_is_refused_before_its_tensor(
+    client: Client,
+) -> None:
+    await client.join(0)
+    core = client.server.core
+    taken = core.buffers.allocated + core.buffers.reused
+    body = frame(client.push(0, "forged"), client.gradient())
+    head_bytes = PREFIX.size + PREFIX.unpack(body[:PREFIX.size])[0]
+    stream = await StreamConnection.open(client.server.url, None, None, None)
+    try:
+        async def head() -> AsyncIterator[bytes]:
+            yield body[:head_bytes]
+
+        await stream.send("push", len(body), head())  # declares the tensor, never sends it
+        status, length = await asyncio.wait_for(stream.reply(), 30)
+        reason = await stream.receiver.read_exactly(length)
+    finally:
+        stream.close()
+    assert (status, b"session secret" in reason) == (403, True)
+    assert core.buffers.allocated + core.buffers.reused == taken

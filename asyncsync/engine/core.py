@@ -192,24 +192,13 @@ class ServerCore:
         check_op(op)
         if op == "status":
             return self.status(), None
-        run_id = require(header, "run_id", str)
-        if run_id != self.run_id:
-            raise Forbidden(f"wrong run {brief(run_id)}: this server runs {self.run_id!r}")
+        worker = self.identify(op, header)
         if op == "stop":
             await self.stop()
             return {"stop": True}, None
-        worker = require(header, "worker", int)
-        if not 0 <= worker < len(self.workers):
-            raise Forbidden(f"unknown worker {worker}: this run has ranks "
-                            f"0..{len(self.workers) - 1}")
+        if worker is None:
+            return {"stop": True}, None
         record = self.workers[worker]
-        if op != "join" and worker not in self.store.live:
-            if self.store.stopping:
-                return {"stop": True}, None
-            raise NotInRun(f"worker {worker} is not in the run (not joined, left or dropped "
-                           "after a timeout): join first")
-        if op != "join":
-            record.check_session(worker, header.get("session"))
         if op in ("push", "pull", "query") and not self._all_joined.is_set():
             raise OutOfStep(f"the run has not started ({self._joined} "
                             f"of {len(self.workers)} workers joined): wait for the join reply")
@@ -239,6 +228,29 @@ class ServerCore:
         if reply.version is not None:
             out["version"] = reply.version
         return out, reply.vector
+
+    def identify(self, op: str, header: dict[str, Any]) -> int | None:
+        """The rank a request comes from, once its run, rank and session secret are checked
+        (refusals raised). None for ``stop``, and for a rank no longer in a run that is
+        stopping (answered ``stop``). Transports call it as soon as a header has arrived,
+        so that only a session's holder makes the server receive a tensor."""
+        run_id = require(header, "run_id", str)
+        if run_id != self.run_id:
+            raise Forbidden(f"wrong run {brief(run_id)}: this server runs {self.run_id!r}")
+        if op == "stop":
+            return None
+        worker: int = require(header, "worker", int)
+        if not 0 <= worker < len(self.workers):
+            raise Forbidden(f"unknown worker {worker}: this run has ranks "
+                            f"0..{len(self.workers) - 1}")
+        if op != "join" and worker not in self.store.live:
+            if self.store.stopping:
+                return None
+            raise NotInRun(f"worker {worker} is not in the run (not joined, left or dropped "
+                           "after a timeout): join first")
+        if op != "join":
+            self.workers[worker].check_session(worker, header.get("session"))
+        return worker
 
     async def _dispatch(self, op: str, worker: int, header: dict[str, Any],
                         meta: dict[str, Any], vector: torch.Tensor | None,
