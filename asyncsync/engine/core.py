@@ -192,24 +192,13 @@ class ServerCore:
         check_op(op)
         if op == "status":
             return self.status(), None
-        run_id = require(header, "run_id", str)
-        if run_id != self.run_id:
-            raise Forbidden(f"wrong run {brief(run_id)}: this server runs {self.run_id!r}")
+        worker = self.identify(op, header)
         if op == "stop":
             await self.stop()
             return {"stop": True}, None
-        worker = require(header, "worker", int)
-        if not 0 <= worker < len(self.workers):
-            raise Forbidden(f"unknown worker {worker}: this run has ranks "
-                            f"0..{len(self.workers) - 1}")
+        if worker is None:
+            return {"stop": True}, None
         record = self.workers[worker]
-        if op != "join" and worker not in self.store.live:
-            if self.store.stopping:
-                return {"stop": True}, None
-            raise NotInRun(f"worker {worker} is not in the run (not joined, left or dropped "
-                           "after a timeout): join first")
-        if op != "join":
-            record.check_session(worker, header.get("session"))
         if op in ("push", "pull", "query") and not self._all_joined.is_set():
             raise OutOfStep(f"the run has not started ({self._joined} "
                             f"of {len(self.workers)} workers joined): wait for the join reply")
@@ -240,10 +229,34 @@ class ServerCore:
             out["version"] = reply.version
         return out, reply.vector
 
+    def identify(self, op: str, header: dict[str, Any]) -> int | None:
+        """The rank a request comes from, once its run, rank and session secret are checked
+        (refusals raised). None for ``stop``, and for a rank no longer in a run that is
+        stopping (answered ``stop``). Transports call it as soon as a header has arrived,
+        so that only a session's holder makes the server receive a tensor."""
+        run_id = require(header, "run_id", str)
+        if run_id != self.run_id:
+            raise Forbidden(f"wrong run {brief(run_id)}: this server runs {self.run_id!r}")
+        if op == "stop":
+            return None
+        worker: int = require(header, "worker", int)
+        if not 0 <= worker < len(self.workers):
+            raise Forbidden(f"unknown worker {worker}: this run has ranks "
+                            f"0..{len(self.workers) - 1}")
+        if op != "join" and worker not in self.store.live:
+            if self.store.stopping:
+                return None
+            raise NotInRun(f"worker {worker} is not in the run (not joined, left or dropped "
+                           "after a timeout): join first")
+        if op != "join":
+            self.workers[worker].check_session(worker, header.get("session"))
+        return worker
+
     async def _dispatch(self, op: str, worker: int, header: dict[str, Any],
                         meta: dict[str, Any], vector: torch.Tensor | None,
                         finite: bool | None) -> Reply:
         if op == "join":
+            self._check_fit(header)
             return await self._join(worker, header.get("session"))
         if op == "leave":
             await self._leave(worker)
@@ -309,6 +322,18 @@ class ServerCore:
             LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
                         "training has probably diverged", worker, record.nonfinite)
 
+    def _check_fit(self, header: dict[str, Any]) -> None:
+        """Refuse a join whose worker says (optional fields ``protocol``, ``numel``) that it
+        runs another protocol, or a model of another size, than this server."""
+        protocol = header.get("protocol", self.protocol.name)
+        if protocol != self.protocol.name:
+            raise Forbidden(f"this server runs protocol {self.protocol.name!r}, the worker "
+                            f"{brief(protocol)}: a worker runs its server's protocol")
+        numel = header.get("numel", self.store.numel)
+        if numel != self.store.numel or isinstance(numel, bool):
+            raise Forbidden(f"the worker's model has {brief(numel)} values, the server's "
+                            f"{self.store.numel}: a worker needs its server's model")
+
     async def _join(self, worker: int, secret: object) -> Reply:
         """First joins wait for everyone (the start barrier); later ones rejoin at once.
         The reply carries the session's secret (see `membership`)."""
@@ -371,6 +396,11 @@ def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
                test_data: tuple[torch.Tensor, torch.Tensor] | None = None,
                events: JsonlLog | None = None, seam: ServerSeam | None = None) -> ServerCore:
     """A `ServerCore` whose initial global model is `model`'s current parameters."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got a {type(model).__name__}")
+    if settings is not None and not isinstance(settings, ServerSettings):
+        raise ValueError(f"settings must be a ServerSettings (ServerSettings(lr=...) makes "
+                         f"one), got a {type(settings).__name__}")
     proto = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
     params = proto.params() if protocol_params is None else protocol_params
     settings = settings or ServerSettings()

@@ -122,6 +122,7 @@ async def answer_frame(core: ServerCore, limits: Limits, op: str, read_any: Read
             await reader.end()
             vector = None
         else:
+            core.identify(op, header)  # only a session's holder makes us receive a tensor
             vector = await reader.tensor(nbytes, tensor_limits.dtype, core.buffers.take,
                                          check_finite=True)
         reply, reply_vector = await core.handle(op, header, vector, finite=reader.finite)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from torch import nn
 
 from asyncsync.engine.compute import enter_loop, leave_loop
@@ -30,6 +31,7 @@ from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import Protocol
 from asyncsync.runlog.metrics import JsonlLog
+from asyncsync.schema import ConfigError
 from asyncsync.transport.answers import BodyPace, answer_frame
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import PATH as STREAM_PATH
@@ -73,6 +75,22 @@ async def handle(request: web.Request) -> web.StreamResponse:
         gone = web.Response(status=400, text="the client left")
         gone.force_close()
         return gone
+    except web.RequestPayloadError as err:  # e.g. a Content-Encoding its bytes do not follow
+        reason = f"the body cannot be read: {payload_problem(err)}"
+        HTTP_LOG.info("a client at %s sent a %s request whose %s", request.remote, op,
+                      reason[4:])
+        request.content.feed_eof()  # nothing more of it can be read: aiohttp must not try
+        broken = web.Response(status=400, text=reason)
+        broken.force_close()
+        return broken
+
+
+def payload_problem(error: web.RequestPayloadError) -> str:
+    """aiohttp's reason why a body cannot be read (a bad content encoding or chunk), on
+    one line."""
+    cause = error.__cause__
+    text = cause.message if isinstance(cause, HttpProcessingError) else str(error)
+    return " ".join(str(text).split())[:200]
 
 
 async def send_frame(request: web.Request, head: bytes, vector: torch.Tensor | None,
@@ -181,6 +199,15 @@ class ParameterServer:
                              f"{port!r}")
         if token is not None and (not isinstance(token, str) or not token):
             raise ValueError("token must be a non-empty str (None: no token)")
+        if not isinstance(host, str) or not host:  # asyncio takes None and "" for "all"
+            raise ConfigError(f"host must be a non-empty str, the address to listen on "
+                              f"('0.0.0.0' for every interface), got {host!r}")  # (--host)
+        if tls is not None and not isinstance(tls, ssl.SSLContext):
+            raise ValueError(f"tls must be an ssl.SSLContext (server_tls(cert, key) makes one), "
+                             f"got a {type(tls).__name__}")
+        if connections is not None and not isinstance(connections, ConnectionLimits):
+            raise ValueError(f"connections must be a ConnectionLimits, got a "
+                             f"{type(connections).__name__}")
         self.core = build_core(model, protocol, workers, settings,
                                protocol_params=protocol_params, test_data=test_data,
                                events=events)
@@ -191,27 +218,43 @@ class ParameterServer:
         self.gate = ConnectionGate(connections or ConnectionLimits())
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
+        self._closed = False
 
     @property
     def url(self) -> str:
+        """The base URL; with port 0, known once `start` has picked the port."""
+        if not self.port:
+            raise RuntimeError("the server has no port yet: `await server.start()` picks a "
+                               "free one and returns the URL (or give port=...)")
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     async def start(self) -> str:
-        """Start listening; returns the base URL."""
+        """Start listening; returns the base URL. A server starts once (a closed one cannot
+        serve its run again: make a new one); when it cannot listen (e.g. its port is in
+        use) the OSError is raised and nothing is left open."""
+        if self._listener is not None:
+            raise RuntimeError(f"the server is already listening at {self.url}")
+        if self._closed:
+            raise RuntimeError("the server was closed and its run ended: make a new "
+                               "ParameterServer to serve another")
         if self.token is None and not is_loopback(self.host):
             LOG.warning("listening on %s without a token: anyone who can reach it may push "
                         "updates (set ASYNCSYNC_TOKEN)", self.host)
         tune_gc()
         limits = self.gate.limits
-        self._runner = web.AppRunner(make_app(self.core, self.token, self.gate),
-                                     access_log=None, logger=HTTP_LOG,
-                                     keepalive_timeout=limits.keepalive_s)
-        await self._runner.setup()
-        assert self._runner.server is not None
-        self._listener = await asyncio.get_running_loop().create_server(
-            self.gate.protocol_factory(self._runner.server), self.host, self.port,
-            backlog=self.gate.backlog, ssl=self.tls,
-            ssl_handshake_timeout=limits.header_timeout_s if self.tls else None)
+        runner = web.AppRunner(make_app(self.core, self.token, self.gate), access_log=None,
+                               logger=HTTP_LOG, keepalive_timeout=limits.keepalive_s)
+        await runner.setup()
+        assert runner.server is not None
+        try:
+            self._listener = await asyncio.get_running_loop().create_server(
+                self.gate.protocol_factory(runner.server), self.host, self.port,
+                backlog=self.gate.backlog, ssl=self.tls,
+                ssl_handshake_timeout=limits.header_timeout_s if self.tls else None)
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
         self.port = self._listener.sockets[0].getsockname()[1]
         enter_loop()  # a worker on this loop no longer holds it for a step
         return self.url
@@ -222,6 +265,9 @@ class ParameterServer:
 
     async def wait_finished(self, grace_s: float = 30.0) -> None:
         """Wait for the run to stop and every worker to leave (at most `grace_s` after stop)."""
+        if self._listener is None and not self.core.store.stopping:
+            raise RuntimeError("the server is not listening, so its run cannot end: "
+                               "`await server.start()` first")
         while not self.core.store.stopping:
             await asyncio.sleep(0.05)
         try:
@@ -230,6 +276,15 @@ class ParameterServer:
             self.core.run.log("leave_timeout")
 
     async def close(self) -> None:
+        """End the run and stop listening. Workers still in a run that was not stopped
+        first find the server gone, and retry until their connection timeout: to let
+        them hear ``stop`` and leave, `stop` and `wait_finished` first."""
+        if self._listener is not None and not self.core.store.stopping and self.core.store.live:
+            LOG.warning("closing with workers %s still in the run: they will find the server "
+                        "gone and end with a ConnectionError after retrying; call stop() and "
+                        "wait_finished() before close() to let them leave",
+                        ", ".join(map(str, sorted(self.core.store.live))))
+        self._closed = True
         await self.core.stop()
         if self._listener is not None:
             self._listener.close()
