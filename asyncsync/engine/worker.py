@@ -293,6 +293,7 @@ class Worker:
                                    ("max_rejoins", max_rejoins, 0)):
             require_int(name, value, least)
         self.heartbeat_s, self.max_rejoins, self.rank = heartbeat_s, max_rejoins, rank
+        self._ran = False  # a Worker runs once
         self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
         self.protocol_params = (self.protocol.params() if protocol_params is None
                                 else protocol_params)
@@ -350,7 +351,9 @@ class Worker:
         computes and sends nothing: its loop is cancelled, it leaves, and it rejoins when
         it is next online (it ends when it never is again).
         """
-        rejoins = refused = 0
+        if self._ran:
+            raise RuntimeError("a Worker runs once: make a new one (Worker.connect) to rejoin")
+        self._ran, rejoins, refused = True, 0, 0
         enter_loop()
         try:
             await self._join()
@@ -400,7 +403,8 @@ class Worker:
         waited = 0.0
         while True:
             try:
-                reply, vector = await self.ctx._request("join", {}, None, None)
+                reply, vector = await self.ctx._request(  # the server checks they fit
+                    "join", {"protocol": self.protocol.name, "numel": self.ctx.numel}, None, None)
                 break
             except OutOfStep:
                 if waited >= JOIN_WAIT_S:
