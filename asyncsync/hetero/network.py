@@ -29,6 +29,12 @@ from asyncsync.wire.frames import ReadAny
 EMULATIONS = ("app", "kernel")
 """Who shapes a real run's links: the client's pacing here (app) or tc qdiscs (kernel)."""
 
+KERNEL_MBPS = (0.001, 100_000.0)
+"""The rates, Mbit/s, that kernel shaping (a tc ``tbf``) takes: below 1 kbit/s a link's
+16 KiB burst lasts longer than tc's timer can count (tc then shrinks the burst below one
+packet, and the link carries nothing); above 100 Gbit/s its queue outgrows tc's 32-bit
+byte counts (and any veth's speed)."""
+
 MSS_BYTES = 1448
 """TCP's segment payload on an Ethernet MTU of 1500 (IP 20, TCP 20, timestamps 12 bytes)."""
 
