@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from asyncsync.hetero.network import KERNEL_MBPS
+from asyncsync.hetero.network import kernel_rate_problem
 from asyncsync.schema import ConfigError
 from asyncsync.study.hetero_specs import NetworkSpec
 from asyncsync.study.specs import RunSpec
@@ -95,30 +95,6 @@ def needs_netem(network: NetworkSpec, workers: int) -> bool:
                for link in map(network.link, range(workers)))
 
 
-def rate_problem(network: NetworkSpec, workers: int) -> str | None:
-    """The first rate of `network` that a tbf cannot shape (`KERNEL_MBPS`), with its key;
-    None when every rate can be shaped."""
-    low, high = KERNEL_MBPS
-    rates = [("server_mbps", "the server's link", network.server_mbps)]
-    for rank in range(workers):
-        link = network.link(rank)
-        rates += [(_rate_key(network, "uplink_mbps"), f"worker {rank}'s uplink",
-                   link.uplink_mbps),
-                  (_rate_key(network, "downlink_mbps"), f"worker {rank}'s downlink",
-                   link.downlink_mbps)]
-    for key, what, mbps in rates:
-        if mbps and not low <= mbps <= high:
-            return (f"network.{key}: {mbps:g} Mbit/s ({what}) is outside the rates "
-                    f"emulation = \"kernel\" shapes, {low:g} to {high:g} Mbit/s "
-                    "(0 = unlimited)")
-    return None
-
-
-def _rate_key(network: NetworkSpec, direction: str) -> str:
-    """The recipe key that set `direction`'s rate (it, or ``bandwidth_mbps``)."""
-    return direction if getattr(network, direction) is not None else "bandwidth_mbps"
-
-
 CAPABLE_ROOT = "root with CAP_SYS_ADMIN (root in a user namespace, as in an unprivileged " \
     "container, has not)"
 PROBES = (
@@ -174,7 +150,7 @@ def preflight(runs: Iterable[RunSpec]) -> None:
     """
     kernel = [run for run in runs if run.network.emulation == "kernel"]
     for run in kernel:
-        problem = rate_problem(run.network, run.workers)
+        problem = kernel_rate_problem(run.network, run.workers)
         if problem:
             raise ConfigError(f"run {run.name}: {problem}")
     if kernel:
@@ -261,7 +237,7 @@ class RunNetwork:
     def __init__(self, network: NetworkSpec, workers: int) -> None:
         if not 0 < workers <= MAX_WORKERS:
             raise ValueError(f"kernel shaping takes 1 to {MAX_WORKERS} workers, got {workers}")
-        problem = rate_problem(network, workers)
+        problem = kernel_rate_problem(network, workers)
         if problem:
             raise ValueError(problem)
         self.network = network
