@@ -152,3 +152,20 @@ def test_the_slowest_rate_keeps_a_burst_of_a_full_packet() -> None:
     burst = re.search(r"burst (\d+)(K?)b", shown)
     assert burst is not None, shown
     assert int(burst.group(1)) * (1024 if burst.group(2) else 1) >= 1514, shown
+
+
+def test_one_namespace_that_will_not_go_leaves_the_others_removed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    deleted: list[str] = []
+
+    def delete(namespace: str) -> None:
+        if namespace.endswith("-w0"):
+            raise netns.NetnsError(f"ip netns del {namespace}: Device or resource busy")
+        deleted.append(namespace)
+
+    monkeypatch.setattr(netns, "_delete", delete)
+    network = netns.RunNetwork(NetworkSpec(emulation="kernel"), 2)
+    network.created = [network.namespace(role) for role in ("br", "server", "w0", "w1")]
+    with pytest.raises(netns.NetnsError, match="-w0: Device or resource busy"):
+        network.remove()
+    assert sorted(deleted) == sorted(network.namespace(r) for r in ("br", "server", "w1"))

@@ -309,9 +309,16 @@ class RunNetwork:
             _shape(bridge_ns, f"{self.interface(role)}b", link.downlink_mbps, *delays)
 
     def remove(self) -> None:
-        """Delete the run's namespaces with everything in them (processes are killed)."""
+        """Delete the run's namespaces with everything in them (processes are killed);
+        one that will not go does not keep the others (its error is raised after)."""
+        failures: list[NetnsError] = []
         while self.created:
-            _delete(self.created.pop())
+            try:
+                _delete(self.created.pop())
+            except NetnsError as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
 
 def _shape(namespace: str, device: str, mbps: float, delay_ms: float = 0.0,
