@@ -137,7 +137,8 @@ def chosen(name: str, runs: str) -> list[str]:
 def message_ratio(run_dir: Path, spec: RunSpec) -> float | None:
     """Median, over a run's pushes, pulls and exchanges, of the time a message moved (its
     request's time less what the server held it) over what the link model charges for it
-    (2 x latency + its bytes each way at the worker's rate); None without a shaped link."""
+    (the mean round trip, 2 x latency + jitter, and its bytes each way at the worker's
+    rate); None without a shaped link."""
     ratios = []
     for rank, records in worker_logs(run_dir).items():
         link = spec.network.link(rank)
@@ -145,7 +146,7 @@ def message_ratio(run_dir: Path, spec: RunSpec) -> float | None:
         for record in records:
             if record[KEY] not in ("push", "pull", "exchange"):
                 continue
-            model = 2 * link.latency_ms / 1e3 + sum(
+            model = link.round_trip_s + sum(
                 record[way] * 8 / (mbps * 1e6) for way, mbps in (("up", up), ("down", down))
                 if mbps)
             if model > 0:

@@ -21,6 +21,7 @@ import math
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from asyncsync.clock import now as clock_now
 from asyncsync.clock import sleep
@@ -28,6 +29,12 @@ from asyncsync.wire.frames import ReadAny
 
 EMULATIONS = ("app", "kernel")
 """Who shapes a real run's links: the client's pacing here (app) or tc qdiscs (kernel)."""
+
+KERNEL_MBPS = (0.001, 100_000.0)
+"""The rates, Mbit/s, that kernel shaping (a tc ``tbf``) takes: below 1 kbit/s a link's
+16 KiB burst lasts longer than tc's timer can count (tc then shrinks the burst below one
+packet, and the link carries nothing); above 100 Gbit/s its queue outgrows tc's 32-bit
+byte counts (and any veth's speed)."""
 
 MSS_BYTES = 1448
 """TCP's segment payload on an Ethernet MTU of 1500 (IP 20, TCP 20, timestamps 12 bytes)."""
@@ -83,6 +90,41 @@ class LinkSpec:
             return mbps
         capped = loss_limited_mbps(self.round_trip_s, self.loss_pct)
         return min(mbps, capped) if mbps else capped
+
+
+class Links(Protocol):
+    """A network section (`asyncsync.study.hetero_specs.NetworkSpec`): each worker's link
+    and the server's; ``uplink_mbps`` / ``downlink_mbps`` None where ``bandwidth_mbps``
+    sets them."""
+
+    @property
+    def server_mbps(self) -> float: ...
+
+    def link(self, rank: int) -> LinkSpec: ...
+
+
+def kernel_rate_problem(network: Links, workers: int) -> str | None:
+    """The first rate of `network` that kernel shaping cannot shape (`KERNEL_MBPS`), as
+    ``network.<key>: <problem>``; None when every rate can be shaped."""
+    rates = [("server_mbps", "the server's link", network.server_mbps)]
+    for rank in range(workers):
+        link = network.link(rank)
+        rates += [(_rate_key(network, "uplink_mbps"), f"worker {rank}'s uplink",
+                   link.uplink_mbps),
+                  (_rate_key(network, "downlink_mbps"), f"worker {rank}'s downlink",
+                   link.downlink_mbps)]
+    low, high = KERNEL_MBPS
+    for key, what, mbps in rates:
+        if mbps and not low <= mbps <= high:
+            return (f"network.{key}: {mbps:g} Mbit/s ({what}) is outside the rates "
+                    f"emulation = \"kernel\" shapes, {low:g} to {high:g} Mbit/s "
+                    "(0 = unlimited)")
+    return None
+
+
+def _rate_key(network: Links, direction: str) -> str:
+    """The recipe key that set `direction`'s rate (it, or ``bandwidth_mbps``)."""
+    return direction if getattr(network, direction, None) is not None else "bandwidth_mbps"
 
 
 OVERSHOOT_S = 0.002

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import ipaddress
 import os
 import re
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+from asyncsync.hetero.network import kernel_rate_problem
 from asyncsync.schema import ConfigError
 from asyncsync.study.hetero_specs import NetworkSpec
 from asyncsync.study.specs import RunSpec
@@ -49,6 +51,8 @@ MAX_WORKERS = 9999
 CLONE_NEWNET = 0x40000000
 QUEUE_S = 0.1
 """How much traffic a shaped link's queue holds, in seconds at its rate (64 KiB at least)."""
+TC_MAX_BYTES = 2**32 - 1
+"""tc takes a tbf's queue limit in a 32-bit count of bytes."""
 
 T = TypeVar("T")
 
@@ -91,29 +95,64 @@ def needs_netem(network: NetworkSpec, workers: int) -> bool:
                for link in map(network.link, range(workers)))
 
 
+CAPABLE_ROOT = "root with CAP_SYS_ADMIN (root in a user namespace, as in an unprivileged " \
+    "container, has not)"
+PROBES = (
+    ("create network namespaces", CAPABLE_ROOT, ("ip", "netns", "add", "{ns}")),
+    ("create veth pairs", "a kernel with veth (CONFIG_VETH) and CAP_NET_ADMIN",
+     ("ip", "-n", "{ns}", "link", "add", "p0", "type", "veth", "peer", "name", "p1")),
+    ("create bridges", "a kernel with bridges (CONFIG_BRIDGE)",
+     ("ip", "-n", "{ns}", "link", "add", "p2", "type", "bridge")),
+    ("shape rates", "the tbf qdisc (CONFIG_NET_SCH_TBF)",
+     ("tc", "-n", "{ns}", "qdisc", "add", "dev", "p0", "root", "tbf", "rate", "1mbit",
+      "burst", "16384", "limit", "65536")),
+)
+"""What every kernel-shaped run needs of the host: what fails without it, what that
+takes, and a command that tries it in a probe namespace."""
+NETEM_PROBE = ("shape delay, jitter or loss", "the netem qdisc (CONFIG_NET_SCH_NETEM)",
+               ("tc", "-n", "{ns}", "qdisc", "add", "dev", "p1", "root", "netem", "delay",
+                "1ms"))
+
+
 def check_host(netem: bool) -> None:
-    """Raise ConfigError naming what kernel shaping lacks here (root, ip, tc, netem);
+    """Raise ConfigError naming what kernel shaping lacks here (root, ip, tc, namespaces,
+    veth, bridge, tbf; netem if `netem`), each tried in a probe namespace that is removed;
     removes stale namespaces of killed runs on the way."""
     problem = missing()
     if problem:
         raise ConfigError(problem)
-    clean_stale()
-    if netem:
-        probe = f"{PREFIX}{secrets.token_hex(3)}-{os.getpid()}-probe"
-        _run("ip", "netns", "add", probe)
-        try:
-            _run("tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms")
-        except NetnsError as exc:
-            raise ConfigError("network.emulation = \"kernel\": this kernel cannot shape "
-                              "delay, jitter or loss (no netem qdisc, CONFIG_NET_SCH_NETEM: "
-                              f"{exc})") from None
-        finally:
+    probe = f"{PREFIX}{secrets.token_hex(3)}-{os.getpid()}-probe"
+    try:
+        _try("remove the namespaces of killed runs", CAPABLE_ROOT, clean_stale)
+        for step, needs, command in (*PROBES, *([NETEM_PROBE] if netem else [])):
+            _try(step, needs,
+                 functools.partial(_run, *(part.format(ns=probe) for part in command)))
+    finally:
+        with contextlib.suppress(NetnsError):
             _delete(probe)
 
 
+def _try(step: str, needs: str, action: Callable[[], object]) -> None:
+    """`action()`; its NetnsError as a ConfigError: the host cannot `step`, it `needs`."""
+    try:
+        action()
+    except NetnsError as exc:
+        raise ConfigError(f"network.emulation = \"kernel\": this host cannot {step}: it "
+                          f"needs {needs} ({exc})") from None
+
+
 def preflight(runs: Iterable[RunSpec]) -> None:
-    """`check_host` for the kernel-shaped runs among `runs` (nothing if there are none)."""
+    """For the kernel-shaped runs among `runs` (nothing if there are none): refuse a rate
+    a tbf cannot shape, then `check_host`.
+
+    Raises:
+        ConfigError: naming the run and key, or what the host lacks.
+    """
     kernel = [run for run in runs if run.network.emulation == "kernel"]
+    for run in kernel:
+        problem = kernel_rate_problem(run.network, run.workers)
+        if problem:
+            raise ConfigError(f"run {run.name}: {problem}")
     if kernel:
         check_host(any(needs_netem(run.network, run.workers) for run in kernel))
 
@@ -198,6 +237,9 @@ class RunNetwork:
     def __init__(self, network: NetworkSpec, workers: int) -> None:
         if not 0 < workers <= MAX_WORKERS:
             raise ValueError(f"kernel shaping takes 1 to {MAX_WORKERS} workers, got {workers}")
+        problem = kernel_rate_problem(network, workers)
+        if problem:
+            raise ValueError(problem)
         self.network = network
         self.workers = workers
         self.tag = secrets.token_hex(3)
@@ -267,9 +309,16 @@ class RunNetwork:
             _shape(bridge_ns, f"{self.interface(role)}b", link.downlink_mbps, *delays)
 
     def remove(self) -> None:
-        """Delete the run's namespaces with everything in them (processes are killed)."""
+        """Delete the run's namespaces with everything in them (processes are killed);
+        one that will not go does not keep the others (its error is raised after)."""
+        failures: list[NetnsError] = []
         while self.created:
-            _delete(self.created.pop())
+            try:
+                _delete(self.created.pop())
+            except NetnsError as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
 
 def _shape(namespace: str, device: str, mbps: float, delay_ms: float = 0.0,
@@ -289,7 +338,8 @@ def _shape(namespace: str, device: str, mbps: float, delay_ms: float = 0.0,
         parent = ["parent", "1:1"]
     if mbps:
         rate_bytes = mbps * 1e6 / 8
-        queue = max(65536, round(rate_bytes * (QUEUE_S + 2 * delay_ms / 1000)))
+        queue = min(TC_MAX_BYTES,
+                    max(65536, round(rate_bytes * (QUEUE_S + 2 * delay_ms / 1000))))
         burst = max(16384, round(rate_bytes * 0.002))
         _run(*qdisc, *parent, "handle", "2:", "tbf", "rate", f"{mbps:g}mbit",
              "burst", str(burst), "limit", str(queue))
