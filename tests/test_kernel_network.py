@@ -246,6 +246,7 @@ def _of(pid: int) -> list[str]:
 
 
 @needs_netns
+@pytest.mark.timeout(900)  # two real runs: over 300 s at load 8 with one core kept busy
 @pytest.mark.parametrize("delay_ms", DELAYS)
 def test_bsp_run_in_namespaces_after_a_killed_one(tmp_path: Path, delay_ms: float) -> None:
     before = _host_network()
