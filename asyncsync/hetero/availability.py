@@ -192,11 +192,19 @@ def all_offline(times: list[OnlineTimes], end_s: float) -> list[tuple[float, flo
 def write_availability(path: str | Path, times: list[OnlineTimes], comment: str = "") -> None:
     """Write `times` (finite intervals) as a CSV trace, `comment` as ``#`` lines first.
     Times are written to the millisecond; an interval that is empty at that precision is
-    left out (it would not read back)."""
-    lines = [f"# {line}" for line in comment.splitlines()]
-    lines.append(",".join(AVAILABILITY_COLUMNS))
+    left out (it would not read back).
+
+    Raises:
+        ValueError: no worker is ever online (a trace of no rows is refused when read),
+            before anything is written.
+    """
+    rows = []
     for rank, worker in enumerate(times):
         rounded = ((f"{start:.3f}", f"{stop:.3f}") for start, stop in worker.intervals)
-        lines += [f"{rank},{start},{stop}" for start, stop in rounded
-                  if float(start) < float(stop)]
-    Path(path).write_text("\n".join(lines) + "\n")
+        rows += [f"{rank},{start},{stop}" for start, stop in rounded
+                 if float(start) < float(stop)]
+    if not rows:
+        raise ValueError("no worker is ever online: an availability trace needs at least "
+                         "one interval")
+    lines = [f"# {line}" for line in comment.splitlines()]
+    Path(path).write_text("\n".join([*lines, ",".join(AVAILABILITY_COLUMNS), *rows]) + "\n")

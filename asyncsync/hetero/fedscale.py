@@ -127,16 +127,43 @@ def convert_behave_trace(source: str | Path, out: str | Path, horizon_s: float,
         client, entry = items[index]
         times.append(_online(entry, client, horizon_s, source))
         names.append(str(client))
-    write_availability(out, times, f"converted from FedScale's {Path(source).name} by "
-                                   f"`asyncsync traces convert behave`; horizon {horizon_s:g} s"
-                                   f"\nrank i = client ids: {' '.join(names)}")
+    try:
+        write_availability(out, times, f"converted from FedScale's {Path(source).name} by "
+                                       "`asyncsync traces convert behave`; horizon "
+                                       f"{horizon_s:g} s\nrank i = client ids: "
+                                       f"{' '.join(names)}")
+    except ValueError as exc:
+        raise TraceError(source, 0, f"{exc} (over --horizon-s {horizon_s:g} s)") from None
     return len(times)
 
 
 def _finite(value: Any) -> TypeGuard[int | float]:
-    """Whether `value` is an int or a float (not a bool) and finite."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
+    """Whether `value` is an int or a float (not a bool) and finite as a float (an int
+    beyond a float's range is not)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _not_seconds(values: list[Any] | tuple[Any, ...], key: str) -> str | None:
+    """Why `values` (times under `key`) are not all finite numbers, naming the first bad
+    one (None: they are)."""
+    for index, value in enumerate(values):
+        if not _finite(value):
+            return f"'{key}'[{index}] is {_shown(value)}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """`value` as an error message shows it (its type too where its text could pass for
+    a number, and never more than 40 characters)."""
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return text if isinstance(value, int | float) else f"{text} ({type(value).__name__})"
 
 
 def _online(entry: dict[str, Any], client: Any, horizon_s: float,
@@ -147,16 +174,21 @@ def _online(entry: dict[str, Any], client: Any, horizon_s: float,
     if len(inactive) < len(active):
         raise TraceError(source, 0, f"client {client!r}: {len(active)} 'active' times but "
                                     f"{len(inactive)} 'inactive' ones")
-    if not all(_finite(t) for t in (*active, *inactive[:len(active)])):
+    bad = _not_seconds(active, "active") or _not_seconds(inactive[:len(active)], "inactive")
+    if bad:
         raise TraceError(source, 0, f"client {client!r}: 'active' and 'inactive' must hold "
-                                    "finite numbers (seconds)")
+                                    f"finite numbers (seconds): {bad}")
     pairs = [(float(a), float(b)) for a, b in zip(active, inactive, strict=False)]
-    if any(a < 0 or b <= a for a, b in pairs):
-        raise TraceError(source, 0, f"client {client!r}: an interval is negative or empty")
-    finish = entry.get("finish_time", 0) or 0
-    if not _finite(finish):
-        raise TraceError(source, 0, f"client {client!r}: 'finish_time' {finish!r} is not a "
-                                    "finite number")
+    for index, (a, b) in enumerate(pairs):
+        if a < 0 or b <= a:
+            raise TraceError(source, 0, f"client {client!r}: interval {index} from 'active' "
+                                        f"{a:g} to 'inactive' {b:g} is "
+                                        f"{'negative' if a < 0 else 'empty or reversed'}")
+    finish = entry.get("finish_time")
+    finish = 0 if finish is None else finish
+    if not _finite(finish) or finish < 0:
+        raise TraceError(source, 0, f"client {client!r}: 'finish_time' {_shown(finish)} is "
+                                    "not a finite number >= 0 (seconds; 0: no replay)")
     period = float(finish)
     if period <= 0 or not pairs:
         return merged((a, min(b, horizon_s)) for a, b in pairs if a < horizon_s)
@@ -182,17 +214,31 @@ def convert_device_capacity(source: str | Path, out: str | Path) -> int:
     own_ids = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c, _ in items)
     rows = []
     for index, (client, entry) in enumerate(items):
-        computation, communication = entry.get("computation"), entry.get("communication")
-        if not all(_finite(v) and v > 0 for v in (computation, communication)):
-            raise TraceError(source, 0, f"client {client!r}: 'computation' and "
-                                        "'communication' must be finite numbers > 0")
-        assert isinstance(computation, int | float) and isinstance(communication, int | float)
+        computation = _figure(entry, "computation", client, source)
+        communication = _figure(entry, "communication", client, source)
         ident = client if own_ids else index
         rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
                              communication / 1000))
     write_capacity(out, rows, f"converted from FedScale's {Path(source).name} by "
                               "`asyncsync traces convert capacity`")
     return len(rows)
+
+
+def _figure(entry: dict[str, Any], key: str, client: Any, source: str | Path) -> float:
+    """A device's ``computation`` or ``communication``: a finite number > 0.
+
+    Raises:
+        TraceError: naming the client, the key and what it holds instead.
+    """
+    if key not in entry:
+        raise TraceError(source, 0, f"client {client!r}: no '{key}' (each client needs "
+                                    "'computation' and 'communication')")
+    value = entry[key]
+    if not _finite(value) or value <= 0:
+        raise TraceError(source, 0, f"client {client!r}: '{key}' is {_shown(value)}: "
+                                    "'computation' and 'communication' must be finite "
+                                    "numbers > 0")
+    return float(value)
 
 
 def convert(kind: str, source: str | Path, out: str | Path, horizon_s: float,
