@@ -217,8 +217,13 @@ def convert_device_capacity(source: str | Path, out: str | Path) -> int:
         computation = _figure(entry, "computation", client, source)
         communication = _figure(entry, "communication", client, source)
         ident = client if own_ids else index
-        rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
-                             communication / 1000))
+        try:
+            rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
+                                 communication / 1000))
+        except ValueError as exc:
+            raise TraceError(source, 0, f"client {client!r} ('computation' {computation:g} "
+                                        f"ms, 'communication' {communication:g} kbit/s): "
+                                        f"{exc}") from None
     write_capacity(out, rows, f"converted from FedScale's {Path(source).name} by "
                               "`asyncsync traces convert capacity`")
     return len(rows)
