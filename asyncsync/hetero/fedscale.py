@@ -13,8 +13,8 @@ Federated Learning at Scale", ICML 2022) ships two Python pickles:
 
 `read_plain_pickle` reads them with an unpickler that builds only plain containers and
 numbers (dict, list, tuple, int, float, str, bool, None): any other object (a class, a
-function, a numpy value, a set, bytes) is refused with `TraceError`, before anything of
-it runs. The converters write the CSV forms (`asyncsync.hetero.availability`,
+function, a numpy value, a set, bytes, an int wider than `MAX_INT_BITS`) is refused with
+`TraceError`, before anything of it runs. The converters write the CSV forms (`asyncsync.hetero.availability`,
 `asyncsync.hetero.capacity`); runs read only CSV. No other pickle is ever loaded.
 """
 
@@ -33,6 +33,9 @@ from asyncsync.hetero.capacity import Capacity, write_capacity
 from asyncsync.hetero.traces import TraceError, unreadable
 
 PLAIN = (dict, list, tuple, int, float, str, bool, type(None))
+MAX_INT_BITS = 64
+"""The widest integer read (a wider one would not even print: Python refuses to write an
+integer of over 4,300 digits as text)."""
 MAX_INTERVALS = 1_000_000
 """The most online intervals one client's replay may write (a guard against a
 ``finish_time`` far shorter than the horizon)."""
@@ -59,6 +62,10 @@ def _check_plain(value: Any, path: str | Path) -> None:
         if type(item) not in PLAIN:
             raise TraceError(path, 0, f"refused a {type(item).__name__}: only plain "
                                       "containers and numbers are read")
+        if type(item) is int and item.bit_length() > MAX_INT_BITS:
+            raise TraceError(path, 0, f"refused an integer of {item.bit_length():,} bits: no "
+                                      f"id, time or figure of a trace needs over "
+                                      f"{MAX_INT_BITS}")
         if isinstance(item, dict | list | tuple):
             if id(item) in seen:
                 continue
@@ -138,14 +145,9 @@ def convert_behave_trace(source: str | Path, out: str | Path, horizon_s: float,
 
 
 def _finite(value: Any) -> TypeGuard[int | float]:
-    """Whether `value` is an int or a float (not a bool) and finite as a float (an int
-    beyond a float's range is not)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
+    """Whether `value` is an int or a float (not a bool) and finite."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def _not_seconds(values: list[Any] | tuple[Any, ...], key: str) -> str | None:
