@@ -14,8 +14,9 @@ Federated Learning at Scale", ICML 2022) ships two Python pickles:
 `read_plain_pickle` reads them with an unpickler that builds only plain containers and
 numbers (dict, list, tuple, int, float, str, bool, None): any other object (a class, a
 function, a numpy value, a set, bytes, an int wider than `MAX_INT_BITS`) is refused with
-`TraceError`, before anything of it runs. The converters write the CSV forms (`asyncsync.hetero.availability`,
-`asyncsync.hetero.capacity`); runs read only CSV. No other pickle is ever loaded.
+`TraceError`, before anything of it runs. The converters write the CSV forms
+(`asyncsync.hetero.availability`, `asyncsync.hetero.capacity`); runs read only CSV. No
+other pickle is ever loaded.
 """
 
 from __future__ import annotations
