@@ -83,3 +83,11 @@ def test_an_integer_wider_than_64_bits_is_refused_as_it_is_read(
     ValueError one (the error message itself could not print the number)."""
     text = _convert(tmp_path, capsys, kind, value)
     assert "refused an integer of " in text and "no id, time or figure" in text
+
+
+def test_an_error_shows_at_most_40_characters_of_a_client_id(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A client id of a megabyte made an error line of a megabyte."""
+    text = _convert(tmp_path, capsys, "capacity", {"x" * 1_000_000: {"computation": -1.0,
+                                                                     "communication": 5.0}})
+    assert f"client '{'x' * 36}...: 'computation' is -1.0" in text and len(text) < 400

@@ -37,6 +37,8 @@ PLAIN = (dict, list, tuple, int, float, str, bool, type(None))
 MAX_INT_BITS = 64
 """The widest integer read (a wider one would not even print: Python refuses to write an
 integer of over 4,300 digits as text)."""
+SHOWN_CHARS = 40
+"""The most characters of a client id or a value an error message shows."""
 MAX_INTERVALS = 1_000_000
 """The most online intervals one client's replay may write (a guard against a
 ``finish_time`` far shorter than the horizon)."""
@@ -105,7 +107,7 @@ def _clients(value: Any, path: str | Path) -> list[tuple[Any, dict[str, Any]]]:
                                                     str(item[0])))
     for client, entry in items:
         if not isinstance(entry, dict):
-            raise TraceError(path, 0, f"client {client!r}: expected a map, got "
+            raise TraceError(path, 0, f"client {_label(client)}: expected a map, got "
                                       f"{type(entry).__name__}")
     return items
 
@@ -160,12 +162,17 @@ def _not_seconds(values: list[Any] | tuple[Any, ...], key: str) -> str | None:
     return None
 
 
-def _shown(value: Any) -> str:
-    """`value` as an error message shows it (its type too where its text could pass for
-    a number, and never more than 40 characters)."""
+def _label(value: Any) -> str:
+    """`value` (a client id or a figure) as an error message shows it: its repr, cut to
+    `SHOWN_CHARS` characters (a key of a megabyte would make an error line of one)."""
     text = repr(value)
-    if len(text) > 40:
-        text = text[:37] + "..."
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def _shown(value: Any) -> str:
+    """A figure as an error message shows it (`_label`), with its type where its text
+    could pass for a number."""
+    text = _label(value)
     return text if isinstance(value, int | float) else f"{text} ({type(value).__name__})"
 
 
@@ -173,30 +180,31 @@ def _online(entry: dict[str, Any], client: Any, horizon_s: float,
             source: str | Path) -> OnlineTimes:
     active, inactive = entry.get("active"), entry.get("inactive")
     if not isinstance(active, list | tuple) or not isinstance(inactive, list | tuple):
-        raise TraceError(source, 0, f"client {client!r}: 'active' and 'inactive' must be lists")
+        raise TraceError(source, 0, f"client {_label(client)}: 'active' and 'inactive' must "
+                                    "be lists")
     if len(inactive) < len(active):
-        raise TraceError(source, 0, f"client {client!r}: {len(active)} 'active' times but "
+        raise TraceError(source, 0, f"client {_label(client)}: {len(active)} 'active' times but "
                                     f"{len(inactive)} 'inactive' ones")
     bad = _not_seconds(active, "active") or _not_seconds(inactive[:len(active)], "inactive")
     if bad:
-        raise TraceError(source, 0, f"client {client!r}: 'active' and 'inactive' must hold "
+        raise TraceError(source, 0, f"client {_label(client)}: 'active' and 'inactive' must hold "
                                     f"finite numbers (seconds): {bad}")
     pairs = [(float(a), float(b)) for a, b in zip(active, inactive, strict=False)]
     for index, (a, b) in enumerate(pairs):
         if a < 0 or b <= a:
-            raise TraceError(source, 0, f"client {client!r}: interval {index} from 'active' "
+            raise TraceError(source, 0, f"client {_label(client)}: interval {index} from 'active' "
                                         f"{a:g} to 'inactive' {b:g} is "
                                         f"{'negative' if a < 0 else 'empty or reversed'}")
     finish = entry.get("finish_time")
     finish = 0 if finish is None else finish
     if not _finite(finish) or finish < 0:
-        raise TraceError(source, 0, f"client {client!r}: 'finish_time' {_shown(finish)} is "
+        raise TraceError(source, 0, f"client {_label(client)}: 'finish_time' {_shown(finish)} is "
                                     "not a finite number >= 0 (seconds; 0: no replay)")
     period = float(finish)
     if period <= 0 or not pairs:
         return merged((a, min(b, horizon_s)) for a, b in pairs if a < horizon_s)
     if horizon_s / period * len(pairs) > MAX_INTERVALS:
-        raise TraceError(source, 0, f"client {client!r}: replaying 'finish_time' {period:g} "
+        raise TraceError(source, 0, f"client {_label(client)}: replaying 'finish_time' {period:g} "
                                     f"over {horizon_s:g} s would write over {MAX_INTERVALS:,} "
                                     "intervals")
     intervals = []
@@ -224,7 +232,7 @@ def convert_device_capacity(source: str | Path, out: str | Path) -> int:
             rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
                                  communication / 1000))
         except ValueError as exc:
-            raise TraceError(source, 0, f"client {client!r} ('computation' {computation:g} "
+            raise TraceError(source, 0, f"client {_label(client)} ('computation' {computation:g} "
                                         f"ms, 'communication' {communication:g} kbit/s): "
                                         f"{exc}") from None
     write_capacity(out, rows, f"converted from FedScale's {Path(source).name} by "
@@ -239,11 +247,11 @@ def _figure(entry: dict[str, Any], key: str, client: Any, source: str | Path) ->
         TraceError: naming the client, the key and what it holds instead.
     """
     if key not in entry:
-        raise TraceError(source, 0, f"client {client!r}: no '{key}' (each client needs "
+        raise TraceError(source, 0, f"client {_label(client)}: no '{key}' (each client needs "
                                     "'computation' and 'communication')")
     value = entry[key]
     if not _finite(value) or value <= 0:
-        raise TraceError(source, 0, f"client {client!r}: '{key}' is {_shown(value)}: "
+        raise TraceError(source, 0, f"client {_label(client)}: '{key}' is {_shown(value)}: "
                                     "'computation' and 'communication' must be finite "
                                     "numbers > 0")
     return float(value)
