@@ -53,25 +53,28 @@ class OnlineTimes:
         """Online throughout."""
         return cls(((0.0, math.inf),))
 
+    def _last_started(self, t: float) -> int:
+        """The index of the last interval starting at or before `t` (-1: none), found by
+        bisection: a worker's transitions cost O(log n) each, not O(n)."""
+        return bisect.bisect_right(self.intervals, (t, math.inf)) - 1
+
     def online_at(self, t: float) -> bool:
         """Whether the worker is online at time `t`."""
-        index = bisect.bisect_right(self.intervals, (t, math.inf)) - 1
-        return index >= 0 and self.intervals[index][0] <= t < self.intervals[index][1]
+        index = self._last_started(t)
+        return index >= 0 and t < self.intervals[index][1]
 
     def offline_at(self, t: float) -> float:
         """When the worker, online at `t`, next goes offline (inf: never); `t` itself when
         it is offline at `t`."""
-        for start, stop in self.intervals:
-            if start <= t < stop:
-                return stop
-        return t
+        index = self._last_started(t)
+        return self.intervals[index][1] if index >= 0 and t < self.intervals[index][1] else t
 
     def online_from(self, t: float) -> float | None:
         """The first time at or after `t` at which the worker is online (None: never)."""
-        for start, stop in self.intervals:
-            if t < stop:
-                return max(start, t)
-        return None
+        index = self._last_started(t)
+        if index >= 0 and t < self.intervals[index][1]:
+            return t
+        return self.intervals[index + 1][0] if index + 1 < len(self.intervals) else None
 
     def clipped(self, end_s: float) -> OnlineTimes:
         """The intervals that start before `end_s` (the run's budget), one that reaches it
@@ -192,11 +195,19 @@ def all_offline(times: list[OnlineTimes], end_s: float) -> list[tuple[float, flo
 def write_availability(path: str | Path, times: list[OnlineTimes], comment: str = "") -> None:
     """Write `times` (finite intervals) as a CSV trace, `comment` as ``#`` lines first.
     Times are written to the millisecond; an interval that is empty at that precision is
-    left out (it would not read back)."""
-    lines = [f"# {line}" for line in comment.splitlines()]
-    lines.append(",".join(AVAILABILITY_COLUMNS))
+    left out (it would not read back).
+
+    Raises:
+        ValueError: no worker is ever online (a trace of no rows is refused when read),
+            before anything is written.
+    """
+    rows = []
     for rank, worker in enumerate(times):
         rounded = ((f"{start:.3f}", f"{stop:.3f}") for start, stop in worker.intervals)
-        lines += [f"{rank},{start},{stop}" for start, stop in rounded
-                  if float(start) < float(stop)]
-    Path(path).write_text("\n".join(lines) + "\n")
+        rows += [f"{rank},{start},{stop}" for start, stop in rounded
+                 if float(start) < float(stop)]
+    if not rows:
+        raise ValueError("no worker is ever online: an availability trace needs at least "
+                         "one interval")
+    lines = [f"# {line}" for line in comment.splitlines()]
+    Path(path).write_text("\n".join([*lines, ",".join(AVAILABILITY_COLUMNS), *rows]) + "\n")

@@ -3,7 +3,8 @@
 A capacity trace is a CSV file with columns ``worker`` (the row's id: a client of the
 source trace), one of ``s_per_sample`` (seconds a sample's forward and backward take) or
 ``flops_per_s`` (sustained FLOP/s), and ``up_mbps`` and ``down_mbps`` (Mbit/s). Every
-figure must be > 0: a zero speed or bandwidth is an error, never "unlimited".
+figure must be > 0 (a zero speed or bandwidth is an error, never "unlimited") and within
+`LIMITS`.
 
 `assign_rows` gives each rank of a run one row: row ``r`` to rank ``r`` when the ids cover
 the ranks, else rows drawn with the run's seed (without replacement when the trace has
@@ -13,6 +14,7 @@ summary records which row each rank got.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,23 @@ from asyncsync.hetero.traces import TraceError, csv_rows, number, rank_of
 
 SPEED_COLUMNS = ("s_per_sample", "flops_per_s")
 LINK_COLUMNS = ("up_mbps", "down_mbps")
+LIMITS = {"s_per_sample": (0.0, 1e6), "flops_per_s": (1e3, math.inf),
+          "up_mbps": (1e-6, math.inf), "down_mbps": (1e-6, math.inf)}
+"""Each figure's bounds (inclusive; every figure is above 0 too). Beyond them no device is
+described (over 11 days a sample, under 1,000 FLOP/s or 1 bit/s), and a step or a
+transfer of some 10^15 virtual seconds stalls the virtual clock."""
+
+
+def figure_problem(name: str, value: float) -> str | None:
+    """Why `value` cannot be column `name` of a capacity row (None: it can)."""
+    low, high = LIMITS[name]
+    if value <= 0:
+        kind = "speed" if name in SPEED_COLUMNS else "bandwidth"
+        return f"zero or negative {kind}: {name} = {value:g} (must be > 0)"
+    if low <= value <= high:
+        return None
+    bound = f"at most {high:g}" if value > high else f"at least {low:g}"
+    return f"{name} = {value:g} is beyond any device ({bound})"
 
 
 @dataclass(frozen=True)
@@ -38,9 +57,10 @@ class Capacity:
     def __post_init__(self) -> None:
         if (self.s_per_sample is None) == (self.flops_per_s is None):
             raise ValueError("a capacity has exactly one of s_per_sample and flops_per_s")
-        speeds = [v for v in (self.s_per_sample, self.flops_per_s) if v is not None]
-        if min(*speeds, self.up_mbps, self.down_mbps) <= 0:
-            raise ValueError(f"capacity of row {self.row}: every figure must be > 0")
+        for name in (*SPEED_COLUMNS, *LINK_COLUMNS):
+            value = getattr(self, name)
+            if value is not None and (problem := figure_problem(name, value)):
+                raise ValueError(f"capacity of row {self.row}: {problem}")
 
 
 def load_capacity(path: str | Path) -> list[Capacity]:
@@ -66,10 +86,8 @@ def load_capacity(path: str | Path) -> list[Capacity]:
         seen[ident] = line
         figures = {name: number(path, line, row, name) for name in (*speed, *LINK_COLUMNS)}
         for name, value in figures.items():
-            if value <= 0:
-                kind = "speed" if name in SPEED_COLUMNS else "bandwidth"
-                raise TraceError(path, line, f"zero or negative {kind}: {name} = {value:g} "
-                                             "(must be > 0)")
+            if problem := figure_problem(name, value):
+                raise TraceError(path, line, problem)
         rows.append(Capacity(ident, figures.get("s_per_sample"), figures.get("flops_per_s"),
                              figures["up_mbps"], figures["down_mbps"]))
     return rows

@@ -13,9 +13,10 @@ Federated Learning at Scale", ICML 2022) ships two Python pickles:
 
 `read_plain_pickle` reads them with an unpickler that builds only plain containers and
 numbers (dict, list, tuple, int, float, str, bool, None): any other object (a class, a
-function, a numpy value, a set, bytes) is refused with `TraceError`, before anything of
-it runs. The converters write the CSV forms (`asyncsync.hetero.availability`,
-`asyncsync.hetero.capacity`); runs read only CSV. No other pickle is ever loaded.
+function, a numpy value, a set, bytes, an int wider than `MAX_INT_BITS`) is refused with
+`TraceError`, before anything of it runs. The converters write the CSV forms
+(`asyncsync.hetero.availability`, `asyncsync.hetero.capacity`); runs read only CSV. No
+other pickle is ever loaded.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from asyncsync.hetero.capacity import Capacity, write_capacity
 from asyncsync.hetero.traces import TraceError, unreadable
 
 PLAIN = (dict, list, tuple, int, float, str, bool, type(None))
+MAX_INT_BITS = 64
+"""The widest integer read (a wider one would not even print: Python refuses to write an
+integer of over 4,300 digits as text)."""
+SHOWN_CHARS = 40
+"""The most characters of a client id or a value an error message shows."""
 MAX_INTERVALS = 1_000_000
 """The most online intervals one client's replay may write (a guard against a
 ``finish_time`` far shorter than the horizon)."""
@@ -59,6 +65,10 @@ def _check_plain(value: Any, path: str | Path) -> None:
         if type(item) not in PLAIN:
             raise TraceError(path, 0, f"refused a {type(item).__name__}: only plain "
                                       "containers and numbers are read")
+        if type(item) is int and item.bit_length() > MAX_INT_BITS:
+            raise TraceError(path, 0, f"refused an integer of {item.bit_length():,} bits: no "
+                                      f"id, time or figure of a trace needs over "
+                                      f"{MAX_INT_BITS}")
         if isinstance(item, dict | list | tuple):
             if id(item) in seen:
                 continue
@@ -97,7 +107,7 @@ def _clients(value: Any, path: str | Path) -> list[tuple[Any, dict[str, Any]]]:
                                                     str(item[0])))
     for client, entry in items:
         if not isinstance(entry, dict):
-            raise TraceError(path, 0, f"client {client!r}: expected a map, got "
+            raise TraceError(path, 0, f"client {_label(client)}: expected a map, got "
                                       f"{type(entry).__name__}")
     return items
 
@@ -127,9 +137,13 @@ def convert_behave_trace(source: str | Path, out: str | Path, horizon_s: float,
         client, entry = items[index]
         times.append(_online(entry, client, horizon_s, source))
         names.append(str(client))
-    write_availability(out, times, f"converted from FedScale's {Path(source).name} by "
-                                   f"`asyncsync traces convert behave`; horizon {horizon_s:g} s"
-                                   f"\nrank i = client ids: {' '.join(names)}")
+    try:
+        write_availability(out, times, f"converted from FedScale's {Path(source).name} by "
+                                       "`asyncsync traces convert behave`; horizon "
+                                       f"{horizon_s:g} s\nrank i = client ids: "
+                                       f"{' '.join(names)}")
+    except ValueError as exc:
+        raise TraceError(source, 0, f"{exc} (over --horizon-s {horizon_s:g} s)") from None
     return len(times)
 
 
@@ -139,29 +153,58 @@ def _finite(value: Any) -> TypeGuard[int | float]:
             and math.isfinite(value))
 
 
+def _not_seconds(values: list[Any] | tuple[Any, ...], key: str) -> str | None:
+    """Why `values` (times under `key`) are not all finite numbers, naming the first bad
+    one (None: they are)."""
+    for index, value in enumerate(values):
+        if not _finite(value):
+            return f"'{key}'[{index}] is {_shown(value)}"
+    return None
+
+
+def _label(value: Any) -> str:
+    """`value` (a client id or a figure) as an error message shows it: its repr, cut to
+    `SHOWN_CHARS` characters (a key of a megabyte would make an error line of one)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def _shown(value: Any) -> str:
+    """A figure as an error message shows it (`_label`), with its type where its text
+    could pass for a number."""
+    text = _label(value)
+    return text if isinstance(value, int | float) else f"{text} ({type(value).__name__})"
+
+
 def _online(entry: dict[str, Any], client: Any, horizon_s: float,
             source: str | Path) -> OnlineTimes:
     active, inactive = entry.get("active"), entry.get("inactive")
     if not isinstance(active, list | tuple) or not isinstance(inactive, list | tuple):
-        raise TraceError(source, 0, f"client {client!r}: 'active' and 'inactive' must be lists")
+        raise TraceError(source, 0, f"client {_label(client)}: 'active' and 'inactive' must "
+                                    "be lists")
     if len(inactive) < len(active):
-        raise TraceError(source, 0, f"client {client!r}: {len(active)} 'active' times but "
+        raise TraceError(source, 0, f"client {_label(client)}: {len(active)} 'active' times but "
                                     f"{len(inactive)} 'inactive' ones")
-    if not all(_finite(t) for t in (*active, *inactive[:len(active)])):
-        raise TraceError(source, 0, f"client {client!r}: 'active' and 'inactive' must hold "
-                                    "finite numbers (seconds)")
+    bad = _not_seconds(active, "active") or _not_seconds(inactive[:len(active)], "inactive")
+    if bad:
+        raise TraceError(source, 0, f"client {_label(client)}: 'active' and 'inactive' must hold "
+                                    f"finite numbers (seconds): {bad}")
     pairs = [(float(a), float(b)) for a, b in zip(active, inactive, strict=False)]
-    if any(a < 0 or b <= a for a, b in pairs):
-        raise TraceError(source, 0, f"client {client!r}: an interval is negative or empty")
-    finish = entry.get("finish_time", 0) or 0
-    if not _finite(finish):
-        raise TraceError(source, 0, f"client {client!r}: 'finish_time' {finish!r} is not a "
-                                    "finite number")
+    for index, (a, b) in enumerate(pairs):
+        if a < 0 or b <= a:
+            raise TraceError(source, 0, f"client {_label(client)}: interval {index} from 'active' "
+                                        f"{a:g} to 'inactive' {b:g} is "
+                                        f"{'negative' if a < 0 else 'empty or reversed'}")
+    finish = entry.get("finish_time")
+    finish = 0 if finish is None else finish
+    if not _finite(finish) or finish < 0:
+        raise TraceError(source, 0, f"client {_label(client)}: 'finish_time' {_shown(finish)} is "
+                                    "not a finite number >= 0 (seconds; 0: no replay)")
     period = float(finish)
     if period <= 0 or not pairs:
         return merged((a, min(b, horizon_s)) for a, b in pairs if a < horizon_s)
     if horizon_s / period * len(pairs) > MAX_INTERVALS:
-        raise TraceError(source, 0, f"client {client!r}: replaying 'finish_time' {period:g} "
+        raise TraceError(source, 0, f"client {_label(client)}: replaying 'finish_time' {period:g} "
                                     f"over {horizon_s:g} s would write over {MAX_INTERVALS:,} "
                                     "intervals")
     intervals = []
@@ -182,17 +225,36 @@ def convert_device_capacity(source: str | Path, out: str | Path) -> int:
     own_ids = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c, _ in items)
     rows = []
     for index, (client, entry) in enumerate(items):
-        computation, communication = entry.get("computation"), entry.get("communication")
-        if not all(_finite(v) and v > 0 for v in (computation, communication)):
-            raise TraceError(source, 0, f"client {client!r}: 'computation' and "
-                                        "'communication' must be finite numbers > 0")
-        assert isinstance(computation, int | float) and isinstance(communication, int | float)
+        computation = _figure(entry, "computation", client, source)
+        communication = _figure(entry, "communication", client, source)
         ident = client if own_ids else index
-        rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
-                             communication / 1000))
+        try:
+            rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
+                                 communication / 1000))
+        except ValueError as exc:
+            raise TraceError(source, 0, f"client {_label(client)} ('computation' {computation:g} "
+                                        f"ms, 'communication' {communication:g} kbit/s): "
+                                        f"{exc}") from None
     write_capacity(out, rows, f"converted from FedScale's {Path(source).name} by "
                               "`asyncsync traces convert capacity`")
     return len(rows)
+
+
+def _figure(entry: dict[str, Any], key: str, client: Any, source: str | Path) -> float:
+    """A device's ``computation`` or ``communication``: a finite number > 0.
+
+    Raises:
+        TraceError: naming the client, the key and what it holds instead.
+    """
+    if key not in entry:
+        raise TraceError(source, 0, f"client {_label(client)}: no '{key}' (each client needs "
+                                    "'computation' and 'communication')")
+    value = entry[key]
+    if not _finite(value) or value <= 0:
+        raise TraceError(source, 0, f"client {_label(client)}: '{key}' is {_shown(value)}: "
+                                    "'computation' and 'communication' must be finite "
+                                    "numbers > 0")
+    return float(value)
 
 
 def convert(kind: str, source: str | Path, out: str | Path, horizon_s: float,

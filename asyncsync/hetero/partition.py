@@ -11,24 +11,35 @@
 - ``label_quantity``: label quantity skew (Q. Li, Y. Diao, Q. Chen, B. He, "Federated
   Learning on Non-IID Data Silos: An Experimental Study", ICDE 2022, "#C = k"): worker i
   holds class ``i mod C`` and `classes_per_worker` - 1 other classes drawn at random, and
-  each class's samples are split evenly among the workers holding it.
+  each class's samples are split evenly among the workers holding it. Classes that no
+  worker draws (with fewer workers than classes) are not trained on.
 - ``quantity_skew``: iid labels, shard sizes in proportion to draws from a lognormal of
   mean 0 and `sigma` in log space (at least one sample each; sigma 0: equal sizes).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
+
 import numpy as np
 import torch
 
+from asyncsync.errors import InputError
+
 PARTITIONS = ("iid", "dirichlet", "shards", "label_quantity", "quantity_skew")
+
+
+class PartitionError(InputError, ValueError):
+    """Keys the data cannot be split by; the message names the recipe's key (``data.*``),
+    so the command line reports it as one ``error:`` line."""
 
 
 def partition(labels: torch.Tensor, workers: int, kind: str, seed: int, alpha: float = 0.5,
               classes_per_worker: int = 2, sigma: float = 1.0) -> list[torch.Tensor]:
     """Split sample indices into `workers` disjoint shards (see the module docstring)."""
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise PartitionError(f"workers must be >= 1, got {workers}")
     rng = np.random.default_rng(seed)
     y = labels.numpy()
     if kind == "iid":
@@ -43,14 +54,15 @@ def partition(labels: torch.Tensor, workers: int, kind: str, seed: int, alpha: f
     elif kind == "quantity_skew":
         shards = _quantity_skew(len(y), workers, sigma, rng)
     else:
-        raise ValueError(f"unknown partition {kind!r}; known: {', '.join(PARTITIONS)}")
+        raise PartitionError(f"data.partition: unknown partition {kind!r}; known: "
+                             f"{', '.join(PARTITIONS)}")
     return [torch.from_numpy(np.sort(s).astype(np.int64)) for s in shards]
 
 
 def _dirichlet(y: np.ndarray, workers: int, alpha: float,
                rng: np.random.Generator) -> list[np.ndarray]:
-    if alpha <= 0:
-        raise ValueError(f"alpha must be > 0, got {alpha}")
+    if not 0 < alpha < math.inf:
+        raise PartitionError(f"data.alpha must be > 0 and finite, got {alpha}")
     parts: list[list[int]] = [[] for _ in range(workers)]
     for cls in np.unique(y):
         members = rng.permutation(np.flatnonzero(y == cls))
@@ -58,10 +70,16 @@ def _dirichlet(y: np.ndarray, workers: int, alpha: float,
         cuts = (np.cumsum(shares)[:-1] * len(members)).astype(int)
         for rank, piece in enumerate(np.split(members, cuts)):
             parts[rank].extend(piece.tolist())
-    for rank in range(workers):  # no empty worker: borrow one sample from the largest
+    # no empty worker: each borrows one sample from the largest shard (the lowest rank of
+    # the largest ones), in rank order; a heap keeps this O(W log W) for huge populations
+    largest = [(-len(part), rank) for rank, part in enumerate(parts)]
+    heapq.heapify(largest)
+    for rank in range(workers):
         if not parts[rank]:
-            donor = max(range(workers), key=lambda r: len(parts[r]))
+            _, donor = heapq.heappop(largest)
             parts[rank].append(parts[donor].pop())
+            heapq.heappush(largest, (-len(parts[donor]), donor))
+            heapq.heappush(largest, (-1, rank))
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 
@@ -84,7 +102,8 @@ def _label_quantity(y: np.ndarray, workers: int, per_worker: int,
                     rng: np.random.Generator) -> list[np.ndarray]:
     classes = np.unique(y)
     if not 1 <= per_worker <= len(classes):
-        raise ValueError(f"classes_per_worker must be in 1..{len(classes)}, got {per_worker}")
+        raise PartitionError(f"data.classes_per_worker must be in 1..{len(classes)} (the "
+                             f"data have {len(classes)} classes), got {per_worker}")
     owned = []
     for rank in range(workers):
         own = int(classes[rank % len(classes)])
@@ -96,12 +115,13 @@ def _label_quantity(y: np.ndarray, workers: int, per_worker: int,
 
 def _quantity_skew(samples: int, workers: int, sigma: float,
                    rng: np.random.Generator) -> list[np.ndarray]:
-    if sigma < 0:
-        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if not 0 <= sigma < math.inf:
+        raise PartitionError(f"data.sigma must be >= 0 and finite, got {sigma}")
     if samples < workers:
-        raise ValueError(f"quantity_skew: {samples} samples cannot give {workers} workers "
-                         "one each")
-    shares = rng.lognormal(0.0, sigma, workers)
+        raise PartitionError(f"data.partition: quantity_skew: {samples} samples cannot give "
+                             f"{workers} workers one each")
+    logs = rng.normal(0.0, sigma, workers)  # lognormal draws, kept in log space: a large
+    shares = np.exp(logs - logs.max())      # sigma would overflow them to inf (then NaN)
     sizes = 1 + np.floor(shares / shares.sum() * (samples - workers)).astype(np.int64)
     sizes[: samples - int(sizes.sum())] += 1  # the rounding's remainder, one each
     order = rng.permutation(samples)
@@ -112,7 +132,8 @@ def _by_class(y: np.ndarray, workers: int, per_worker: int,
               rng: np.random.Generator) -> list[np.ndarray]:
     classes = rng.permutation(np.unique(y))
     if not 1 <= per_worker <= len(classes):
-        raise ValueError(f"classes_per_worker must be in 1..{len(classes)}, got {per_worker}")
+        raise PartitionError(f"data.classes_per_worker must be in 1..{len(classes)} (the "
+                             f"data have {len(classes)} classes), got {per_worker}")
     owned = [[int(classes[(rank * per_worker + i) % len(classes)]) for i in range(per_worker)]
              for rank in range(workers)]
     return _split_classes(y, owned, rng)

@@ -5,7 +5,9 @@ Device capacity (500 devices; the run's 1,000 workers draw rows with the run's s
 - seconds per sample (forward and backward of one sample): lognormal, median 0.162 s,
   sigma 0.8 (in log space). The median is the ``computation`` of 162 ms per sample that
   FedScale's ``client_device_capacity`` gives its client 432802 (the row quoted in public
-  forks of FedScale's client code); the spread is our choice, not fitted.
+  forks of FedScale's client code); the spread is our choice, not fitted. FedScale's
+  figure is that device's inference latency, and FedScale charges a training sample three
+  times it, so these devices train three times faster than FedScale would charge them.
 - uplink Mbit/s: lognormal, median 5.6, sigma 0.9; the median is that client's
   ``communication`` of 5,648 kbit/s (FedScale gives one figure; we use it for the
   uplink). Downlink: the uplink times a factor drawn uniformly from 2 to 4 (mobile
