@@ -9,7 +9,9 @@ Federated Learning at Scale", ICML 2022) ships two Python pickles:
   beyond the last ``active`` one is unused, as in FedScale; an ``active`` time without
   its ``inactive`` one is refused.
 - ``client_device_capacity``: ``{client_id: {"computation": ms per sample,
-  "communication": kbit/s}}``.
+  "communication": kbit/s}}``. ``computation`` is the device's inference latency; FedScale
+  charges a training sample `TRAINING_FACTOR` times it (its ``augmentation_factor``: the
+  backward pass costs about twice the forward one).
 
 `read_plain_pickle` reads them with an unpickler that builds only plain containers and
 numbers (dict, list, tuple, int, float, str, bool, None): any other object (a class, a
@@ -216,9 +218,14 @@ def _online(entry: dict[str, Any], client: Any, horizon_s: float,
     return merged(intervals)
 
 
+TRAINING_FACTOR = 3.0
+"""A training sample's cost in inference latencies: FedScale's ``augmentation_factor``."""
+
+
 def convert_device_capacity(source: str | Path, out: str | Path) -> int:
-    """Write FedScale's device capacities as a CSV capacity trace: ``computation`` (ms per
-    sample) becomes ``s_per_sample``, ``communication`` (kbit/s) both ``up_mbps`` and
+    """Write FedScale's device capacities as a CSV capacity trace: ``computation`` (ms of
+    inference per sample) times `TRAINING_FACTOR` becomes ``s_per_sample`` (a training
+    sample, as FedScale charges it), ``communication`` (kbit/s) both ``up_mbps`` and
     ``down_mbps`` (FedScale gives one figure). Rows keep FedScale's client ids when they
     are integers, else their order. Returns the number of rows written."""
     items = _clients(read_plain_pickle(source), source)
@@ -229,7 +236,8 @@ def convert_device_capacity(source: str | Path, out: str | Path) -> int:
         communication = _figure(entry, "communication", client, source)
         ident = client if own_ids else index
         try:
-            rows.append(Capacity(ident, computation / 1000, None, communication / 1000,
+            rows.append(Capacity(ident, TRAINING_FACTOR * computation / 1000, None,
+                                 communication / 1000,
                                  communication / 1000))
         except ValueError as exc:
             raise TraceError(source, 0, f"client {_label(client)} ('computation' {computation:g} "
