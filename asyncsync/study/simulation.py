@@ -57,6 +57,7 @@ from asyncsync.study.assembly import (
 )
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
 from asyncsync.study.worker_math import WorkerMath, choose_worker_math
+from asyncsync.training.data import Dataset
 from asyncsync.training.models import TimingModel
 from asyncsync.training.trainer import BatchSource, Trainer
 from asyncsync.transport.gc_tuning import tune_gc, young_threshold
@@ -154,14 +155,15 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     run's summary says which path ran."""
     torch.set_num_threads(1)
     tune_gc()  # collections were a quarter of a 2,000-worker run's host time
-    times = run_step_times(spec, calibrated_s)
-    loop = VirtualTimeLoop()
-    cost = RealCost()
     began = wall()
+    data = None if spec.model.name == TIMING_MODEL else run_data(spec)  # loaded once
+    times = run_step_times(spec, calibrated_s, data)
+    loop = VirtualTimeLoop()
+    cost = RealCost(setup_s=wall() - began)
     try:
         with young_threshold(YOUNG_PER_WORKER * spec.workers):
             virtual_s = loop.run_until_complete(
-                _run(spec, run_dir, run_id, times, status, cost))
+                _run(spec, run_dir, run_id, times, status, cost, data))
     finally:
         loop.close()
         if known is not None and cost.math is not None:
@@ -176,23 +178,25 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
             **(cost.math.facts() if cost.math else {})}
 
 
-def run_step_times(spec: RunSpec, calibrated_s: float | None = None) -> StepTimes:
-    """How the run's steps are charged (the model's FLOPs are counted once, here)."""
+def run_step_times(spec: RunSpec, calibrated_s: float | None = None,
+                   data: Dataset | None = None) -> StepTimes:
+    """How the run's steps are charged (the model's FLOPs are counted once, here, on the
+    run's `data`, loaded if not given)."""
     if spec.compute.explicit_step_s or calibrated_s:
         return step_times(spec, None, calibrated_s)
     if spec.compute.calibrate:
         raise ValueError('compute.base_step_s = "calibrate" needs the calibrated step time')
     if spec.model.name == TIMING_MODEL:
         return step_times(spec, run_flops(spec, TimingModel((1,), TIMING_CLASSES), (1,)))
-    data = run_data(spec)
+    data = data or run_data(spec)
     return step_times(spec, run_flops(spec, run_model(spec, data), data.input_shape))
 
 
 async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
-               status: StatusSink | None, cost: RealCost) -> float:
+               status: StatusSink | None, cost: RealCost, data: Dataset | None) -> float:
     building = wall()
     protocol = get_protocol(spec.protocol.name)
-    parts = _timing_parts(spec) if spec.model.name == TIMING_MODEL else _training_parts(spec)
+    parts = _timing_parts(spec) if data is None else _training_parts(spec, data)
     math = cost.math = choose_worker_math(spec, parts.model, parts.batches)
     core = build_core(parts.model(), protocol, spec.workers,
                       server_settings(spec, run_id, None), protocol_params=spec.protocol.params,
@@ -218,7 +222,7 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
         for worker in workers:
             worker.metrics.log = RankLog(shared, worker.rank)
     began = wall()
-    cost.setup_s = began - building
+    cost.setup_s += began - building
 
     def progress() -> dict[str, Any]:
         real_s = wall() - began
@@ -252,8 +256,7 @@ class _Parts:
     payload_scale: float = 1.0
 
 
-def _training_parts(spec: RunSpec) -> _Parts:
-    data = run_data(spec)
+def _training_parts(spec: RunSpec, data: Dataset) -> _Parts:
     return _Parts(lambda: run_model(spec, data), batch_sources(spec, data),
                   (data.test_x, data.test_y))
 

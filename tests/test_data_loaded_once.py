@@ -1,0 +1,51 @@
+"""A virtual run loads its dataset once.
+
+A run whose steps are charged by the model's FLOPs (the quickstart's: no ``base_step_s``)
+loaded the dataset twice, once to count the FLOPs and once to train: about 3 s of a
+synthetic set-up on 2 cores, and a second copy of a real dataset in memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import asyncsync.study.assembly as assembly
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import simulate
+
+RECIPE = """
+name = "once"
+
+[defaults]
+workers = 2
+clock = "virtual"
+stop = { time_s = 1 }
+eval = { interval_s = 1 }
+model = { name = "mlp" }
+
+[[runs]]
+name = "asp"
+protocol = "asp"
+"""
+
+
+def test_a_flops_charged_virtual_run_loads_its_dataset_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loads: list[tuple[Any, ...]] = []
+    load = assembly.load_dataset
+
+    def counted(*args: Any) -> Any:
+        loads.append(args)
+        return load(*args)
+
+    monkeypatch.setattr(assembly, "load_dataset", counted)
+    (tmp_path / "once.toml").write_text(RECIPE)
+    spec = load_recipe(tmp_path / "once.toml").run("asp")
+    assert not spec.compute.explicit_step_s  # charged by FLOPs
+    run_dir = tmp_path / "asp"
+    run_dir.mkdir()
+    facts = simulate(spec, run_dir, "once/asp")
+    assert facts["step_time_source"] and len(loads) == 1
