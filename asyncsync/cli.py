@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from asyncsync.errors import InputError
 from asyncsync.results.comparison import is_baseline
-from asyncsync.results.report import make_console, publish, report_summary
+from asyncsync.results.report import make_console, output_folder, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
 from asyncsync.runlog.reading import label, sweep_suffix
 from asyncsync.schema import ConfigError
@@ -216,7 +216,10 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def _positive(text: str) -> int:
     """An argparse type: an integer >= 1."""
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
     return value
@@ -256,11 +259,12 @@ def _what_runs(recipe: Recipe) -> str:
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
-    """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all)."""
+    """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all).
+    Every report is checked (its runs poolable, its baseline a run, its output folder
+    writable) before anything is printed."""
     reports, notes = find_reports(args.dirs, every=args.all)
     trackers = [parse_track(spec) for spec in unique_specs(args.track)]
-    for note in notes:
-        console.print(note, highlight=False, soft_wrap=True)
+    planned = []
     for run_dirs in reports:
         summaries = [report_summary(d) for d in run_dirs]
         problem = pool_problem(run_dirs, summaries)
@@ -273,15 +277,19 @@ def _report(args: argparse.Namespace, console: Console) -> int:
             if args.baseline:
                 raise ConfigError(f"--baseline {baseline}: no such run; runs are "
                                   f"{', '.join(sorted(names))}")
-            console.print(f"the recipe's baseline {baseline} is not among these runs: "
-                          f"speedups against {first}", highlight=False)
+            notes.append(f"the recipe's baseline {baseline} is not among these runs: "
+                         f"speedups against {first}")
             baseline = first
         studies = {d.parent for d in run_dirs}
         out = args.out or (studies.pop() if len(studies) == 1 else args.dirs[0])
         if args.all and args.out:
             out = args.out / run_dirs[0].parent.name
-        publish(run_dirs, summaries, baseline, out, console,
-                title=summaries[0]["recipe"] if len(studies) <= 1 else "")
+        planned.append((run_dirs, summaries, baseline, output_folder(out),
+                        summaries[0]["recipe"] if len(studies) <= 1 else ""))
+    for note in notes:
+        console.print(note, highlight=False, soft_wrap=True)
+    for run_dirs, summaries, baseline, out, title in planned:
+        publish(run_dirs, summaries, baseline, out, console, title=title)
     if trackers:
         for run_dirs in reports:
             runs = export_runs(run_dirs, trackers)

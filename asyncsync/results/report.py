@@ -8,6 +8,7 @@ import io
 import itertools
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -363,6 +364,29 @@ def make_console() -> Console:
     return console
 
 
+def output_folder(path: Path) -> Path:
+    """`path` as a folder that table.csv and the plots can be written into, made if missing:
+    checked before a table is printed, so a bad ``--out`` fails alone.
+
+    Raises:
+        LogError: `path` is a file, or cannot be made, or written into.
+    """
+    if path.exists() and not path.is_dir():
+        raise LogError(f"{path}: is a file, not a folder: --out takes a folder for table.csv "
+                       "and the plots")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LogError(f"{path}: cannot make this folder ({exc.strerror or exc})") from None
+    try:  # permissions, a read-only mount, a pseudo filesystem: only a try tells
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise LogError(f"{path}: cannot write into this folder ({exc.strerror or exc})"
+                       ) from None
+    return path
+
+
 def preload_plots() -> None:
     """Import what `publish` draws with (matplotlib's pyplot, the plot modules), if
     matplotlib is installed. A study calls it in a thread while its runs go in child
@@ -384,8 +408,8 @@ def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str
     from asyncsync.results.plots import write_plots
 
     summaries = [with_identity(d, s) for d, s in zip(run_dirs, summaries, strict=True)]
+    output_folder(out)
     console.print(comparison_table(summaries, baseline, title, console.width))
-    out.mkdir(parents=True, exist_ok=True)
     files = [write_csv(summaries, baseline, out / "table.csv")]
     done = [(d, s) for d, s in zip(run_dirs, summaries, strict=True) if "error" not in s]
     if not pyplot.matplotlib_available():

@@ -1,0 +1,60 @@
+"""What a new user met on the command line (session 8's walk through the docs): each
+mistake is one ``error:`` line and exit status 2, before anything else is printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import one_error, run_main
+from tests.test_report import fake_run
+
+
+def _study(tmp_path: Path) -> Path:
+    fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6])
+    fake_run(tmp_path, "r", "asp", "asp", [0.2, 0.7])
+    return tmp_path / "r" / "20260101-000000"
+
+
+def test_report_out_that_is_a_file_fails_before_the_table(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    assert one_error(run_main(capsys, "report", str(study), "--out", str(taken))) == (
+        f"error: {taken}: is a file, not a folder: --out takes a folder for table.csv and "
+        "the plots")
+    assert one_error(run_main(capsys, "report", str(study), "--out", str(taken / "x"))
+                     ).startswith(f"error: {taken / 'x'}: cannot make this folder")
+    assert not (study / "table.csv").exists()
+
+
+def test_report_out_in_a_folder_it_cannot_write_fails_before_the_table(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    assert one_error(run_main(capsys, "report", str(study), "--out", "/proc/asyncsync")
+                     ).startswith("error: /proc/asyncsync: cannot make this folder")
+    assert one_error(run_main(capsys, "report", str(study), "--out", "/proc")).startswith(
+        "error: /proc: cannot write into this folder")
+
+
+def test_report_all_checks_every_out_folder_before_printing(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    later = study.parent / "20260102-000000"
+    later.mkdir()
+    (study / "bsp").rename(later / "bsp")
+    taken = tmp_path / "out"
+    taken.mkdir()
+    (taken / later.name).write_text("")  # the second study's folder under --out
+    assert one_error(run_main(capsys, "report", str(study.parent), "--all", "--out",
+                              str(taken))).startswith(f"error: {taken / later.name}: is a file")
+    assert not (taken / study.name / "table.csv").exists()
+
+
+def test_a_job_count_that_is_no_number_is_named_without_internals(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert one_error(run_main(capsys, "run", "recipe.toml", "--jobs", "abc")) == (
+        "error: asyncsync run: argument --jobs: expected an integer >= 1, got abc (see "
+        "asyncsync run --help)")
