@@ -276,19 +276,25 @@ def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
 
 def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
     """Time to target, speedup and compute proportion against the swept value, one line per
-    run of the recipe, with the 95% interval over repeats as error bars."""
+    run of the recipe, with the 95% interval over repeats as error bars. A speedup over a
+    baseline that never reached the target is a lower bound (the table's ``>=``): a ``^``
+    instead of a dot."""
     plt = pyplot()
     runs = groups(summaries)
     key = next(iter(runs[0][0]["sweep"]))
     integer = all(isinstance(s["sweep"][key], int) for s in summaries)
     bases = {sweep_suffix(g[0]["sweep"]): g for g in runs if is_baseline(g[0], baseline)}
     lines: dict[str, list[tuple[float, tuple[list[float], list[float], list[float]]]]] = {}
+    bounded: set[tuple[str, float]] = set()  # (run, swept value) whose speedup is a bound
     for group in runs:
         first = group[0]
         name = first["run"].removesuffix(sweep_suffix(first["sweep"]))
         done = [s for s in group if "error" not in s]
-        speedups, _ = paired_speedups(done, bases.get(sweep_suffix(first["sweep"]), []))
-        lines.setdefault(name, []).append((float(first["sweep"][key]), (
+        speedups, bound = paired_speedups(done, bases.get(sweep_suffix(first["sweep"]), []))
+        value = float(first["sweep"][key])
+        if bound and speedups:
+            bounded.add((name, value))
+        lines.setdefault(name, []).append((value, (
             [s["time_to_target_s"] for s in done if s.get("time_to_target_s") is not None],
             speedups, [s["compute_proportion"] for s in done
                        if s.get("compute_proportion") is not None])))
@@ -304,13 +310,27 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
                     xs.append(value)
                     ys.append(mean)
                     errors.append(half or 0.0)
-            ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=name)
+            speedup = panel == 1
+            drawn = ax.errorbar(xs, ys, yerr=errors, marker="none" if speedup else "o",
+                                capsize=3, label=name)
+            if speedup:  # a dot where the speedup is exact, a ^ where it is a lower bound
+                color = drawn.lines[0].get_color()
+                for marker, keep in (("o", False), ("^", True)):
+                    at = [(x, y) for x, y in zip(xs, ys, strict=True)
+                          if ((name, x) in bounded) == keep]
+                    if at:
+                        ax.plot(*zip(*at, strict=True), marker=marker, linestyle="none",
+                                color=color)
             ax.set_title(title)
             ax.set_xlabel(key)
             if integer:
                 ax.set_xticks(sorted({v for v, _ in points}))
             ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
+    if bounded:
+        axes[1].legend([plt.Line2D([], [], marker="^", linestyle="none", color="grey")],
+                       ["lower bound: the baseline never reached the target"],
+                       fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
