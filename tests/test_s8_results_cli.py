@@ -3,9 +3,13 @@ mistake is one ``error:`` line and exit status 2, before anything else is printe
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+
+from asyncsync.results.report import comparison_table, report_summary
 
 from tests.test_cli import one_error, run_main
 from tests.test_report import fake_run
@@ -58,3 +62,40 @@ def test_a_job_count_that_is_no_number_is_named_without_internals(
     assert one_error(run_main(capsys, "run", "recipe.toml", "--jobs", "abc")) == (
         "error: asyncsync run: argument --jobs: expected an integer >= 1, got abc (see "
         "asyncsync run --help)")
+
+
+def _rendered(summaries: list[dict[str, object]], width: int) -> list[str]:
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    console.print(comparison_table(summaries, "bsp", "r", width))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    return [line.rstrip() for line in text.splitlines()]
+
+
+def test_a_failed_runs_error_does_not_turn_a_table_that_fits_into_blocks(
+        tmp_path: Path) -> None:
+    """The error wraps inside its row; the other rows keep their one line each."""
+    study = _study(tmp_path)
+    summaries = [report_summary(study / name) for name in ("bsp", "asp")]
+    error = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x784 and 3072x10)"
+    summaries.append({**summaries[1], "run": "boom", "error": error})
+    lines = _rendered(summaries, 80)
+    assert max(map(len, lines)) <= 80
+    header = next(line for line in lines if line.lstrip().startswith("run "))
+    assert header.split()[:3] == ["run", "protocol", "t@0.50"]  # a table, not blocks
+    rows = [line.split() for line in lines]
+    assert next(r for r in rows if r[:1] == ["asp"])[2:4] == ["2.0", "-"]
+    boom = next(i for i, r in enumerate(rows) if r[:1] == ["boom"])
+    assert rows[boom][:3] == ["boom", "asp", "failed:"]
+    wrapped = "".join(w for r in rows[boom:] for w in r)  # the row's lines, then the legend
+    assert wrapped.startswith("boomaspfailed:" + error.replace(" ", ""))
+    wide = _rendered(summaries, 200)  # room enough: the error on its row's one line
+    assert f"failed: {error}" in "\n".join(wide)
+
+
+def test_a_table_too_wide_without_the_error_still_turns_into_blocks(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    summaries = [report_summary(study / name) for name in ("bsp", "asp")]
+    summaries.append({**summaries[1], "run": "boom", "error": "x " * 40})
+    lines = _rendered(summaries, 50)
+    assert not any(line.lstrip().startswith("run ") for line in lines)
+    assert max(map(len, lines)) <= 50

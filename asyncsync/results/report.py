@@ -278,12 +278,22 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                 else f"no baseline: {baseline} did not run")
     heading = f"{title}: comparison ({compared}){caption}" if title else ""
     rows = _cells(summaries, baseline, columns)
-    table = Table(title=heading or None, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("run", "protocol", *headers):
-        table.add_column(header, justify="left" if header in ("run", "protocol") else "right",
-                         no_wrap=True)
-    for name, protocol, cells, error in rows:
-        table.add_row(name, protocol, *(cells or [f"[red]failed: {error}[/red]"]))
+
+    def tabled(errors: bool) -> Table:
+        """The table; a failed run's error in full (wrapped in its row where the table is
+        too wide), or only ``failed`` (to measure the table without the errors)."""
+        table = Table(title=heading or None, box=box.SIMPLE_HEAD, padding=(0, 1),
+                      pad_edge=False)
+        for index, header in enumerate(("run", "protocol", *headers)):
+            table.add_column(header, justify="left" if index < 2 else "right",
+                             no_wrap=index != 2, overflow="fold")
+        for name, protocol, cells, error in rows:
+            failed = f"failed: {error}" if errors else "failed"
+            table.add_row(name, protocol, *(cells or [Text(failed, style="red",
+                                                           justify="left")]))
+        return table
+
+    table = tabled(errors=True)
     legend = [f"{h}: {c.legend.format(target=target)}" for h, c in zip(headers, columns,
                                                                          strict=True)]
     if accuracy is None:
@@ -309,8 +319,8 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                "cut): not in its totals, smp/s or comp"
                for s in summaries if (ranks := s.get("workers_without_final"))]
     notes = Text("; ".join(legend) + ". Every column: table.csv.", style="dim")
-    natural = Measurement.get(_MEASURE, _MEASURE.options, table).maximum
-    if width is None or natural <= width:
+    natural = Measurement.get(_MEASURE, _MEASURE.options, tabled(errors=False)).maximum
+    if width is None or natural <= width:  # an error too long for the row wraps in it
         return Group(table, notes)
     blocks: list[Any] = [Text(heading, style="italic")] if heading else []
     for name, protocol, cells, error in rows:
