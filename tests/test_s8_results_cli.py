@@ -10,7 +10,6 @@ import pytest
 from rich.console import Console
 
 from asyncsync.results.report import comparison_table, report_summary
-
 from tests.test_cli import one_error, run_main
 from tests.test_report import fake_run
 
