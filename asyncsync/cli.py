@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
             recipe = load_recipe(args.recipe, _overrides(args), args.only, args.repeats)
             check_models(recipe)
-            console.print(check_table(recipe))
+            console.print(check_table(recipe, console.width))
             check_data(recipe)
             if problem := device_problem(recipe):
                 console.print(f"note: {problem}: `asyncsync run` refuses it on this host (a "

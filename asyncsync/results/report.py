@@ -289,8 +289,10 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                              no_wrap=index != 2, overflow="fold")
         for name, protocol, cells, error in rows:
             failed = f"failed: {error}" if errors else "failed"
-            table.add_row(name, protocol, *(cells or [Text(failed, style="red",
-                                                           justify="left")]))
+            if cells is None:
+                table.add_row(name, protocol, Text(failed, style="red", justify="left"))
+            else:
+                table.add_row(name, protocol, *cells)
         return table
 
     table = tabled(errors=True)
