@@ -44,15 +44,16 @@ _MEASURE = Console(width=10_000, file=io.StringIO())
 
 def check_table(recipe: Recipe, width: int | None = None) -> Table | Group:
     """The resolved runs, one row each: what differs between them at a glance; where the
-    table is wider than `width`, one block per run instead (a value is never folded)."""
+    table cannot fit `width` without breaking a word (a header, a value), one block per
+    run instead."""
     rows = [_check_row(spec) for spec in recipe.runs]
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     for header in CHECK_HEADERS:
         table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*row)
-    if width is None or Measurement.get(_MEASURE, _MEASURE.options, table).maximum <= width:
-        return table
+    if width is None or Measurement.get(_MEASURE, _MEASURE.options, table).minimum <= width:
+        return table  # a cell too long for its column wraps between words
     blocks = []
     for name, protocol, *values in rows:
         block = Table.grid(padding=(0, 2))
