@@ -132,7 +132,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(name or recipe/name; default: the recipe's baseline)")
     report.add_argument("--out", type=Path, default=None,
                         help="where to write table.csv and plots (default: the study's "
-                             "directory, else the first DIR)")
+                             "directory when a DIR is the study or holds it, else the first "
+                             "DIR)")
     report.add_argument("--all", action="store_true",
                         help="report every study under the DIRs separately (default: the "
                              "latest study of each recipe)")
@@ -281,7 +282,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
                          f"speedups against {first}")
             baseline = first
         studies = {d.parent for d in run_dirs}
-        out = args.out or (studies.pop() if len(studies) == 1 else args.dirs[0])
+        out = args.out or _default_out(studies, args.dirs)
         if args.all and args.out:
             out = args.out / run_dirs[0].parent.name
         planned.append((run_dirs, summaries, baseline, output_folder(out),
@@ -298,6 +299,17 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         for tracker in trackers:
             tracker.close()
     return 0
+
+
+def _default_out(studies: set[Path], dirs: list[Path]) -> Path:
+    """Where a report goes without --out: its one study's folder when a DIR is that study
+    or holds it (a log root, a recipe's folder); else the first DIR, so that the report of
+    some run folders never replaces their study's table.csv and plots."""
+    if len(studies) == 1:
+        study = next(iter(studies))
+        if any(study.resolve().is_relative_to(d.resolve()) for d in dirs):
+            return study
+    return dirs[0]
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -98,3 +98,18 @@ def test_a_table_too_wide_without_the_error_still_turns_into_blocks(tmp_path: Pa
     lines = _rendered(summaries, 50)
     assert not any(line.lstrip().startswith("run ") for line in lines)
     assert max(map(len, lines)) <= 50
+
+
+def test_report_of_one_run_folder_leaves_its_studys_table_alone(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The study's table.csv (all its runs) is not replaced by a table of one run: the
+    report of a run folder goes into that folder."""
+    study = _study(tmp_path)
+    assert run_main(capsys, "report", str(study))[0] == 0
+    whole = (study / "table.csv").read_text()
+    code, out = run_main(capsys, "report", str(study / "asp"))
+    assert code == 0, out
+    assert (study / "table.csv").read_text() == whole
+    rows = (study / "asp" / "table.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith("r,asp,")
+    assert f"wrote {study / 'asp' / 'table.csv'}" in out
