@@ -132,8 +132,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(name or recipe/name; default: the recipe's baseline)")
     report.add_argument("--out", type=Path, default=None,
                         help="where to write table.csv and plots (default: the study's "
-                             "directory when a DIR is the study or holds it, else the first "
-                             "DIR)")
+                             "directory when a DIR is the study or holds it, or the report "
+                             "has all its runs; else the first DIR)")
     report.add_argument("--all", action="store_true",
                         help="report every study under the DIRs separately (default: the "
                              "latest study of each recipe)")
@@ -282,7 +282,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
                          f"speedups against {first}")
             baseline = first
         studies = {d.parent for d in run_dirs}
-        out = args.out or _default_out(studies, args.dirs)
+        out = args.out or _default_out(run_dirs, args.dirs)
         if args.all and args.out:
             out = args.out / run_dirs[0].parent.name
         planned.append((run_dirs, summaries, baseline, output_folder(out),
@@ -301,13 +301,16 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _default_out(studies: set[Path], dirs: list[Path]) -> Path:
+def _default_out(run_dirs: list[Path], dirs: list[Path]) -> Path:
     """Where a report goes without --out: its one study's folder when a DIR is that study
-    or holds it (a log root, a recipe's folder); else the first DIR, so that the report of
-    some run folders never replaces their study's table.csv and plots."""
+    or holds it, or the report has every run folder of it; else the first DIR, so that a
+    report of some of a study's runs never replaces the study's table.csv and plots."""
+    studies = {d.parent for d in run_dirs}
     if len(studies) == 1:
         study = next(iter(studies))
-        if any(study.resolve().is_relative_to(d.resolve()) for d in dirs):
+        every = {found.parent.resolve() for found in study.glob("*/recipe.json")}
+        if every <= {d.resolve() for d in run_dirs} or any(
+                study.resolve().is_relative_to(d.resolve()) for d in dirs):
             return study
     return dirs[0]
 
