@@ -19,7 +19,8 @@ HEADERS = ("run", "protocol", "workers", "compute", "network", "data", "model", 
 def _lines(width: int) -> list[str]:
     console = Console(width=width, file=io.StringIO(), color_system=None)
     console.print(check_table(load_recipe(ROOT / "recipes" / "quickstart.toml"), width))
-    return [line.rstrip() for line in console.file.getvalue().splitlines()]  # type: ignore[attr-defined]
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    return [line.rstrip() for line in text.splitlines()]
 
 
 def test_a_narrow_terminal_gets_a_block_per_run_with_every_value_whole() -> None:
@@ -37,3 +38,18 @@ def test_a_wide_terminal_gets_the_table() -> None:
     assert tuple(header) == HEADERS
     assert ["bsp", "bsp", "4", "1,1,1,3x", "-", "synthetic", "iid", "b32", "cnn", "30", "s,",
             "to", "0.7", "real"] in [line.split() for line in lines]
+
+
+def test_devices_at_a_narrow_terminal_wrap_only_the_sources() -> None:
+    from asyncsync.study.describe import devices_table
+
+    console = Console(width=60, file=io.StringIO(), color_system=None)
+    console.print(devices_table())
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert max(len(line.rstrip()) for line in lines) <= 60
+    rule = next(i for i, line in enumerate(lines) if line.lstrip().startswith("─"))
+    headers = [word for line in lines[:rule] for word in line.split()]
+    assert sorted(headers) == sorted(["device", "peak", "TFLOP/s", "efficiency", "per", "op",
+                                      "(us)", "source"])
+    first = next(line.split() for line in lines if line.lstrip().startswith("cpu-core"))
+    assert first[:4] == ["cpu-core", "0.096", "0.25", "10"]

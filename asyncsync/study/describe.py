@@ -196,12 +196,17 @@ def devices_table() -> Table:
     """The named devices: FP32 peak, efficiency, per-operation time and the source."""
     from asyncsync.hetero.cost_model import DEVICES
 
+    headers = ("device", "peak TFLOP/s", "efficiency", "per op (us)", "source")
+    rows = [(dev.name, f"{dev.peak_flops_per_s / 1e12:.3g}", f"{dev.efficiency:g}",
+             f"{dev.op_overhead_s * 1e6:g}", dev.source) for dev in DEVICES.values()]
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("device", "peak TFLOP/s", "efficiency", "per op (us)", "source"):
-        table.add_column(header, overflow="fold")
-    for dev in DEVICES.values():
-        table.add_row(dev.name, f"{dev.peak_flops_per_s / 1e12:.3g}", f"{dev.efficiency:g}",
-                      f"{dev.op_overhead_s * 1e6:g}", dev.source)
+    for index, header in enumerate(headers):  # a narrow terminal wraps between words
+        words = [word for text in (header, *(row[index] for row in rows)) for word in
+                 text.split()]
+        table.add_column(header, overflow="fold", min_width=None if index == len(headers) - 1
+                         else max(map(len, words)))
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
