@@ -52,3 +52,17 @@ def test_exact_speedups_draw_no_lower_bound_legend(monkeypatch: pytest.MonkeyPat
     figure = _drawn(monkeypatch, summaries, tmp_path / "sweep.png")
     assert not [line for line in figure.axes[1].get_lines() if line.get_marker() == "^"]
     assert figure.axes[1].get_legend() is None
+
+
+def test_a_one_value_sweeps_accuracy_title_sets_its_point_apart(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from asyncsync.results.plots import plot_accuracy
+
+    summaries = [{**_summary(run, 0.1, 2.0), "evaluations": [[0.0, 0.1], [2.0, 0.5]]}
+                 for run in ("bsp", "asp")]
+    plt = pyplot.pyplot()
+    figures: list[Any] = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    plot_accuracy(summaries, tmp_path / "accuracy.png", [s["run"] for s in summaries])
+    assert figures[0].axes[0].get_title() == (
+        "Accuracy of the global model vs virtual time (optim.lr=0.1)")

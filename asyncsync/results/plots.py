@@ -107,7 +107,8 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
         ax.set_ylabel("test accuracy")
     title = f"Accuracy of the global model vs {clock} time"
     if cols == 1:
-        axes[0, 0].set_title(f"{title} {_point_text(points[0])}".rstrip())
+        point = _point_text(points[0])
+        axes[0, 0].set_title(f"{title} ({point})" if point else title)
         axes[0, 0].legend(handles.values(), handles.keys(), loc="lower right",
                           fontsize="small")
     else:
