@@ -66,3 +66,60 @@ def test_a_one_value_sweeps_accuracy_title_sets_its_point_apart(
     plot_accuracy(summaries, tmp_path / "accuracy.png", [s["run"] for s in summaries])
     assert figures[0].axes[0].get_title() == (
         "Accuracy of the global model vs virtual time (optim.lr=0.1)")
+
+
+def test_a_failed_run_is_named_failed_in_the_time_to_target_chart(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """As the table shows a failed row, the chart keeps the run's place, with ``failed``
+    (not ``never``, which says it ran and missed the target); the other bars keep the
+    colours of their accuracy lines."""
+    from asyncsync.results.plots import plot_time_to_target
+
+    failed = {**_summary("boom", 0.1, None), "error": "RuntimeError: boom"}
+    summaries = [_summary("bsp", 0.1, 5.0), failed, _summary("asp", 0.1, None)]
+    plt = pyplot.pyplot()
+    figures: list[Any] = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    bars = plot_time_to_target(summaries, tmp_path / "ttt.png", [s["run"] for s in summaries])
+    assert bars.labels == ["bsp@optim.lr=0.1", "boom@optim.lr=0.1", "asp@optim.lr=0.1"]
+    assert bars.notes == ["", "failed", "never"]
+    assert bars.heights == [5.0, None, None]
+    (bar,) = figures[0].axes[0].patches
+    assert bar.get_facecolor()[:3] == pytest.approx((0.12, 0.47, 0.71), abs=0.01)  # C0
+
+
+def test_publish_draws_a_failed_run_in_the_time_to_target_chart(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from asyncsync.results.plots import plot_time_to_target
+    from asyncsync.results.report import publish
+    from tests.test_report import fake_run
+
+    done = fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6])
+    broken = done.parent / "boom"
+    broken.mkdir()
+    (broken / "recipe.json").write_text((done / "recipe.json").read_text().replace(
+        '"bsp"', '"boom"'))
+    drawn: list[list[str]] = []
+
+    def spy(summaries: list[dict[str, Any]], path: Path, names: list[str]) -> Any:
+        drawn.append(names)
+        return plot_time_to_target(summaries, path, names)
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr("asyncsync.results.plots.plot_time_to_target", spy)
+    try:
+        publish([done, broken], [{"run": "bsp", **_done(done)}, {
+            "recipe": "r", "run": "boom", "protocol": "boom", "error": "boom"}], "bsp",
+            tmp_path / "out", Console(file=io.StringIO()))
+    finally:
+        monkeypatch.undo()
+    assert drawn == [["bsp", "boom"]]
+
+
+def _done(run_dir: Path) -> dict[str, Any]:
+    from asyncsync.results.report import summarize_run
+
+    return summarize_run(run_dir)

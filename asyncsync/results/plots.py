@@ -151,11 +151,13 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
                         ) -> TargetBars:
     """A bar per run (repeats together, each sweep point its own): the mean time to target
     over the repeats that reached it, the table's 95% interval, a dot per repeat, ``k/n``
-    where only k of n repeats reached it and ``never`` (no bar) where none did. The
+    where only k of n repeats reached it, ``never`` (no bar) where none did and ``failed``
+    where every repeat failed (k/n counts failed repeats in n, as the table does). The
     summaries must have a target accuracy."""
     plt = pyplot()
     named = {label(s): name for s, name in zip(summaries, names, strict=True)}
-    colors = _colors(summaries, names)
+    ran = [(s, n) for s, n in zip(summaries, names, strict=True) if "error" not in s]
+    colors = _colors([s for s, _ in ran], [n for _, n in ran])  # as accuracy.png's lines
     runs = groups(summaries)
     keys = [(named[label(g[0])].removesuffix(_point(g[0])), _point(g[0])) for g in runs]
     crowded = sum(len(base + point) + 2 for base, point in keys) > 70  # the axis's width
@@ -184,7 +186,9 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
             dots = [float(t) for t in line.get_ydata()]
         top = max([height + (error or 0.0), *dots]) if height is not None else 0.0
         highest = max(highest, top)
-        note = "never" if not times else "" if len(times) == len(group) else \
+        failed = all("error" in s for s in group)
+        note = ("failed" if failed else "never") if not times else \
+            "" if len(times) == len(group) else \
             f"{len(times)}/{len(group)}"
         if note:
             note = ax.annotate(note, (x, top), xytext=(0, 3), textcoords="offset points",
@@ -343,14 +347,22 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     """All plots of these runs into `out`; returns the files written. With repeats, the
     accuracy and time-to-target plots show them all; compute proportions and timelines show
     the first. Runs never evaluated (timing-only runs) get no accuracy plot, runs without a
-    target accuracy no time-to-target plot."""
+    target accuracy no time-to-target plot. Failed runs (an ``error``, no figures) are
+    only in the time-to-target chart, marked ``failed``, as the table has them."""
     mixed = len({s.get("recipe") for s in summaries}) > 1
-    names = [label(s) if mixed else s["run"] for s in summaries]
-    first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
-    written = [plot_accuracy(summaries, out / "accuracy.png", names)] if any(
-        s.get("evaluations") for s in summaries) else []
+    every = [label(s) if mixed else s["run"] for s in summaries]
     if targets(summaries):
-        written.append(plot_time_to_target(summaries, out / "time_to_target.png", names).path)
+        path = out / "time_to_target.png"
+        written = [plot_time_to_target(summaries, path, every).path]
+    else:
+        written = []
+    ran = [i for i, s in enumerate(summaries) if "error" not in s]
+    run_dirs = [run_dirs[i] for i in ran]
+    names = [every[i] for i in ran]
+    summaries = [summaries[i] for i in ran]
+    first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
+    if any(s.get("evaluations") for s in summaries):
+        written.insert(0, plot_accuracy(summaries, out / "accuracy.png", names))
     written.append(plot_compute_proportion([summaries[i] for i in first],
                                            out / "compute_proportion.png",
                                            [names[i] for i in first]))

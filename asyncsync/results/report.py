@@ -428,7 +428,7 @@ def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str
         console.print('plots skipped: matplotlib is not installed (pip install -e ".[plot]")',
                       markup=False)
     elif done:
-        files += write_plots([d for d, _ in done], [s for _, s in done], out, baseline)
+        files += write_plots(run_dirs, summaries, out, baseline)
     for path in files:
         console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     return files
