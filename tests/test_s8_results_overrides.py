@@ -75,3 +75,14 @@ def test_a_value_that_is_no_toml_says_so(recipe: Path, text: str) -> None:
 def test_a_bare_word_is_still_a_string(recipe: Path) -> None:
     runs = load_recipe(recipe, ["data.name=synthetic", "model.name=mlp"]).runs
     assert runs[0].data.name == "synthetic" and runs[0].model.name == "mlp"
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", ""])
+def test_a_recipe_name_that_is_no_folder_name_is_refused(tmp_path: Path, name: str) -> None:
+    """The name is the study's folder under the log root: ``..`` would put the study beside
+    the log root, ``a/b`` a folder that report takes for a recipe of its own."""
+    path = tmp_path / "named.toml"
+    path.write_text(f'name = "{name}"\n' + RECIPE)
+    with pytest.raises(ConfigError, match=r"named.toml: name: must be a non-empty name "
+                       r"without '/' \(it names the recipe's log directory\), got"):
+        load_recipe(path)

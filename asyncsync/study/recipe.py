@@ -136,8 +136,9 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
         raise ConfigError(f"runs: duplicate run names {duplicates}")
     names = list(dict.fromkeys(r.base_name for r in runs))
     name = raw.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"name: expected a non-empty string, got {name!r}")
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise ConfigError(f"name: must be a non-empty name without '/' (it names the "
+                          f"recipe's log directory), got {name!r}")
     baseline = raw.get("baseline", names[0])
     if baseline not in names:
         raise ConfigError(f"baseline: {baseline!r} is not a run (runs: {', '.join(names)})")
