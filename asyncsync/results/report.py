@@ -115,8 +115,9 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     """A finished run's summary for the report: a failed run's summary.json (its error,
     as `asyncsync run` tabled it), else rebuilt from its logs by `summarize_run`.
 
-    A run whose log has a damaged line is reported failed, its error naming the file and
-    line, as a run that failed is: the other runs are still tabled, and the damaged one is
+    A run whose log has a damaged line, or a record of the wrong shape (a field missing or
+    of another type), is reported failed, its error naming the file (and line), as a run
+    that failed is: the other runs are still tabled, and the damaged one is
     marked and named in the table and table.csv, not left out unseen.
 
     Raises:
@@ -125,11 +126,15 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     """
     written = written_summary(run_dir)
     if "error" in written:
-        return written
+        return {**identity(*resolved_run(run_dir)), **written}
     try:
         return summarize_run(run_dir)
     except DamagedLog as exc:
         return {**identity(*resolved_run(run_dir)), "error": f"damaged log: {exc}"}
+    except (KeyError, TypeError, ValueError) as exc:  # a record that parses, misshapen
+        return {**identity(*resolved_run(run_dir)), "error": (
+            f"damaged log: {run_dir}: a record is not as asyncsync writes it "
+            f"({type(exc).__name__}: {exc})")}
 
 
 def with_identity(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
