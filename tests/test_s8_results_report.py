@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,23 @@ def test_a_worker_count_that_is_no_integer_is_one_error_line(
     assert one_error(run_main(capsys, "report", str(run_dir))) == (
         f"error: {run_dir}: not a run's log directory (recipe.json: TypeError: workers: "
         "expected an integer >= 1, got '2')")
+
+
+def test_tracking_a_misshapen_evaluation_skips_it(tmp_path: Path) -> None:
+    """``report --track`` of such a run sends the evaluations that are whole."""
+    from asyncsync.tracking.feed import export_runs
+
+    run_dir = fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6, 0.7])
+    events = run_dir / "events.jsonl"
+    events.write_text(events.read_text().replace('"accuracy": 0.6', '"accuracy": null'))
+    logged: list[float] = []
+
+    class Recorder:
+        def start(self, run: object) -> None: ...
+        def log(self, run: object, point: Any, wall: float) -> None:
+            logged.append(point.metrics["accuracy"])
+        def finish(self, run: object, summary: object, step: int) -> None: ...
+        def close(self) -> None: ...
+
+    export_runs([run_dir], [Recorder()])
+    assert logged == [0.1, 0.7]
