@@ -123,3 +123,17 @@ def _done(run_dir: Path) -> dict[str, Any]:
     from asyncsync.results.report import summarize_run
 
     return summarize_run(run_dir)
+
+
+def test_a_sweep_point_never_at_the_target_breaks_its_line(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """bsp never reached the target at lr 0.2: its time-to-target line stops there rather
+    than running through a value it never had."""
+    import math
+
+    summaries = [_summary("bsp", lr, t) for lr, t in ((0.1, 5.0), (0.2, None), (0.3, 3.0))]
+    figure = _drawn(monkeypatch, summaries, tmp_path / "sweep.png")
+    (line,) = [line for line in figure.axes[0].get_lines() if line.get_marker() == "o"]
+    ys = list(line.get_ydata())
+    assert list(line.get_xdata()) == [0.1, 0.2, 0.3]
+    assert ys[0] == 5.0 and math.isnan(ys[1]) and ys[2] == 3.0

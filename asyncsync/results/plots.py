@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,12 +310,11 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
         points.sort(key=lambda point: point[0])
         for panel, (ax, title) in enumerate(zip(axes, titles, strict=True)):
             xs, ys, errors = [], [], []
-            for value, panels in points:
-                if panels[panel]:
-                    mean, half = interval(panels[panel])
-                    xs.append(value)
-                    ys.append(mean)
-                    errors.append(half or 0.0)
+            for value, panels in points:  # a point without a value breaks the line
+                mean, half = interval(panels[panel]) if panels[panel] else (math.nan, None)
+                xs.append(value)
+                ys.append(mean)
+                errors.append(half or 0.0)
             speedup = panel == 1
             drawn = ax.errorbar(xs, ys, yerr=errors, marker="none" if speedup else "o",
                                 capsize=3, label=name)
@@ -322,7 +322,7 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
                 color = drawn.lines[0].get_color()
                 for marker, keep in (("o", False), ("^", True)):
                     at = [(x, y) for x, y in zip(xs, ys, strict=True)
-                          if ((name, x) in bounded) == keep]
+                          if ((name, x) in bounded) == keep and not math.isnan(y)]
                     if at:
                         ax.plot(*zip(*at, strict=True), marker=marker, linestyle="none",
                                 color=color)
