@@ -46,7 +46,8 @@ def apply_override(defaults: dict[str, Any], item: str) -> str:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError as exc:
         if text.strip()[:1] in TOML_OPENERS:  # meant as TOML: say why it is not
-            raise ConfigError(f"--set {item}: not a TOML value ({exc}); a string inside a "
+            why = str(exc).split(" (at line")[0]  # its column counts a prefix of ours
+            raise ConfigError(f"--set {item}: not a TOML value ({why}); a string inside a "
                               "list or table needs quotes, e.g. protocol={name=\"ssp\"}"
                               ) from None
         value = text
