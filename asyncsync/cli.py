@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from asyncsync.errors import InputError
 from asyncsync.results.comparison import is_baseline
-from asyncsync.results.report import make_console, publish, report_summary
+from asyncsync.results.report import make_console, output_folder, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
 from asyncsync.runlog.reading import label, sweep_suffix
 from asyncsync.schema import ConfigError
@@ -132,7 +132,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(name or recipe/name; default: the recipe's baseline)")
     report.add_argument("--out", type=Path, default=None,
                         help="where to write table.csv and plots (default: the study's "
-                             "directory, else the first DIR)")
+                             "directory when a DIR is the study or holds it, or the report "
+                             "has all its runs; else the first DIR)")
     report.add_argument("--all", action="store_true",
                         help="report every study under the DIRs separately (default: the "
                              "latest study of each recipe)")
@@ -216,7 +217,10 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def _positive(text: str) -> int:
     """An argparse type: an integer >= 1."""
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
     return value
@@ -256,11 +260,12 @@ def _what_runs(recipe: Recipe) -> str:
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
-    """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all)."""
+    """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all).
+    Every report is checked (its runs poolable, its baseline a run, its output folder
+    writable) before anything is printed."""
     reports, notes = find_reports(args.dirs, every=args.all)
     trackers = [parse_track(spec) for spec in unique_specs(args.track)]
-    for note in notes:
-        console.print(note, highlight=False, soft_wrap=True)
+    planned = []
     for run_dirs in reports:
         summaries = [report_summary(d) for d in run_dirs]
         problem = pool_problem(run_dirs, summaries)
@@ -273,15 +278,19 @@ def _report(args: argparse.Namespace, console: Console) -> int:
             if args.baseline:
                 raise ConfigError(f"--baseline {baseline}: no such run; runs are "
                                   f"{', '.join(sorted(names))}")
-            console.print(f"the recipe's baseline {baseline} is not among these runs: "
-                          f"speedups against {first}", highlight=False)
+            notes.append(f"the recipe's baseline {baseline} is not among these runs: "
+                         f"speedups against {first}")
             baseline = first
         studies = {d.parent for d in run_dirs}
-        out = args.out or (studies.pop() if len(studies) == 1 else args.dirs[0])
+        out = args.out or _default_out(run_dirs, args.dirs)
         if args.all and args.out:
             out = args.out / run_dirs[0].parent.name
-        publish(run_dirs, summaries, baseline, out, console,
-                title=summaries[0]["recipe"] if len(studies) <= 1 else "")
+        planned.append((run_dirs, summaries, baseline, output_folder(out),
+                        summaries[0]["recipe"] if len(studies) <= 1 else ""))
+    for note in notes:
+        console.print(note, highlight=False, soft_wrap=True)
+    for run_dirs, summaries, baseline, out, title in planned:
+        publish(run_dirs, summaries, baseline, out, console, title=title)
     if trackers:
         for run_dirs in reports:
             runs = export_runs(run_dirs, trackers)
@@ -290,6 +299,20 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         for tracker in trackers:
             tracker.close()
     return 0
+
+
+def _default_out(run_dirs: list[Path], dirs: list[Path]) -> Path:
+    """Where a report goes without --out: its one study's folder when a DIR is that study
+    or holds it, or the report has every run folder of it; else the first DIR, so that a
+    report of some of a study's runs never replaces the study's table.csv and plots."""
+    studies = {d.parent for d in run_dirs}
+    if len(studies) == 1:
+        study = next(iter(studies))
+        every = {found.parent.resolve() for found in study.glob("*/recipe.json")}
+        if every <= {d.resolve() for d in run_dirs} or any(
+                study.resolve().is_relative_to(d.resolve()) for d in dirs):
+            return study
+    return dirs[0]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -358,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
 
             recipe = load_recipe(args.recipe, _overrides(args), args.only, args.repeats)
             check_models(recipe)
-            console.print(check_table(recipe))
+            console.print(check_table(recipe, console.width))
             check_data(recipe)
             if problem := device_problem(recipe):
                 console.print(f"note: {problem}: `asyncsync run` refuses it on this host (a "

@@ -13,12 +13,12 @@ def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> tuple[float
 
     When the baseline never reached the target, its time to target is at least its wall
     time, so ``base wall / this run's time`` is a lower bound (flagged True). None when
-    this run did not reach the target.
+    this run did not reach the target, or reached it at its start (t = 0: no ratio).
     """
     ttt = summary.get("time_to_target_s")
     if not base or not ttt:
         return None, False
-    if base.get("time_to_target_s"):
+    if base.get("time_to_target_s") is not None:  # 0.0 too: reached at its start
         return base["time_to_target_s"] / ttt, False
     if base.get("wall_s"):
         return base["wall_s"] / ttt, True

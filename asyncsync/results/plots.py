@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,8 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
         ax.set_ylabel("test accuracy")
     title = f"Accuracy of the global model vs {clock} time"
     if cols == 1:
-        axes[0, 0].set_title(f"{title} {_point_text(points[0])}".rstrip())
+        point = _point_text(points[0])
+        axes[0, 0].set_title(f"{title} ({point})" if point else title)
         axes[0, 0].legend(handles.values(), handles.keys(), loc="lower right",
                           fontsize="small")
     else:
@@ -150,11 +152,13 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
                         ) -> TargetBars:
     """A bar per run (repeats together, each sweep point its own): the mean time to target
     over the repeats that reached it, the table's 95% interval, a dot per repeat, ``k/n``
-    where only k of n repeats reached it and ``never`` (no bar) where none did. The
+    where only k of n repeats reached it, ``never`` (no bar) where none did and ``failed``
+    where every repeat failed (k/n counts failed repeats in n, as the table does). The
     summaries must have a target accuracy."""
     plt = pyplot()
     named = {label(s): name for s, name in zip(summaries, names, strict=True)}
-    colors = _colors(summaries, names)
+    ran = [(s, n) for s, n in zip(summaries, names, strict=True) if "error" not in s]
+    colors = _colors([s for s, _ in ran], [n for _, n in ran])  # as accuracy.png's lines
     runs = groups(summaries)
     keys = [(named[label(g[0])].removesuffix(_point(g[0])), _point(g[0])) for g in runs]
     crowded = sum(len(base + point) + 2 for base, point in keys) > 70  # the axis's width
@@ -183,7 +187,9 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
             dots = [float(t) for t in line.get_ydata()]
         top = max([height + (error or 0.0), *dots]) if height is not None else 0.0
         highest = max(highest, top)
-        note = "never" if not times else "" if len(times) == len(group) else \
+        failed = all("error" in s for s in group)
+        note = ("failed" if failed else "never") if not times else \
+            "" if len(times) == len(group) else \
             f"{len(times)}/{len(group)}"
         if note:
             note = ax.annotate(note, (x, top), xytext=(0, 3), textcoords="offset points",
@@ -276,19 +282,25 @@ def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
 
 def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
     """Time to target, speedup and compute proportion against the swept value, one line per
-    run of the recipe, with the 95% interval over repeats as error bars."""
+    run of the recipe, with the 95% interval over repeats as error bars. A speedup over a
+    baseline that never reached the target is a lower bound (the table's ``>=``): a ``^``
+    instead of a dot."""
     plt = pyplot()
     runs = groups(summaries)
     key = next(iter(runs[0][0]["sweep"]))
     integer = all(isinstance(s["sweep"][key], int) for s in summaries)
     bases = {sweep_suffix(g[0]["sweep"]): g for g in runs if is_baseline(g[0], baseline)}
     lines: dict[str, list[tuple[float, tuple[list[float], list[float], list[float]]]]] = {}
+    bounded: set[tuple[str, float]] = set()  # (run, swept value) whose speedup is a bound
     for group in runs:
         first = group[0]
         name = first["run"].removesuffix(sweep_suffix(first["sweep"]))
         done = [s for s in group if "error" not in s]
-        speedups, _ = paired_speedups(done, bases.get(sweep_suffix(first["sweep"]), []))
-        lines.setdefault(name, []).append((float(first["sweep"][key]), (
+        speedups, bound = paired_speedups(done, bases.get(sweep_suffix(first["sweep"]), []))
+        value = float(first["sweep"][key])
+        if bound and speedups:
+            bounded.add((name, value))
+        lines.setdefault(name, []).append((value, (
             [s["time_to_target_s"] for s in done if s.get("time_to_target_s") is not None],
             speedups, [s["compute_proportion"] for s in done
                        if s.get("compute_proportion") is not None])))
@@ -298,19 +310,32 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
         points.sort(key=lambda point: point[0])
         for panel, (ax, title) in enumerate(zip(axes, titles, strict=True)):
             xs, ys, errors = [], [], []
-            for value, panels in points:
-                if panels[panel]:
-                    mean, half = interval(panels[panel])
-                    xs.append(value)
-                    ys.append(mean)
-                    errors.append(half or 0.0)
-            ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=name)
+            for value, panels in points:  # a point without a value breaks the line
+                mean, half = interval(panels[panel]) if panels[panel] else (math.nan, None)
+                xs.append(value)
+                ys.append(mean)
+                errors.append(half or 0.0)
+            speedup = panel == 1
+            drawn = ax.errorbar(xs, ys, yerr=errors, marker="none" if speedup else "o",
+                                capsize=3, label=name)
+            if speedup:  # a dot where the speedup is exact, a ^ where it is a lower bound
+                color = drawn.lines[0].get_color()
+                for marker, keep in (("o", False), ("^", True)):
+                    at = [(x, y) for x, y in zip(xs, ys, strict=True)
+                          if ((name, x) in bounded) == keep and not math.isnan(y)]
+                    if at:
+                        ax.plot(*zip(*at, strict=True), marker=marker, linestyle="none",
+                                color=color)
             ax.set_title(title)
             ax.set_xlabel(key)
             if integer:
                 ax.set_xticks(sorted({v for v, _ in points}))
             ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
+    if bounded:
+        axes[1].legend([plt.Line2D([], [], marker="^", linestyle="none", color="grey")],
+                       ["lower bound: the baseline never reached the target"],
+                       fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -322,14 +347,22 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     """All plots of these runs into `out`; returns the files written. With repeats, the
     accuracy and time-to-target plots show them all; compute proportions and timelines show
     the first. Runs never evaluated (timing-only runs) get no accuracy plot, runs without a
-    target accuracy no time-to-target plot."""
+    target accuracy no time-to-target plot. Failed runs (an ``error``, no figures) are
+    only in the time-to-target chart, marked ``failed``, as the table has them."""
     mixed = len({s.get("recipe") for s in summaries}) > 1
-    names = [label(s) if mixed else s["run"] for s in summaries]
-    first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
-    written = [plot_accuracy(summaries, out / "accuracy.png", names)] if any(
-        s.get("evaluations") for s in summaries) else []
+    every = [label(s) if mixed else s["run"] for s in summaries]
     if targets(summaries):
-        written.append(plot_time_to_target(summaries, out / "time_to_target.png", names).path)
+        path = out / "time_to_target.png"
+        written = [plot_time_to_target(summaries, path, every).path]
+    else:
+        written = []
+    ran = [i for i, s in enumerate(summaries) if "error" not in s]
+    run_dirs = [run_dirs[i] for i in ran]
+    names = [every[i] for i in ran]
+    summaries = [summaries[i] for i in ran]
+    first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
+    if any(s.get("evaluations") for s in summaries):
+        written.insert(0, plot_accuracy(summaries, out / "accuracy.png", names))
     written.append(plot_compute_proportion([summaries[i] for i in first],
                                            out / "compute_proportion.png",
                                            [names[i] for i in first]))

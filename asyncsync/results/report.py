@@ -8,6 +8,7 @@ import io
 import itertools
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,8 +115,9 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     """A finished run's summary for the report: a failed run's summary.json (its error,
     as `asyncsync run` tabled it), else rebuilt from its logs by `summarize_run`.
 
-    A run whose log has a damaged line is reported failed, its error naming the file and
-    line, as a run that failed is: the other runs are still tabled, and the damaged one is
+    A run whose log has a damaged line, or a record of the wrong shape (a field missing or
+    of another type), is reported failed, its error naming the file (and line), as a run
+    that failed is: the other runs are still tabled, and the damaged one is
     marked and named in the table and table.csv, not left out unseen.
 
     Raises:
@@ -124,11 +126,15 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     """
     written = written_summary(run_dir)
     if "error" in written:
-        return written
+        return {**identity(*resolved_run(run_dir)), **written}
     try:
         return summarize_run(run_dir)
     except DamagedLog as exc:
         return {**identity(*resolved_run(run_dir)), "error": f"damaged log: {exc}"}
+    except (KeyError, TypeError, ValueError) as exc:  # a record that parses, misshapen
+        return {**identity(*resolved_run(run_dir)), "error": (
+            f"damaged log: {run_dir}: a record is not as asyncsync writes it "
+            f"({type(exc).__name__}: {exc})")}
 
 
 def with_identity(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
@@ -277,12 +283,24 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                 else f"no baseline: {baseline} did not run")
     heading = f"{title}: comparison ({compared}){caption}" if title else ""
     rows = _cells(summaries, baseline, columns)
-    table = Table(title=heading or None, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("run", "protocol", *headers):
-        table.add_column(header, justify="left" if header in ("run", "protocol") else "right",
-                         no_wrap=True)
-    for name, protocol, cells, error in rows:
-        table.add_row(name, protocol, *(cells or [f"[red]failed: {error}[/red]"]))
+
+    def tabled(errors: bool) -> Table:
+        """The table; a failed run's error in full (wrapped in its row where the table is
+        too wide), or only ``failed`` (to measure the table without the errors)."""
+        table = Table(title=heading or None, box=box.SIMPLE_HEAD, padding=(0, 1),
+                      pad_edge=False)
+        for index, header in enumerate(("run", "protocol", *headers)):
+            table.add_column(header, justify="left" if index < 2 else "right",
+                             no_wrap=index != 2, overflow="fold")
+        for name, protocol, cells, error in rows:
+            failed = f"failed: {error}" if errors else "failed"
+            if cells is None:
+                table.add_row(name, protocol, Text(failed, style="red", justify="left"))
+            else:
+                table.add_row(name, protocol, *cells)
+        return table
+
+    table = tabled(errors=True)
     legend = [f"{h}: {c.legend.format(target=target)}" for h, c in zip(headers, columns,
                                                                          strict=True)]
     if accuracy is None:
@@ -308,8 +326,8 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                "cut): not in its totals, smp/s or comp"
                for s in summaries if (ranks := s.get("workers_without_final"))]
     notes = Text("; ".join(legend) + ". Every column: table.csv.", style="dim")
-    natural = Measurement.get(_MEASURE, _MEASURE.options, table).maximum
-    if width is None or natural <= width:
+    natural = Measurement.get(_MEASURE, _MEASURE.options, tabled(errors=False)).maximum
+    if width is None or natural <= width:  # an error too long for the row wraps in it
         return Group(table, notes)
     blocks: list[Any] = [Text(heading, style="italic")] if heading else []
     for name, protocol, cells, error in rows:
@@ -363,6 +381,29 @@ def make_console() -> Console:
     return console
 
 
+def output_folder(path: Path) -> Path:
+    """`path` as a folder that table.csv and the plots can be written into, made if missing:
+    checked before a table is printed, so a bad ``--out`` fails alone.
+
+    Raises:
+        LogError: `path` is a file, or cannot be made, or written into.
+    """
+    if path.exists() and not path.is_dir():
+        raise LogError(f"{path}: is a file, not a folder: --out takes a folder for table.csv "
+                       "and the plots")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LogError(f"{path}: cannot make this folder ({exc.strerror or exc})") from None
+    try:  # permissions, a read-only mount, a pseudo filesystem: only a try tells
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise LogError(f"{path}: cannot write into this folder ({exc.strerror or exc})"
+                       ) from None
+    return path
+
+
 def preload_plots() -> None:
     """Import what `publish` draws with (matplotlib's pyplot, the plot modules), if
     matplotlib is installed. A study calls it in a thread while its runs go in child
@@ -384,15 +425,15 @@ def publish(run_dirs: list[Path], summaries: list[dict[str, Any]], baseline: str
     from asyncsync.results.plots import write_plots
 
     summaries = [with_identity(d, s) for d, s in zip(run_dirs, summaries, strict=True)]
+    output_folder(out)
     console.print(comparison_table(summaries, baseline, title, console.width))
-    out.mkdir(parents=True, exist_ok=True)
     files = [write_csv(summaries, baseline, out / "table.csv")]
     done = [(d, s) for d, s in zip(run_dirs, summaries, strict=True) if "error" not in s]
     if not pyplot.matplotlib_available():
         console.print('plots skipped: matplotlib is not installed (pip install -e ".[plot]")',
                       markup=False)
     elif done:
-        files += write_plots([d for d, _ in done], [s for _, s in done], out, baseline)
+        files += write_plots(run_dirs, summaries, out, baseline)
     for path in files:
         console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     return files

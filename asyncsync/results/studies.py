@@ -31,6 +31,9 @@ def resolved_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         missing = [k for k in ("name", "protocol", "workers", "stop") if k not in spec]
         if missing:
             raise KeyError(", ".join(missing))
+        workers = spec["workers"]
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise TypeError(f"workers: expected an integer >= 1, got {workers!r}")
         identity(recipe, spec)  # the fields that name the run are there, of their types
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise LogError(f"{run_dir}: not a run's log directory (recipe.json: "

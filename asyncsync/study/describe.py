@@ -4,16 +4,19 @@ tables (the resolved runs, and each run's step time), `devices` and `protocols`.
 from __future__ import annotations
 
 import dataclasses
+import io
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from asyncsync.protocols import discover
 from asyncsync.schema import describe
 from asyncsync.study.recipe import Recipe
-from asyncsync.study.specs import TIMING_MODEL
+from asyncsync.study.specs import TIMING_MODEL, RunSpec
 
 
 def _changed(params: Any) -> str:
@@ -31,41 +34,67 @@ def _figures(value: Any, zero: str = "inf") -> str:
     return f"{value:g}" if value else zero
 
 
-def check_table(recipe: Recipe) -> Table:
-    """The resolved runs, one row each: what differs between them at a glance."""
+CHECK_HEADERS = ("run", "protocol", "workers", "compute", "network", "data", "model",
+                 "budget", "clock")
+"""The columns of `check_table`."""
+
+_MEASURE = Console(width=10_000, file=io.StringIO())
+"""Measures a table's natural width, whatever the terminal's."""
+
+
+def check_table(recipe: Recipe, width: int | None = None) -> Table | Group:
+    """The resolved runs, one row each: what differs between them at a glance; where the
+    table cannot fit `width` without breaking a word (a header, a value), one block per
+    run instead."""
+    rows = [_check_row(spec) for spec in recipe.runs]
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("run", "protocol", "workers", "compute", "network", "data", "model",
-                   "budget", "clock"):
+    for header in CHECK_HEADERS:
         table.add_column(header, overflow="fold")
-    for spec in recipe.runs:
-        compute = spec.compute
-        factors = ",".join(f"{f:g}" for f in compute.slowdown) or "1"
-        if 0 < len(compute.slowdown) < spec.workers:  # the rest run at 1x: say so
-            factors += f" +{spec.workers - len(compute.slowdown)} at 1"
-        traced = bool(spec.capacity.trace)  # the trace's speeds and links, slowed as asked
-        speed = ("trace" + (f" x {factors}" if compute.slowdown else "")) if traced \
-            else f"{factors}x"
-        steps = (speed + (f" {compute.profile['name']}" if compute.profile else "")
-                 + (f" step {compute.explicit_step_s:g} s" if compute.explicit_step_s
-                    else ""))
-        net = spec.network
-        up = net.uplink_mbps if net.uplink_mbps is not None else net.bandwidth_mbps
-        down = net.downlink_mbps if net.downlink_mbps is not None else net.bandwidth_mbps
-        delay = f" {_figures(net.latency_ms, '0')}ms"
-        if traced:
-            link = "trace" + (delay if net.latency_ms else "")
-        else:
-            link = "-" if not (up or down or net.latency_ms) else (
-                f"{_figures(up)}/{_figures(down)}M{delay}")
-        data = spec.data
-        stop = spec.stop
-        budget = (f"{stop.time_s:g} s" + (f", to {stop.target_accuracy:g}"
-                                          if stop.stop_at_target else ""))
-        table.add_row(spec.name, f"{spec.protocol.name} {_changed(spec.protocol.params)}",
-                      str(spec.workers), steps, link,
-                      f"{data.name} {data.partition} b{data.batch_size}", spec.model.name,
-                      budget, spec.clock)
-    return table
+    for row in rows:
+        table.add_row(*row)
+    if width is None or Measurement.get(_MEASURE, _MEASURE.options, table).minimum <= width:
+        return table  # a cell too long for its column wraps between words
+    blocks = []
+    for name, protocol, *values in rows:
+        block = Table.grid(padding=(0, 2))
+        block.add_column(no_wrap=True)
+        block.add_column()
+        block.add_row(Text(name, style="bold"), protocol)
+        for header, value in zip(CHECK_HEADERS[2:], values, strict=True):
+            block.add_row(f"  {header}", value)
+        blocks.append(block)
+    return Group(*blocks)
+
+
+def _check_row(spec: RunSpec) -> tuple[str, ...]:
+    """One run's row of `check_table`."""
+    compute = spec.compute
+    factors = ",".join(f"{f:g}" for f in compute.slowdown) or "1"
+    if 0 < len(compute.slowdown) < spec.workers:  # the rest run at 1x: say so
+        factors += f" +{spec.workers - len(compute.slowdown)} at 1"
+    traced = bool(spec.capacity.trace)  # the trace's speeds and links, slowed as asked
+    speed = ("trace" + (f" x {factors}" if compute.slowdown else "")) if traced \
+        else f"{factors}x"
+    steps = (speed + (f" {compute.profile['name']}" if compute.profile else "")
+             + (f" step {compute.explicit_step_s:g} s" if compute.explicit_step_s
+                else ""))
+    net = spec.network
+    up = net.uplink_mbps if net.uplink_mbps is not None else net.bandwidth_mbps
+    down = net.downlink_mbps if net.downlink_mbps is not None else net.bandwidth_mbps
+    delay = f" {_figures(net.latency_ms, '0')}ms"
+    if traced:
+        link = "trace" + (delay if net.latency_ms else "")
+    else:
+        link = "-" if not (up or down or net.latency_ms) else (
+            f"{_figures(up)}/{_figures(down)}M{delay}")
+    data = spec.data
+    stop = spec.stop
+    budget = (f"{stop.time_s:g} s" + (f", to {stop.target_accuracy:g}"
+                                      if stop.stop_at_target else ""))
+    return (spec.name, f"{spec.protocol.name} {_changed(spec.protocol.params)}".strip(),
+            str(spec.workers), steps, link,
+            f"{data.name} {data.partition} b{data.batch_size}", spec.model.name,
+            budget, spec.clock)
 
 
 STEP_GROUPS_IN_FULL = 8
@@ -167,12 +196,17 @@ def devices_table() -> Table:
     """The named devices: FP32 peak, efficiency, per-operation time and the source."""
     from asyncsync.hetero.cost_model import DEVICES
 
+    headers = ("device", "peak TFLOP/s", "efficiency", "per op (us)", "source")
+    rows = [(dev.name, f"{dev.peak_flops_per_s / 1e12:.3g}", f"{dev.efficiency:g}",
+             f"{dev.op_overhead_s * 1e6:g}", dev.source) for dev in DEVICES.values()]
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for header in ("device", "peak TFLOP/s", "efficiency", "per op (us)", "source"):
-        table.add_column(header, overflow="fold")
-    for dev in DEVICES.values():
-        table.add_row(dev.name, f"{dev.peak_flops_per_s / 1e12:.3g}", f"{dev.efficiency:g}",
-                      f"{dev.op_overhead_s * 1e6:g}", dev.source)
+    for index, header in enumerate(headers):  # a narrow terminal wraps between words
+        words = [word for text in (header, *(row[index] for row in rows)) for word in
+                 text.split()]
+        table.add_column(header, overflow="fold", min_width=None if index == len(headers) - 1
+                         else max(map(len, words)))
+    for row in rows:
+        table.add_row(*row)
     return table
 
 

@@ -111,8 +111,8 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
         raise ConfigError("runs: a recipe needs at least one [[runs]] table")
     points = _sweep_points(raw.get("sweep", {}))
     swept = next(iter(points[0]), None)
-    if swept is not None and _every_run_sets(runs_raw, swept):
-        raise ConfigError(f"sweep.{swept}: every run sets {swept} itself, so the sweep "
+    if swept is not None and (replaced := _every_run_sets(runs_raw, swept)):
+        raise ConfigError(f"sweep.{swept}: every run sets {replaced} itself, so the sweep "
                           "would change nothing; sweep another key, or remove it from "
                           "the runs")
     for item in overrides:
@@ -136,8 +136,9 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
         raise ConfigError(f"runs: duplicate run names {duplicates}")
     names = list(dict.fromkeys(r.base_name for r in runs))
     name = raw.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"name: expected a non-empty string, got {name!r}")
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise ConfigError(f"name: must be a non-empty name without '/' (it names the "
+                          f"recipe's log directory), got {name!r}")
     baseline = raw.get("baseline", names[0])
     if baseline not in names:
         raise ConfigError(f"baseline: {baseline!r} is not a run (runs: {', '.join(names)})")
@@ -176,8 +177,8 @@ def _check_override(key: str, defaults: dict[str, Any], runs: list[Any], item: s
             get_protocol(str(name))
         except ValueError as exc:
             raise ConfigError(f"--set {item}: {exc}") from None
-    if _every_run_sets(runs, key):
-        raise ConfigError(f"--set {item}: every run sets {key} itself, so it would be "
+    if replaced := _every_run_sets(runs, key):
+        raise ConfigError(f"--set {item}: every run sets {replaced} itself, so it would be "
                           "ignored; choose runs with --only and edit their tables, or add "
                           "a run")
 
@@ -224,9 +225,29 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _every_run_sets(runs: list[Any], key: str) -> bool:
-    """Whether every run's own table sets `key` (so a default for it reaches none)."""
-    return all(isinstance(run, dict) and _has_key(run, key) for run in runs)
+def _every_run_sets(runs: list[Any], key: str) -> str | None:
+    """What every run's own table sets of the dotted `key`, so that a default for it
+    reaches none (as the first run sets it: `key`, or the part of it that the run replaces
+    whole, see `_replaced_by`); None when some run would see the default."""
+    replaced = [_replaced_by(run, key) if isinstance(run, dict) else None for run in runs]
+    return replaced[0] if all(replaced) else None
+
+
+def _replaced_by(run: dict[str, Any], dotted: str) -> str | None:
+    """The part of the dotted key that `run` sets itself, so that `_merge` gives the run
+    its own value there: the key itself, or a key above it that the run sets to a value
+    that is no table (``protocol = "bsp"`` under ``protocol.staleness``) or to a table
+    with a ``name`` (which replaces the default one whole); None when the run takes the
+    default."""
+    node: Any = run
+    parts = dotted.split("[")[0].rstrip(".").split(".")
+    for depth, part in enumerate(parts, 1):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+        if depth == len(parts) or not isinstance(node, dict) or "name" in node:
+            return ".".join(parts[:depth])
+    return None
 
 
 def _overlaps(key: str, other: str) -> bool:

@@ -44,18 +44,29 @@ def apply_override(defaults: dict[str, Any], item: str) -> str:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
     try:
         value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as exc:
+        if text.strip()[:1] in TOML_OPENERS:  # meant as TOML: say why it is not
+            why = str(exc).split(" (at line")[0]  # its column counts a prefix of ours
+            raise ConfigError(f"--set {item}: not a TOML value ({why}); a string inside a "
+                              "list or table needs quotes, e.g. protocol={name=\"ssp\"}"
+                              ) from None
         value = text
     set_default(defaults, key.strip(), value, "--set")
     return key.strip()
+
+
+TOML_OPENERS = ("[", "{", '"', "'")
+"""What a ``--set`` value starts with when it is meant as a TOML list, table or string
+(not a bare word, which is taken as a string)."""
 
 
 def set_default(defaults: dict[str, Any], key: str, value: Any, origin: str) -> None:
     """``defaults.KEY = value`` for a dotted `key` (tables made on the way)."""
     parts = key.split(".")
     table = defaults
-    for part in parts[:-1]:
+    for depth, part in enumerate(parts[:-1], 1):
         table = table.setdefault(part, {})
         if not isinstance(table, dict):
-            raise ConfigError(f"{origin} {key}: defaults.{part} is not a table")
+            raise ConfigError(f"{origin} {key}: defaults.{'.'.join(parts[:depth])} is not "
+                              "a table")
     table[parts[-1]] = value

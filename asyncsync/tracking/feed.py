@@ -147,7 +147,8 @@ class RunFeed:
                     tracker.start(self.run)
         sent = 0
         for record in self._events.read():
-            if record.get(KEY) == Kind.EVAL:
+            if record.get(KEY) == Kind.EVAL and _number(record.get("t")) and _number(
+                    record.get("accuracy")):  # a misshapen one: the report names the log
                 point = self._point(record)
                 with TRACKER_CALLS:
                     for tracker in self.trackers:
