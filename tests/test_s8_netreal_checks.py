@@ -169,3 +169,10 @@ def test_one_namespace_that_will_not_go_leaves_the_others_removed(
     with pytest.raises(netns.NetnsError, match="-w0: Device or resource busy"):
         network.remove()
     assert sorted(deleted) == sorted(network.namespace(r) for r in ("br", "server", "w1"))
+
+
+def test_check_refuses_a_rate_tc_cannot_shape_naming_the_file(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, "bandwidth_mbps = 1e-7")
+    line = one_error(run_main(capsys, "check", str(recipe)))
+    assert line.startswith(f"error: {recipe}: ") and "network.bandwidth_mbps: 1e-07" in line

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncsync.hetero.compute import ComputeProfile
+from asyncsync.hetero.network import kernel_rate_problem
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams
 from asyncsync.runlog.reading import sweep_suffix
@@ -209,6 +210,9 @@ class RunSpec:
         if kernel and self.clock != "real":
             raise ValueError("network.emulation: \"kernel\" shapes a real run's sockets "
                              "(set clock = \"real\")")
+        problem = kernel_rate_problem(network, self.workers) if kernel else None
+        if problem:
+            raise ValueError(problem)
         if network.server_mbps and self.clock != "virtual" and not kernel:
             raise ValueError("network.server_mbps: the server's shared link is modelled on "
                              "the virtual clock and shaped by the kernel (set clock = "
