@@ -372,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             from asyncsync.study.describe import (
                 check_table,
+                dataset_loader,
                 population_table,
                 shards_table,
                 step_time_table,
@@ -387,8 +388,9 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"note: {problem}: `asyncsync run` refuses it on this host (a "
                               "Slurm task's node may have the device)", markup=False,
                               highlight=False)
-            console.print(step_time_table(recipe))
-            console.print(shards_table(recipe))
+            datasets = dataset_loader()
+            console.print(step_time_table(recipe, datasets))
+            console.print(shards_table(recipe, datasets))
             if (population := population_table(recipe)) is not None:
                 console.print(population)
             console.print(f"{args.recipe}: ok ({_what_runs(recipe)}; data found)",

@@ -15,6 +15,7 @@ import pytest
 import asyncsync.study.assembly as assembly
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import simulate
+from tests.test_cli import run_main
 
 RECIPE = """
 name = "once"
@@ -49,3 +50,21 @@ def test_a_flops_charged_virtual_run_loads_its_dataset_once(
     run_dir.mkdir()
     facts = simulate(spec, run_dir, "once/asp")
     assert facts["step_time_source"] and len(loads) == 1
+
+
+def test_check_loads_a_dataset_its_runs_share_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    loads: list[tuple[Any, ...]] = []
+    load = assembly.load_dataset
+
+    def counted(*args: Any) -> Any:
+        loads.append(args)
+        return load(*args)
+
+    monkeypatch.setattr(assembly, "load_dataset", counted)
+    path = tmp_path / "once.toml"
+    path.write_text(RECIPE + '\n[[runs]]\nname = "bsp"\nprotocol = "bsp"\n')
+    code, out = run_main(capsys, "check", str(path))
+    assert code == 0 and "ok (2 runs" in out
+    assert len(loads) == 1  # two runs, two tables (step times, shards), one dataset

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, Group
@@ -17,6 +18,9 @@ from asyncsync.protocols import discover
 from asyncsync.schema import describe
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
+
+if TYPE_CHECKING:
+    from asyncsync.training.data import Dataset
 
 
 def _changed(params: Any) -> str:
@@ -101,10 +105,30 @@ STEP_GROUPS_IN_FULL = 8
 """Up to this many distinct step times `step_time_table` lists each; above, a summary."""
 
 
-def step_time_table(recipe: Recipe) -> Table:
+def dataset_loader() -> Callable[[RunSpec], Dataset]:
+    """A run's dataset, each distinct one loaded once (`check`'s tables share it: a
+    population study's five runs loaded the same synthetic set ten times)."""
+    from asyncsync.study.assembly import run_data
+
+    loaded: dict[tuple[str, int, str, bool], Dataset] = {}
+
+    def load(spec: RunSpec) -> Dataset:
+        key = (spec.data.name, spec.seed, str(spec.data.root), spec.data.download)
+        if key not in loaded:
+            loaded[key] = run_data(spec)
+        return loaded[key]
+
+    return load
+
+
+def step_time_table(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = None,
+                    ) -> Table:
     """How each run's steps are charged before slowness: per worker (identical workers
-    grouped), the device, FLOPs and seconds of one step of the recipe's batch."""
+    grouped), the device, FLOPs and seconds of one step of the recipe's batch (on the
+    run's dataset from `data`, by default loaded for each run)."""
     from asyncsync.study.simulation import run_step_times
+
+    data = data or dataset_loader()
 
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
                   title="step time before slowness", title_justify="left")
@@ -119,7 +143,8 @@ def step_time_table(recipe: Recipe) -> Table:
         if spec.compute.calibrate:
             table.add_row(spec.name, "calibrate (host-dependent)", "measured when run")
             continue
-        times = run_step_times(spec)
+        times = run_step_times(spec, None, None if spec.model.name == TIMING_MODEL
+                               else data(spec))
         groups: dict[str, int] = {}
         for worker in times.workers:
             text = (f"{worker['device']} {worker['flops_per_step'] / 1e6:.4g} MFLOP "
@@ -144,10 +169,12 @@ def _spread(values: list[int]) -> str:
     return f"{ordered[0]} / {ordered[len(ordered) // 2]} / {ordered[-1]}"
 
 
-def shards_table(recipe: Recipe) -> Table:
+def shards_table(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = None) -> Table:
     """Each worker's shard: its size and classes (above `SHARDS_IN_FULL` workers, the
-    min / median / max of both per run)."""
-    from asyncsync.study.assembly import run_data, run_shards
+    min / median / max of both per run; datasets from `data`, as in `step_time_table`)."""
+    from asyncsync.study.assembly import run_shards
+
+    load = data or dataset_loader()
 
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
                   title="data per worker", title_justify="left")
@@ -156,9 +183,10 @@ def shards_table(recipe: Recipe) -> Table:
     for spec in recipe.runs:
         if spec.model.name == TIMING_MODEL:
             continue
-        data = run_data(spec)
-        shards = run_shards(spec, data)
-        labels = [sorted({int(c) for c in data.train_y[shard].tolist()}) for shard in shards]
+        dataset = load(spec)
+        shards = run_shards(spec, dataset)
+        labels = [sorted({int(c) for c in dataset.train_y[shard].tolist()})
+                  for shard in shards]
         if spec.workers <= SHARDS_IN_FULL:
             for rank, (shard, held) in enumerate(zip(shards, labels, strict=True)):
                 table.add_row(spec.name if rank == 0 else "",
