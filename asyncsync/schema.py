@@ -111,9 +111,13 @@ def _convert(kind: Any, value: Any, key: str, locate: Callable[[str], str]) -> A
 
 
 def describe(cls: type[Any]) -> list[tuple[str, Any, str]]:
-    """``(name, default, help)`` for each field of a parameter dataclass."""
+    """``(name, default, help)`` for each field of a parameter dataclass, less those it
+    inherits but refuses (named in its ``REFUSED_OPTIONS``)."""
+    refused: frozenset[str] = getattr(cls, "REFUSED_OPTIONS", frozenset())
     out = []
     for f in dataclasses.fields(cls):
+        if f.name in refused:
+            continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         out.append((f.name, default, f.metadata.get("help", "")))

@@ -47,7 +47,7 @@ Reference: J. Nguyen, K. Malik, H. Zhan, A. Yousefpour, M. Rabbat, M. Malek, D. 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -63,6 +63,7 @@ from asyncsync.protocols.base import (
 )
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdWorker
 from asyncsync.protocols.ports import Contributions, Store
+from asyncsync.protocols.rounds import CUTOFF_OPTIONS
 from asyncsync.protocols.server_optim import ServerOptimizerState, apply_delta
 from asyncsync.protocols.staleness import StalenessOptions
 
@@ -70,6 +71,8 @@ from asyncsync.protocols.staleness import StalenessOptions
 @dataclass(frozen=True)
 class FedBuffParams(LocalSgdParams, StalenessOptions):
     """Parameters of FedBuff (local SGD's, the staleness function's, and K)."""
+
+    REFUSED_OPTIONS: ClassVar[frozenset[str]] = CUTOFF_OPTIONS
 
     buffer_size: int = option(3, lambda v: v >= 1, "must be >= 1",
                               "K: deltas aggregated into each version")

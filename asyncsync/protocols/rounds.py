@@ -180,7 +180,9 @@ class Cutoff:
 
     def refuse_cutoff(self, protocol: str, why: str) -> None:
         """Refuse any of these options set to other than its default (a protocol whose
-        parameters inherit them but whose rounds cannot honour them), naming the key."""
+        parameters inherit them but whose rounds cannot honour them, and so name them in
+        ``REFUSED_OPTIONS = CUTOFF_OPTIONS``, which leaves them out of its listings),
+        naming the key."""
         for item in fields(Cutoff):
             if getattr(self, item.name) != item.default:
                 raise ValueError(f"{item.name}: not offered by {protocol} ({why})")
@@ -201,6 +203,10 @@ class Cutoff:
         """Whether rounds may close without some members (so late pushes can happen)."""
         return bool(self.backup_workers or self.deadline_s or self.overcommit
                     or self.adaptive)
+
+
+CUTOFF_OPTIONS = frozenset(item.name for item in fields(Cutoff))
+"""The round-policy options (`Cutoff`'s fields)."""
 
 
 @dataclass(frozen=True)

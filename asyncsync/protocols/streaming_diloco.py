@@ -30,17 +30,20 @@ a Distributed Free Lunch", arXiv:2501.18512, 2025.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from asyncsync.protocols.base import Protocol, WorkerLoop, option, register
 from asyncsync.protocols.diloco import DilocoParams, DilocoServer
 from asyncsync.protocols.overlap import Pulled, Transfers, push_then_pull
 from asyncsync.protocols.ports import Context
+from asyncsync.protocols.rounds import CUTOFF_OPTIONS
 
 
 @dataclass(frozen=True)
 class StreamingDilocoParams(DilocoParams):
     """Parameters of Streaming DiLoCo (DiLoCo's, plus fragments, overlap and merge)."""
+
+    REFUSED_OPTIONS: ClassVar[frozenset[str]] = CUTOFF_OPTIONS
 
     fragments: int = option(4, lambda v: v >= 1, "must be >= 1",
                             "P: fragments of the model, synchronized in turn")
