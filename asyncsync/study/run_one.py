@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +49,38 @@ def calibrated_step_s(spec: RunSpec) -> float:
     return _CALIBRATED[key]
 
 
+class _Cancelled(Exception):
+    """Raised in a simulation's thread to stop it: its run was cancelled."""
+
+
 async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Dashboard,
                        index: int) -> dict[str, Any]:
-    """Simulate the run in a thread of its own (its loop is virtual); show its progress."""
+    """Simulate the run in a thread of its own (its loop is virtual); show its progress.
+
+    Cancelled (Ctrl-C, SIGTERM), it stops the simulation at its next virtual second and
+    waits for that (the thread would otherwise run to the end of the budget, and the
+    process with it)."""
     calibrated = await calibration(spec, dashboard)
     latest: list[dict[str, Any]] = []
+    cancelled = threading.Event()
 
     def sink(status: dict[str, Any]) -> None:  # called from the simulation's thread
+        if cancelled.is_set():
+            raise _Cancelled
         latest[:] = [status]
 
     job = asyncio.ensure_future(asyncio.to_thread(simulate, spec, run_dir, run_id, sink,
                                                   calibrated))
-    while not job.done():
-        if latest:
-            dashboard.update(spec, index, latest[0])
-        await asyncio.wait({job}, timeout=0.5)
+    try:
+        while not job.done():
+            if latest:
+                dashboard.update(spec, index, latest[0])
+            await asyncio.wait({job}, timeout=0.5)
+    except asyncio.CancelledError:
+        cancelled.set()
+        await asyncio.wait({job})
+        job.exception()  # retrieved: _Cancelled, or what ended it first
+        raise
     facts = job.result()  # first: a run that failed has no logs to summarize
     return {**summarize_run(run_dir), **facts}
 
