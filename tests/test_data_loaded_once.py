@@ -33,16 +33,22 @@ protocol = "asp"
 """
 
 
-def test_a_flops_charged_virtual_run_loads_its_dataset_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    loads: list[tuple[Any, ...]] = []
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The datasets loaded while the test runs (their arguments)."""
+    seen: list[tuple[Any, ...]] = []
     load = assembly.load_dataset
 
     def counted(*args: Any) -> Any:
-        loads.append(args)
+        seen.append(args)
         return load(*args)
 
     monkeypatch.setattr(assembly, "load_dataset", counted)
+    return seen
+
+
+def test_a_flops_charged_virtual_run_loads_its_dataset_once(
+        tmp_path: Path, loads: list[tuple[Any, ...]]) -> None:
     (tmp_path / "once.toml").write_text(RECIPE)
     spec = load_recipe(tmp_path / "once.toml").run("asp")
     assert not spec.compute.explicit_step_s  # charged by FLOPs
@@ -53,16 +59,8 @@ def test_a_flops_charged_virtual_run_loads_its_dataset_once(
 
 
 def test_check_loads_a_dataset_its_runs_share_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path, loads: list[tuple[Any, ...]],
         capsys: pytest.CaptureFixture[str]) -> None:
-    loads: list[tuple[Any, ...]] = []
-    load = assembly.load_dataset
-
-    def counted(*args: Any) -> Any:
-        loads.append(args)
-        return load(*args)
-
-    monkeypatch.setattr(assembly, "load_dataset", counted)
     path = tmp_path / "once.toml"
     path.write_text(RECIPE + '\n[[runs]]\nname = "bsp"\nprotocol = "bsp"\n')
     code, out = run_main(capsys, "check", str(path))

@@ -21,9 +21,9 @@ class FailsInEval(nn.Module):
     """A linear model that passes the test data's check at build (its first forward in
     eval mode), then raises in eval mode."""
 
-    def __init__(self) -> None:
+    def __init__(self, features: int = 8, num_classes: int = 2) -> None:
         super().__init__()
-        self.linear = nn.Linear(8, 2)
+        self.linear = nn.Linear(features, num_classes)
         self.scored = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

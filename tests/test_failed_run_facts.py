@@ -10,12 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from torch import nn
 
 from asyncsync.study.executors import run_folder
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.run_one import prepare_folder
+from tests.test_failed_evaluation import FailsInEval
 
 RECIPE = """
 name = "fails"
@@ -34,28 +34,11 @@ protocol = "asp"
 """
 
 
-class _ScoredOnce(nn.Module):
-    """A linear model that passes its check at build (one forward in eval mode), then
-    raises whenever it is evaluated."""
-
-    def __init__(self, features: int, num_classes: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(features, num_classes)
-        self.scored = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            self.scored += 1
-            if self.scored > 1:
-                raise RuntimeError("this model cannot be scored")
-        return self.linear(x.flatten(1))
-
-
 def scored_once(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     features = 1
     for size in input_shape:
         features *= size
-    return _ScoredOnce(features, num_classes)
+    return FailsInEval(features, num_classes)
 
 
 @pytest.mark.parametrize(("batched", "path"), [("off", "one-by-one"), ("on", "batched")])

@@ -8,16 +8,13 @@ before the process exits. The simulation now stops at its next virtual second.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.test_parallel import ROOT, recipe
+from tests.test_parallel import recipe, started
 
 LONG_S = 1_000_000
 """A virtual budget this host would take days to simulate."""
@@ -30,14 +27,8 @@ def test_an_interrupted_study_with_one_job_ends_and_marks_its_run(
         tmp_path: Path, signal_number: int) -> None:
     path = recipe(tmp_path, time_s=LONG_S)
     logs = tmp_path / "logs"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "asyncsync", "run", path, "--logs", str(logs), "--jobs", "1",
-         "--plain"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "COLUMNS": "160"})
+    process = started(path, logs, jobs=1)
     try:
-        while not any(p.stat().st_size for p in logs.glob("small/*/*/events.jsonl")):
-            assert process.poll() is None, process.communicate()[0]
-            time.sleep(0.2)
         process.send_signal(signal_number)
         out = process.communicate(timeout=240)[0]  # before: the whole budget, days
     finally:

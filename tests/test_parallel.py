@@ -162,6 +162,19 @@ INTERRUPTED_TIME_S = 30
 here, so the signal lands while runs are in progress."""
 
 
+def started(path: str, logs: Path, jobs: int) -> subprocess.Popen[str]:
+    """`asyncsync run` of the recipe at `path` with `jobs`, once a run has written events
+    (its output is piped: read it with ``communicate``)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "asyncsync", "run", path, "--logs", str(logs), "--jobs",
+         str(jobs), "--plain"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**os.environ, "COLUMNS": "160"})
+    while not any(p.stat().st_size for p in logs.glob("small/*/*/events.jsonl")):
+        assert process.poll() is None, process.communicate()[0]
+        time.sleep(0.2)
+    return process
+
+
 @pytest.fixture(scope="module")
 def in_one_go(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """The study the interruption tests stop, run in one go with --jobs 2."""
@@ -183,13 +196,7 @@ def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_stu
     study run in one go."""
     path = recipe(tmp_path, time_s=INTERRUPTED_TIME_S)
     logs = tmp_path / "logs"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "asyncsync", "run", path, "--logs", str(logs), "--jobs", "2",
-         "--plain"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "COLUMNS": "160"})
-    while not any(p.stat().st_size for p in logs.glob("small/*/*/events.jsonl")):
-        assert process.poll() is None, process.communicate()[0]
-        time.sleep(0.2)
+    process = started(path, logs, jobs=2)
     process.send_signal(signal_number)
     out = process.communicate(timeout=120)[0]
     assert process.returncode == 130, out
