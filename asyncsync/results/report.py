@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -326,25 +326,36 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                "cut): not in its totals, smp/s or comp"
                for s in summaries if (ranks := s.get("workers_without_final"))]
     notes = Text("; ".join(legend) + ". Every column: table.csv.", style="dim")
-    natural = Measurement.get(_MEASURE, _MEASURE.options, tabled(errors=False)).maximum
-    if width is None or natural <= width:  # an error too long for the row wraps in it
-        return Group(table, notes)
+    if width is None or measured(tabled(errors=False)).maximum <= width:
+        return Group(table, notes)  # an error too long for the row wraps in it
     blocks: list[Any] = [Text(heading, style="italic")] if heading else []
     for name, protocol, cells, error in rows:
-        block = Table.grid(padding=(0, 2))
-        block.add_column(no_wrap=True)
-        block.add_column(justify="right", no_wrap=True)
-        block.add_row(f"[bold]{name}[/bold]", protocol)
-        if cells is None:
-            block.add_row("[red]failed[/red]", Text(error, style="red"))
-        for header, cell in zip(headers, cells or [], strict=False):
-            block.add_row(f"  {header}", cell)
-        blocks.append(block)
+        failed = [("[red]failed[/red]", Text(error, style="red"))] if cells is None else []
+        blocks.append(run_block(name, protocol, failed + [
+            (f"  {header}", cell) for header, cell in zip(headers, cells or [], strict=False)],
+            justify="right"))
     return Group(*blocks, notes)
 
 
 _MEASURE = Console(width=10_000, file=io.StringIO())
-"""Measures a table's natural width, whatever the terminal's."""
+
+
+def measured(renderable: RenderableType) -> Measurement:
+    """A renderable's least and natural widths, whatever the terminal's."""
+    return Measurement.get(_MEASURE, _MEASURE.options, renderable)
+
+
+def run_block(name: str, protocol: str, lines: list[tuple[RenderableType, RenderableType]],
+              justify: JustifyMethod = "left") -> Table:
+    """One run as a block, for a terminal too narrow for a table's row: its name (bold)
+    and protocol, then `lines` of (label, value)."""
+    block = Table.grid(padding=(0, 2))
+    block.add_column(no_wrap=True)
+    block.add_column(justify=justify, no_wrap=justify == "right")
+    block.add_row(Text(name, style="bold"), protocol)
+    for line in lines:
+        block.add_row(*line)
+    return block
 
 
 def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:

@@ -4,17 +4,15 @@ tables (the resolved runs, and each run's step time), `devices` and `protocols`.
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, Group
-from rich.measure import Measurement
 from rich.table import Table
-from rich.text import Text
 
 from asyncsync.protocols import discover
+from asyncsync.results.report import measured, run_block
 from asyncsync.schema import describe
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
@@ -42,10 +40,6 @@ CHECK_HEADERS = ("run", "protocol", "workers", "compute", "network", "data", "mo
                  "budget", "clock")
 """The columns of `check_table`."""
 
-_MEASURE = Console(width=10_000, file=io.StringIO())
-"""Measures a table's natural width, whatever the terminal's."""
-
-
 def check_table(recipe: Recipe, width: int | None = None) -> Table | Group:
     """The resolved runs, one row each: what differs between them at a glance; where the
     table cannot fit `width` without breaking a word (a header, a value), one block per
@@ -56,18 +50,11 @@ def check_table(recipe: Recipe, width: int | None = None) -> Table | Group:
         table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*row)
-    if width is None or Measurement.get(_MEASURE, _MEASURE.options, table).minimum <= width:
+    if width is None or measured(table).minimum <= width:
         return table  # a cell too long for its column wraps between words
-    blocks = []
-    for name, protocol, *values in rows:
-        block = Table.grid(padding=(0, 2))
-        block.add_column(no_wrap=True)
-        block.add_column()
-        block.add_row(Text(name, style="bold"), protocol)
-        for header, value in zip(CHECK_HEADERS[2:], values, strict=True):
-            block.add_row(f"  {header}", value)
-        blocks.append(block)
-    return Group(*blocks)
+    return Group(*(run_block(name, protocol, [
+        (f"  {header}", value) for header, value in zip(CHECK_HEADERS[2:], values, strict=True)])
+        for name, protocol, *values in rows))
 
 
 def _check_row(spec: RunSpec) -> tuple[str, ...]:
