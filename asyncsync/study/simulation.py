@@ -188,7 +188,7 @@ def run_step_times(spec: RunSpec, calibrated_s: float | None = None,
         raise ValueError('compute.base_step_s = "calibrate" needs the calibrated step time')
     if spec.model.name == TIMING_MODEL:
         return step_times(spec, run_flops(spec, TimingModel((1,), TIMING_CLASSES), (1,)))
-    data = data or run_data(spec)
+    data = data if data is not None else run_data(spec)
     return step_times(spec, run_flops(spec, run_model(spec, data), data.input_shape))
 
 
