@@ -104,3 +104,40 @@ def test_clock_sleep_wakes_in_asyncio_sleeps_order() -> None:
     stock = sleeper_program(asyncio.sleep)
     assert sleeper_program(sleep) == stock
     assert (0.15, "cancelled timers in the heap: 1") in stock  # the victim's timer dropped
+
+
+class _CountingLoop(VirtualTimeLoop):
+    """A virtual loop that counts its iterations and gives up after `limit` of them, so a
+    loop that would spin for ever fails the test instead of hanging it."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.iterations = 0
+        self.limit = limit
+
+    def _run_once(self) -> None:
+        self.iterations += 1
+        if self.iterations > self.limit:
+            raise RuntimeError(f"still running after {self.limit} iterations")
+        super()._run_once()
+
+
+@pytest.mark.parametrize("delay", [1e7, 1e8, 3.0e9, 1e15])
+def test_a_long_sleep_ends_in_a_few_iterations_at_the_exact_time(delay: float) -> None:
+    """Virtual time has no reason to cap a jump at asyncio's one-day select timeout
+    (1e15 s took 1.2e10 iterations), and past 2**24 s a timer due at the loop's time must
+    still fire although ``time + 1e-9`` rounds back to that time (it spun for ever)."""
+    loop = _CountingLoop(limit=50)
+
+    async def sleep_then_step() -> tuple[float, float]:
+        await sleep(delay)
+        woke = loop.time()
+        await sleep(delay / 2)
+        return woke, loop.time()
+
+    try:
+        woke, then = loop.run_until_complete(sleep_then_step())
+    finally:
+        loop.close()
+    assert woke == delay
+    assert then == delay + delay / 2
