@@ -10,9 +10,11 @@ every live worker trains in every round. Local SGD's options apply: FedProx's pr
 term (``mu``) and a server optimizer on the weighted mean delta (``server_optimizer``:
 FedAdam, FedYogi, FedAdagrad; see `asyncsync.protocols.server_optim`), and the round
 policies of `asyncsync.protocols.rounds.Cutoff`: backup workers count within the round's
-k sampled workers (at most k - 1 of them, for the run's size); with ``overcommit = o`` a round draws
-``ceil(m (1 + o))`` workers and closes with the first m deltas (over-selection, as in
-Bonawitz et al., MLSys 2019); deadlines, fixed or adaptive, close it with what arrived.
+m sampled workers (at most m - 1 of them, for the run's size); with ``overcommit = o`` a
+round draws ``ceil(m (1 + o))`` workers and closes with the first m deltas
+(over-selection, as in Bonawitz et al., MLSys 2019; when m is every live worker, none is
+left to draw, and a round closes with its first ``ceil(m / (1 + o))``, as local SGD's);
+deadlines, fixed or adaptive, close it with what arrived.
 
 Membership is local SGD's: a lost participant's delta is withdrawn and the round closes
 with the others' (it is drawn again if no participant is left); a rejoined worker joins
@@ -138,11 +140,13 @@ class FedAvgServer(LocalSgdServer):
     def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
         """``k = max(1, round(C * n))`` of the n `candidates`, drawn afresh for each round;
         with over-selection ``ceil(k (1 + overcommit))`` of them, of which the first k
-        reports close the round."""
+        reports close the round. When k is every candidate (C = 1) none is left to
+        over-select: the round closes, as local SGD's, with the first
+        ``ceil(k / (1 + overcommit))`` reports of its k members."""
         pool = sorted(candidates)
         wanted = self.params.sampled(len(pool))
         count = min(len(pool), math.ceil(wanted * (1 + self.params.overcommit) - 1e-9))
-        self.wanted = wanted
+        self.wanted = wanted if count > wanted else None
         rng = random.Random(self.params.seed * 1_000_003 + version)
         return frozenset(rng.sample(pool, count))
 
