@@ -51,7 +51,9 @@ async def test_a_lost_straggler_leaves_the_mean() -> None:
         await rule.on_push(_push(worker, 0, "control", value))
     for worker in (0, 1):
         await rule.on_push(_push(worker, 0, "delta", 1.0))
-    rule.store.live.discard(2)
+    store = rule.store
+    assert isinstance(store, ParameterStore)
+    store.live.discard(2)
     await rule.on_leave(2)
     for worker, value in [(0, 6.0), (1, 12.0)]:
         await rule.on_push(_push(worker, 1, "control", value))
