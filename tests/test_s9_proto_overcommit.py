@@ -17,10 +17,10 @@ async def test_fedavg_sampling_everyone_closes_with_the_first_of_the_members() -
     first = math.ceil(len(delays) / 1.5)  # = 2
     core, _ = await run_local("fedavg", delays, params=FedAvgParams(local_steps=2,
                                                                     overcommit=0.5),
-                              time_s=2.0)
+                              time_s=1.0)
     rule = core.rule
     assert isinstance(rule, RoundServer)
-    assert core.store.version >= 50
+    assert core.store.version >= 25
     assert all(len(ranks(c)) == first and ranks(c) == {0, 1} for c in core.store.commits)
     assert rule.late.get(2, 0) >= 2  # the straggler's reports were dropped and counted
 
@@ -30,7 +30,7 @@ async def test_fedavg_with_spare_workers_still_draws_them() -> None:
     drawn, as before."""
     core, _ = await run_local("fedavg", [0.0, 0.0, 0.0, 0.0],
                               params=FedAvgParams(local_steps=2, fraction=0.5,
-                                                  overcommit=0.5), time_s=1.0)
-    assert core.store.version >= 20
+                                                  overcommit=0.5), time_s=0.4)
+    assert core.store.version >= 8
     assert all(len(ranks(c)) == 2 for c in core.store.commits)
 
