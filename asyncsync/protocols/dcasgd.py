@@ -25,7 +25,10 @@ Choices where the paper is open:
   ``compensated: False``. Refusing it instead would make the worker rejoin and restart
   (that is what an out-of-step refusal means), and a worker slower than the ring spans
   would loop through rejoins without ever contributing. ``ring`` is at least 2: a ring of
-  one version would compensate nothing (staleness 0 needs no compensation).
+  one version would compensate nothing (staleness 0 needs no compensation). With N
+  workers of equal speed the staleness is about N - 1, so ``ring`` should exceed the
+  run's size: the server logs a warning naming ``ring`` at the 1st, 10th, 100th, ...
+  uncompensated gradient, since a run whose gradients all outlive the ring is plain ASP.
 - Buffer slots (e.g. BatchNorm statistics) carry values, not gradients: they replace the
   global ones as in ASP, uncompensated.
 
@@ -38,6 +41,7 @@ Stochastic Gradient Descent with Delay Compensation", ICML 2017.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +61,7 @@ from asyncsync.protocols.base import (
 )
 from asyncsync.protocols.ports import Store
 
+LOG = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DcasgdParams:
@@ -102,6 +107,15 @@ class DcasgdServer(ServerRule):
         self.pulled: dict[int, torch.Tensor] = {}
         self.uncompensated = 0
 
+    def _uncompensated(self, staleness: int) -> None:
+        """Count a gradient applied uncompensated; warn at the 1st, 10th, 100th, ..."""
+        self.uncompensated += 1
+        if math.log10(self.uncompensated).is_integer():
+            LOG.warning("dcasgd applied %d gradients uncompensated (the latest of staleness "
+                        "%d): their pulled model had left the ring of the last %d versions; "
+                        "raise ring above the run's staleness (about the number of workers)",
+                        self.uncompensated, staleness, self.params.ring)
+
     def _forget_old(self) -> None:
         """Drop the ring's models older than the last `ring` versions."""
         oldest = self.store.version - self.params.ring
@@ -119,7 +133,7 @@ class DcasgdServer(ServerRule):
             pulled = self.pulled.get(push.base_version)
             gradient = push.vector
             if pulled is None:
-                self.uncompensated += 1
+                self._uncompensated(self.store.version - push.base_version)
             elif push.base_version != self.store.version:  # staleness 0: nothing to add
                 gradient = await self.store.compute(compensate, gradient, self.store.w, pulled,
                                                     self.params.lam, self.store.num_params)

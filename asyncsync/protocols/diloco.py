@@ -12,7 +12,9 @@ averaging). The inner optimizer is the worker's local SGD (the paper uses AdamW)
 The outer step is the SDK's server optimizer seam (`asyncsync.protocols.server_optim`),
 the one FedOpt's optimizers plug into: ``outer_optimizer = "adam"`` (or yogi, adagrad)
 takes an adaptive outer step at ``outer_lr`` with ``beta1``, ``beta2``, ``tau`` (the paper
-also tries Adam as outer optimizer; give it a smaller ``outer_lr``).
+also tries Adam as outer optimizer). ``outer_lr`` defaults to the paper's 0.7 with sgd and
+to FedOpt's server rate, 1e-2, with the adaptive ones, whose step is about ``outer_lr`` per
+parameter whatever the delta's size (at 0.7 they diverge on small models).
 
 The barrier is the SDK's `RoundServer` (per fragment: Streaming DiLoCo splits the model);
 a lost worker's delta of an open round is withdrawn and the round closes with the
@@ -42,6 +44,7 @@ from asyncsync.protocols.base import (
 from asyncsync.protocols.ports import Context, Store
 from asyncsync.protocols.rounds import Cutoff, RoundServer
 from asyncsync.protocols.server_optim import (
+    ADAPTIVE_LR,
     SERVER_OPTIMIZERS,
     AdaptiveOptions,
     ServerOptimizer,
@@ -51,6 +54,8 @@ from asyncsync.protocols.server_optim import (
 
 _MOMENTUM = 0.9
 """The paper's outer Nesterov momentum (the default of `outer_momentum`)."""
+_OUTER_LR = 0.7
+"""The paper's outer learning rate (`outer_lr`'s default with sgd)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,9 @@ class DilocoParams(AdaptiveOptions, Cutoff):
 
     inner_steps: int = option(50, lambda v: v >= 1, "must be >= 1",
                               "H: local (inner) steps between outer steps")
-    outer_lr: float = option(0.7, lambda v: v > 0, "must be > 0", "outer learning rate")
+    outer_lr: float | None = option(None, lambda v: v is None or v > 0, "must be > 0",
+                                    f"outer learning rate (default: {_OUTER_LR} with sgd, "
+                                    f"{ADAPTIVE_LR} with the adaptive ones)")
     outer_momentum: float = option(_MOMENTUM, lambda v: 0 <= v < 1, "must be in [0, 1)",
                                    "outer Nesterov momentum (0: plain outer SGD)")
     outer_optimizer: str = option("sgd", lambda v: v in SERVER_OPTIMIZERS,
@@ -78,9 +85,10 @@ class DilocoParams(AdaptiveOptions, Cutoff):
     def make_outer_optimizer(self) -> ServerOptimizer:
         """A fresh outer optimizer as configured."""
         if self.outer_optimizer == "sgd":
-            return ServerSgd(self.outer_lr, self.outer_momentum,
-                             nesterov=self.outer_momentum > 0)
-        return self.adaptive_optimizer(self.outer_optimizer, self.outer_lr)
+            return ServerSgd(_OUTER_LR if self.outer_lr is None else self.outer_lr,
+                             self.outer_momentum, nesterov=self.outer_momentum > 0)
+        lr = ADAPTIVE_LR if self.outer_lr is None else self.outer_lr
+        return self.adaptive_optimizer(self.outer_optimizer, lr)
 
 
 class DilocoServer(RoundServer):

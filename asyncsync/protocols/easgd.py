@@ -78,6 +78,25 @@ class EasgdParams:
         return self.alpha or BETA / workers
 
 
+def check_sync_alpha(params: EasgdParams, workers: int) -> None:
+    """Refuse an alpha whose synchronous round would move the center past the workers'
+    mean (``N alpha > 1``)."""
+    alpha = params.weight(workers)
+    if alpha * workers > 1 + 1e-12:
+        raise ValueError(f"alpha: N alpha = {workers} x {alpha:g} exceeds 1: the center "
+                         "would overshoot the workers' mean (use alpha <= 1/N)")
+
+
+@dataclass(frozen=True)
+class EasgdSyncParams(EasgdParams):
+    """Parameters of synchronous EASGD: EASGD's, with the bound ``N alpha <= 1``."""
+
+    def check_workers(self, workers: int) -> None:
+        """`check_sync_alpha` for a run of `workers` (a recipe check calls it; the server
+        checks the same)."""
+        check_sync_alpha(self, workers)
+
+
 def pulled_toward(center: torch.Tensor, differences: list[torch.Tensor],
                   alpha: float) -> torch.Tensor:
     """``center + alpha * sum(differences)`` as a new tensor."""
@@ -95,10 +114,8 @@ class EasgdServer(RoundServer[EasgdParams]):
 
     def __init__(self, params: EasgdParams, store: Store) -> None:
         super().__init__(params, store)
+        check_sync_alpha(params, store.workers)
         self.alpha = params.weight(store.workers)
-        if self.alpha * store.workers > 1 + 1e-12:
-            raise ValueError(f"alpha: N alpha = {store.workers} x {self.alpha} exceeds 1: the "
-                             "center would overshoot the workers' mean (use alpha <= 1/N)")
 
     async def close_round(self, fragment: int, pushes: dict[int, Push]) -> None:
         differences = [push.vector for push in pushes.values()]
@@ -155,7 +172,7 @@ class EasgdAsyncWorker(WorkerLoop[EasgdParams]):
 
 EASGD = register(Protocol("easgd", "elastic averaging SGD, synchronous: every tau steps "
                                    "workers and center pull toward each other (weight alpha)",
-                          EasgdParams, EasgdServer, EasgdWorker))
+                          EasgdSyncParams, EasgdServer, EasgdWorker))
 EASGD_ASYNC = register(Protocol("easgd_async", "elastic averaging SGD, asynchronous: each "
                                                "worker's elastic exchange applied on arrival",
                                 EasgdParams, EasgdAsyncServer, EasgdAsyncWorker))

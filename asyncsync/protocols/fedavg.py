@@ -10,9 +10,11 @@ every live worker trains in every round. Local SGD's options apply: FedProx's pr
 term (``mu``) and a server optimizer on the weighted mean delta (``server_optimizer``:
 FedAdam, FedYogi, FedAdagrad; see `asyncsync.protocols.server_optim`), and the round
 policies of `asyncsync.protocols.rounds.Cutoff`: backup workers count within the round's
-k sampled workers (at most k - 1 of them, for the run's size); with ``overcommit = o`` a round draws
-``ceil(m (1 + o))`` workers and closes with the first m deltas (over-selection, as in
-Bonawitz et al., MLSys 2019); deadlines, fixed or adaptive, close it with what arrived.
+m sampled workers (at most m - 1 of them, for the run's size); with ``overcommit = o`` a
+round draws ``ceil(m (1 + o))`` workers and closes with the first m deltas
+(over-selection, as in Bonawitz et al., MLSys 2019; when m is every live worker, none is
+left to draw, and a round closes with its first ``ceil(m / (1 + o))``, as local SGD's);
+deadlines, fixed or adaptive, close it with what arrived.
 
 Membership is local SGD's: a lost participant's delta is withdrawn and the round closes
 with the others' (it is drawn again if no participant is left); a rejoined worker joins
@@ -28,8 +30,14 @@ Its delta carries ``samples = E n_k`` (what it processed), so the server weighs 
 ``quantity_skew`` or ``dirichlet``) larger clients run more steps and count more. B is
 the recipe's ``data.batch_size``; the shard is the worker's, drawn in reshuffled epochs
 (`asyncsync.training.data.BatchSampler`), and a worker learns its size as
-``Context.shard_size``. A worker whose batches tell no size (a cycled iterable, the
-timing model's constant batches) stops with an error naming ``local_epochs``.
+``Context.shard_size``. Batches that tell no size (the timing model's constant batches, a
+cycled iterable) leave no epoch to count: a recipe check refuses ``local_epochs`` with
+the timing model up front (`FedAvgParams.check_shards`), and a worker whose batch source
+tells no size stops with an error naming ``local_epochs``.
+
+When ``E n_k mod B == 1`` the short last step is of a single sample; a model with
+BatchNorm layers cannot normalize one sample in training mode (the trainer's business:
+the plan hands out the step as it is, see `FedAvgWorker.plan`).
 
 - **(choice)** The last batch of a round is short, not dropped or filled from the next
   epoch (the paper takes B to divide ``n_k``): a round is exactly E epochs, and the
@@ -102,6 +110,15 @@ class FedAvgParams(LocalSgdParams):
             raise ValueError("local_steps: not used with local_epochs (a round is E epochs "
                              "over each worker's shard); leave one of the two keys out")
 
+    def check_shards(self, known: bool) -> None:
+        """Refuse ``local_epochs`` for a run whose workers' batches tell no shard size
+        (`known` False: the timing model's constant batches), where no epoch can be
+        counted; a recipe check calls it, as it calls `check_workers`."""
+        if self.local_epochs and not known:
+            raise ValueError("local_epochs: the run's batches tell no shard size (the "
+                             "timing model draws no samples from a shard), so no epoch "
+                             "can be counted; set local_steps instead, or train a model")
+
     def sampled(self, workers: int) -> int:
         """k = max(1, round(C n)): how many of `workers` live workers a round samples."""
         return min(workers, max(1, round(self.fraction * workers)))
@@ -123,11 +140,13 @@ class FedAvgServer(LocalSgdServer):
     def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
         """``k = max(1, round(C * n))`` of the n `candidates`, drawn afresh for each round;
         with over-selection ``ceil(k (1 + overcommit))`` of them, of which the first k
-        reports close the round."""
+        reports close the round. When k is every candidate (C = 1) none is left to
+        over-select: the round closes, as local SGD's, with the first
+        ``ceil(k / (1 + overcommit))`` reports of its k members."""
         pool = sorted(candidates)
         wanted = self.params.sampled(len(pool))
         count = min(len(pool), math.ceil(wanted * (1 + self.params.overcommit) - 1e-9))
-        self.wanted = wanted
+        self.wanted = wanted if count > wanted else None
         rng = random.Random(self.params.seed * 1_000_003 + version)
         return frozenset(rng.sample(pool, count))
 
@@ -143,6 +162,11 @@ class FedAvgWorker(LocalSgdWorker[FedAvgParams]):
     shard of n_k samples: ``E n_k // B`` steps of the batch B and one of the rest."""
 
     def plan(self, ctx: Context) -> list[tuple[int, int]]:
+        """A round's runs of ``(steps, batch size)``: with ``local_epochs = E``,
+        ``(E n_k // B, B)`` and, when ``r = E n_k mod B`` is not 0, ``(1, r)``; either run
+        is left out when empty (``E n_k < B``: the one short step). ``r`` may be 1: a step
+        of a single sample, which a BatchNorm layer in training mode cannot normalize; the
+        plan does not hide it (the trainer decides how to take such a step)."""
         epochs = self.params.local_epochs
         if not epochs:
             return super().plan(ctx)

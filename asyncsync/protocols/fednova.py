@@ -82,7 +82,7 @@ class FedNovaParams(ServerOptimizerOptions, Cutoff):
         if self.budget_s and self.local_steps != _LOCAL_STEPS:
             raise ValueError("local_steps: not used with a time budget (budget_s decides each "
                              "round's steps, up to max_steps); leave this key out")
-        if self.local_steps > self.max_steps:
+        if not self.budget_s and self.local_steps > self.max_steps:
             raise ValueError(f"max_steps: must be >= local_steps ({self.local_steps}), "
                              f"got {self.max_steps}")
 

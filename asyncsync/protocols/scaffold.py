@@ -18,10 +18,16 @@ Choices where the paper is open or does not fit:
 - **(choice)** Every live worker takes part in every round (no client sampling); rounds
   and membership are local SGD's (`asyncsync.protocols.local_sgd`).
 - **(choice)** A worker pushes its new control variate ``c_i+`` rather than
-  ``delta c_i = c_i+ - c_i`` (same size), and the server sets ``c`` to the round's mean
-  ``c_i+``. With every worker in every round this equals the paper's
-  ``c + (1/N) sum_i delta c_i``; unlike that sum, it stays the mean over the live workers
-  when one is lost (its ``c_i`` leaves the mean with it) or rejoins.
+  ``delta c_i = c_i+ - c_i`` (same size); the server keeps each live worker's latest
+  ``c_i`` and sets ``c`` to their mean, the paper's invariant ``c = (1/N) sum_i c_i``.
+  With every worker in every round this is the round's mean ``c_i+``, the paper's
+  ``c + (1/N) sum_i delta c_i``; when a round closes without some members (backup
+  workers, deadlines), their latest ``c_i`` stay in the mean, and a late member's
+  ``c_i+`` replaces its previous one though its delta is dropped, so that ``c`` does not
+  lean toward the workers that arrive in time (the bias SCAFFOLD removes). A lost
+  worker's ``c_i`` leaves the mean with it; a rejoined one's counts from its next push.
+  The latest ``c_i`` cost the server one model-sized vector per live worker; they are
+  not checkpointed (a resumed server's ``c`` is rebuilt from the next rounds' pushes).
 - **(choice)** A worker whose loop (re)starts takes ``c_i = c``: its first round runs
   uncorrected local SGD, as every worker's first round does in the paper (``c = c_i = 0``).
 - **(choice)** Control variates are full-length vectors, but only their parameter slots
@@ -85,6 +91,7 @@ class ScaffoldServer(LocalSgdServer):
     Attributes:
         control: the server's control variate ``c``.
         controls: the control variates pushed for the open round, by worker.
+        latest: each live worker's latest control variate ``c_i`` (its round's or late).
     """
 
     push_kinds = frozenset({"delta", "control"})
@@ -93,13 +100,15 @@ class ScaffoldServer(LocalSgdServer):
         super().__init__(params, store)
         self.control = torch.zeros_like(store.w)
         self.controls: dict[int, torch.Tensor] = {}
+        self.latest: dict[int, torch.Tensor] = {}
 
     async def on_push(self, push: Push) -> dict[str, Any]:
         if push.kind == "delta":
             return await super().on_push(push)
         async with self.store.lock:
             if push.base_version < self.store.version and self.cutoff.cuts:
-                return {"part": "control", "late": True}  # its delta is counted late
+                self.latest[push.worker] = push.vector  # its delta is counted late
+                return {"part": "control", "late": True}
             if push.base_version != self.store.version:
                 raise OutOfStep(f"control variate based on version {push.base_version}, but "
                                 f"the round in progress is at version {self.store.version}")
@@ -117,16 +126,23 @@ class ScaffoldServer(LocalSgdServer):
 
     def left(self, worker: int) -> None:
         self.controls.pop(worker, None)
+        self.latest.pop(worker, None)
         super().left(worker)
 
     def joined(self, worker: int) -> None:
         self.controls.pop(worker, None)
+        self.latest.pop(worker, None)
         super().joined(worker)
 
     def aggregate(self, w: torch.Tensor, pushes: list[Push]) -> torch.Tensor:
-        """Local SGD's server step; ``c`` becomes the mean of the round's control variates."""
-        self.control = average([self.controls[push.worker] for push in pushes])
-        self.controls.clear()  # those of members the round closed without are late
+        """Local SGD's server step; ``c`` becomes the mean of the live workers' latest
+        control variates: the round's, then those of the workers it closed without."""
+        self.latest.update(self.controls)  # with those of members whose delta is late
+        self.controls.clear()
+        arrived = {push.worker for push in pushes}
+        self.control = average([self.latest[push.worker] for push in pushes]
+                               + [control for worker, control in self.latest.items()
+                                  if worker not in arrived and worker in self.store.live])
         return super().aggregate(w, pushes)
 
     async def on_pull(self, pull: Pull) -> Reply:
