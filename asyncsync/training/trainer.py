@@ -239,7 +239,12 @@ class Trainer:
 def evaluate(
     module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 1000
 ) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy of `module` on a held-out split."""
+    """Accuracy and mean cross-entropy of `module` on a held-out split.
+
+    A sample whose logits are not all finite (a diverged model's) counts as wrong, whatever
+    its argmax: torch's argmax picks a NaN's index, so a NaN model would score the share of
+    one class's samples. Its loss is then NaN.
+    """
     module.eval()
     correct = 0
     loss_sum = 0.0
@@ -250,7 +255,8 @@ def evaluate(
             y = targets[start : start + batch_size].to(device)
             logits = module(x)
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == y).sum())
+            finite = torch.isfinite(logits).all(dim=1)
+            correct += int(((logits.argmax(dim=1) == y) & finite).sum())
     return correct / len(targets), loss_sum / len(targets)
 
 
