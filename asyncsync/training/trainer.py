@@ -11,7 +11,8 @@ device-wide synchronization; a step returns once its loss is on the host).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -94,6 +95,31 @@ class FlatModule:
                 offset += n
 
 
+@contextlib.contextmanager
+def running_statistics_for_one_sample(module: nn.Module, samples: int) -> Iterator[None]:
+    """For a batch of one sample, put `module`'s training BatchNorm layers in eval mode
+    inside the block (and back in training mode after it); for larger batches, do nothing.
+
+    **(choice)** A batch of one has no batch statistics: PyTorch refuses a training
+    BatchNorm a single value per channel (BatchNorm1d, or a map pooled to 1x1), and where
+    it does not, one sample's statistics are noise. Such a batch reaches a worker at FedAvg's
+    last step of E epochs when E n_k mod B is 1, or from LB-BSP's smallest batches. PyTorch's
+    DataLoader would drop it (``drop_last``), but protocols weight updates by samples and
+    refuse a push of none, so the sample is trained on instead, its BatchNorm layers
+    normalizing with their running statistics, which it leaves as they are.
+    """
+    layers = [layer for layer in module.modules()
+              if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.training
+              ] if samples == 1 else []
+    for layer in layers:
+        layer.eval()
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.train()
+
+
 @runtime_checkable
 class ClosedFormGradient(Protocol):
     """A module that computes its cross-entropy gradient itself, without autograd (the
@@ -173,7 +199,8 @@ class Trainer:
                                                                 self.params.grad)
             return Computed(float(loss), len(targets))
         self.params.module.train()
-        loss = self.loss_fn(self.params.module(inputs), targets)
+        with running_statistics_for_one_sample(self.params.module, len(targets)):
+            loss = self.loss_fn(self.params.module(inputs), targets)
         torch.autograd.backward(loss)
         return Computed(float(loss.detach()), len(targets))
 
