@@ -11,6 +11,7 @@ from torch import nn
 
 from asyncsync.engine.cohort import Cohort
 from asyncsync.engine.work import LocalWork
+from asyncsync.hetero.cost_model import count_step_flops
 from asyncsync.training.batched import BatchedModel
 from asyncsync.training.trainer import Trainer
 
@@ -71,3 +72,8 @@ def test_the_batched_path_agrees_on_one_sample_batches() -> None:
             assert mine.samples == theirs.samples == size
     for first, second in zip(one, batched, strict=True):
         assert torch.allclose(first.flat, second.flat, rtol=0, atol=1e-5)
+
+
+def test_the_flops_of_a_one_sample_step_are_counted() -> None:
+    flops = count_step_flops(bn_mlp(), (1, 2, 2), 1)
+    assert flops.flops_per_sample > 0
