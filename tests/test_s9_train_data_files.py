@@ -51,6 +51,8 @@ BAD_IDX: dict[str, tuple[str, Callable[[Path], object], str]] = {
         p, np.zeros((20, 784))), "3 dimension(s)"),
     "empty test split": ("t10k-images-idx3-ubyte", lambda p: write_idx(
         p, np.zeros((0, 28, 28))), "no samples"),
+    "images without pixels": ("t10k-images-idx3-ubyte", lambda p: write_idx(
+        p, np.zeros((8, 0, 28))), "images of 0x28 pixels"),
     "trailing bytes": ("train-labels-idx1-ubyte",
                        lambda p: p.write_bytes(p.read_bytes() + b"\0"), "trailing bytes"),
 }

@@ -63,6 +63,9 @@ def read_idx_split(folder: Path, split: str, num_classes: int) -> tuple[np.ndarr
     images_path = folder / f"{split}-images-idx3-ubyte"
     labels_path = folder / f"{split}-labels-idx1-ubyte"
     images, labels = read_idx(images_path, 3), read_idx(labels_path, 1)
+    if 0 in images.shape[1:]:
+        raise DatasetFileError(f"{images_path}: images of {images.shape[1]}x"
+                               f"{images.shape[2]} pixels")
     check_split(images_path, labels_path, len(images), labels, num_classes)
     return images, labels
 
