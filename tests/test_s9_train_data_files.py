@@ -53,6 +53,8 @@ BAD_IDX: dict[str, tuple[str, Callable[[Path], object], str]] = {
         p, np.zeros((0, 28, 28))), "no samples"),
     "images without pixels": ("t10k-images-idx3-ubyte", lambda p: write_idx(
         p, np.zeros((8, 0, 28))), "images of 0x28 pixels"),
+    "dimensions whose product wraps at 2**64": ("train-images-idx3-ubyte", lambda p: p.write_bytes(
+        bytes([0, 0, 8, 3]) + struct.pack(">III", 2**31, 2**31, 4)), "(truncated)"),
     "trailing bytes": ("train-labels-idx1-ubyte",
                        lambda p: p.write_bytes(p.read_bytes() + b"\0"), "trailing bytes"),
 }

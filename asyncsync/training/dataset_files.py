@@ -14,6 +14,7 @@ images, at least one sample, labels ``0..num_classes-1``. A bad file raises
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
         raise DatasetFileError(f"{path}: header {raw[:4].hex()}, expected 000008{ndim:02x} "
                                f"(IDX, unsigned bytes, {ndim} dimension(s))")
     dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    expected = header + int(np.prod(dims))
+    expected = header + math.prod(dims)
     if len(raw) != expected:
         cut = "truncated" if len(raw) < expected else "trailing bytes"
         raise DatasetFileError(f"{path}: {len(raw):,} bytes, expected {expected:,} for "
@@ -108,7 +109,7 @@ class _Array:
                                                              for d in shape):
             raise ValueError(f"an array of shape {shape!r} (order F: {bool(fortran)})")
         data = payload.encode("latin1") if isinstance(payload, str) else payload
-        if not isinstance(data, bytes | bytearray) or len(data) != int(np.prod(shape)):
+        if not isinstance(data, bytes | bytearray) or len(data) != math.prod(shape):
             raise ValueError(f"an array of shape {shape} whose payload does not fit it")
         return np.frombuffer(bytes(data), dtype=np.uint8).reshape(shape)
 
