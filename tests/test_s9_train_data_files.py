@@ -212,3 +212,12 @@ def test_a_truncated_cifar_batch_is_named(tmp_path: Path) -> None:
     cut_tail(folder / "test_batch")
     with pytest.raises(DatasetFileError, match=r"test_batch: not a CIFAR-10 batch .*truncated"):
         load_dataset("cifar10", seed=0, root=tmp_path)
+
+
+@pytest.mark.parametrize("dtype", ["<i8", ">i4", "u1"])
+def test_cifar_labels_may_be_an_integer_array(tmp_path: Path, dtype: str) -> None:
+    labels = np.array([3, 1, 4, 1], dtype=dtype)
+    cifar_folder(tmp_path, lambda n: {"data": np.zeros((n, 3072), np.uint8),
+                                      "labels": labels})
+    data = load_dataset("cifar10", seed=0, root=tmp_path)
+    assert data.train_y[8:12].tolist() == [3, 1, 4, 1]

@@ -87,8 +87,12 @@ def check_split(images_path: Path, labels_path: Path, count: int, labels: np.nda
                                f"0..{num_classes - 1} ({num_classes} classes)")
 
 
+INTEGER_CODES = frozenset({"u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8"})
+"""The integer types a pickled array may hold (numpy's type strings, without byte order)."""
+
+
 class _Array:
-    """A numpy array as a pickle describes it, before `as_uint8` checks and builds it."""
+    """A numpy array as a pickle describes it, before `as_integers` checks and builds it."""
 
     def __init__(self) -> None:
         self.state: tuple[Any, ...] = ()
@@ -96,32 +100,52 @@ class _Array:
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         self.state = state
 
-    def as_uint8(self) -> np.ndarray:
-        """The array, if the pickle described a C-ordered uint8 array whose bytes fit its
-        shape (else ValueError)."""
+    def as_integers(self, codes: frozenset[str] = INTEGER_CODES) -> np.ndarray:
+        """The array, if the pickle described a C-ordered array of one of the integer types
+        `codes` whose bytes fit its shape (else ValueError)."""
         if len(self.state) != 5:
             raise ValueError("an array without its shape, type and bytes")
         _, shape, dtype, fortran, payload = self.state
-        if not (isinstance(dtype, _DType) and dtype.spec in ("u1", "|u1", "B")):
+        code = dtype.code() if isinstance(dtype, _DType) else None
+        if code is None or code[1:] not in codes:
+            expected = "unsigned bytes (u1)" if codes == {"u1"} else "integers"
             raise ValueError(f"an array of {getattr(dtype, 'spec', dtype)!r}, expected "
-                             "unsigned bytes (u1)")
+                             f"{expected}")
         if fortran or not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0
                                                              for d in shape):
             raise ValueError(f"an array of shape {shape!r} (order F: {bool(fortran)})")
         data = payload.encode("latin1") if isinstance(payload, str) else payload
-        if not isinstance(data, bytes | bytearray) or len(data) != math.prod(shape):
+        size = np.dtype(code).itemsize
+        if not isinstance(data, bytes | bytearray) or len(data) != size * math.prod(shape):
             raise ValueError(f"an array of shape {shape} whose payload does not fit it")
-        return np.frombuffer(bytes(data), dtype=np.uint8).reshape(shape)
+        return np.frombuffer(bytes(data), dtype=np.dtype(code)).reshape(shape)
 
 
 class _DType:
-    """A numpy dtype as a pickle names it (only its type string is kept)."""
+    """A numpy dtype as a pickle names it: its type string (``u1``, ``i8``, ...) and, from
+    its state, its byte order."""
 
     def __init__(self, spec: object, *_: object) -> None:
         self.spec = spec
+        self.order = "|"
 
     def __setstate__(self, state: object) -> None:
-        del state  # byte order and flags: a one-byte type has none that matter
+        if isinstance(state, tuple) and len(state) > 1 and state[1] in ("<", ">", "|", "="):
+            self.order = state[1]
+
+    def code(self) -> str | None:
+        """The type as byte order and type string (e.g. ``<i8``), or None if it is not a
+        string numpy names a plain type by."""
+        spec = self.spec
+        if not isinstance(spec, str) or not spec or len(spec) > 3:
+            return None
+        if spec[0] in "<>|=":
+            spec, order = spec[1:], spec[0]
+        else:
+            order = self.order
+        if order == "=":
+            order = "<" if np.little_endian else ">"
+        return order + spec
 
 
 def _reconstruct(cls: object, shape: object, typecode: object) -> _Array:
@@ -191,7 +215,9 @@ def read_cifar_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarr
                                f"{', '.join(map(str, batch))})")
     try:
         images = _cifar_images(batch["data"])
-        labels = np.array(batch["labels"], dtype=np.int64)
+        found = batch["labels"]
+        labels = (found.as_integers().astype(np.int64) if isinstance(found, _Array)
+                  else np.array(found, dtype=np.int64))
         if labels.ndim != 1:
             raise ValueError(f"labels of shape {labels.shape}, expected a list")
     except (ValueError, TypeError, OverflowError) as exc:
@@ -204,7 +230,7 @@ def _cifar_images(data: object) -> np.ndarray:
     """A batch's ``data`` (N rows of 3072 bytes, channel-major) as (N, 32, 32, 3)."""
     if not isinstance(data, _Array):
         raise ValueError(f"data is a {type(data).__name__}, expected a uint8 array")
-    array = data.as_uint8()
+    array = data.as_integers(frozenset({"u1"}))
     row = CIFAR_CHANNELS * CIFAR_SIDE * CIFAR_SIDE
     if array.ndim != 2 or array.shape[1] != row:
         raise ValueError(f"data of shape {array.shape}, expected (N, {row})")
