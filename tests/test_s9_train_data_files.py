@@ -4,6 +4,7 @@ unpickled; each bad file is refused with its name and the problem."""
 from __future__ import annotations
 
 import pickle
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -221,3 +222,19 @@ def test_cifar_labels_may_be_an_integer_array(tmp_path: Path, dtype: str) -> Non
                                       "labels": labels})
     data = load_dataset("cifar10", seed=0, root=tmp_path)
     assert data.train_y[8:12].tolist() == [3, 1, 4, 1]
+
+
+def test_an_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = mnist_folder(tmp_path)
+    refused = raw / "t10k-images-idx3-ubyte"
+    original = Path.read_bytes
+
+    def read_bytes(path: Path) -> bytes:
+        if path == refused:  # as chmod 000 would, also for root
+            raise PermissionError(13, "Permission denied", str(path))
+        return original(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    expected = re.escape(f"{refused}: cannot read: Permission denied")
+    with pytest.raises(DatasetFileError, match=expected):
+        load_dataset("mnist", seed=0, root=tmp_path)

@@ -24,7 +24,11 @@ from asyncsync.training.catalog import (
     DatasetMissing,
     no_empty_folders_left,
 )
-from asyncsync.training.dataset_files import read_cifar_batch, read_idx_split
+from asyncsync.training.dataset_files import (
+    DatasetFileError,
+    read_cifar_batch,
+    read_idx_split,
+)
 
 NUM_CLASSES = 10
 """The classes of every dataset asyncsync knows (labels outside 0..9 are refused)."""
@@ -181,7 +185,11 @@ def load_dataset(name: str, seed: int, root: str | Path = "data",
                 f"data.download = true on a machine with internet access, or copy them there")
         raise DatasetMissing(f"{name}: files not found in {where}: {', '.join(absent)} "
                              f"(expected {files}); {hint} ({failure})")
-    splits = [_read_split(name, where, needed[split]) for split in ("train", "test")]
+    try:
+        splits = [_read_split(name, where, needed[split]) for split in ("train", "test")]
+    except OSError as exc:  # there, but unreadable (permissions, an I/O error)
+        raise DatasetFileError(f"{exc.filename or where}: cannot read: "
+                               f"{exc.strerror or exc}") from exc
     (train_x, train_y), (test_x, test_y) = (_tensors(images, labels, mean, std)
                                             for images, labels in splits)
     return Dataset(train_x, train_y, test_x, test_y, num_classes=NUM_CLASSES)
