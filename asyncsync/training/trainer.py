@@ -76,6 +76,10 @@ class FlatModule:
             if buf is not None and buf.is_floating_point()
         ]
         self.num_params = sum(p.numel() for p in params)
+        self.frozen: list[slice] = []
+        """The slices of parameters without ``requires_grad``: a local step leaves them as
+        they are (as torch's optimizers skip a parameter without a gradient), weight decay,
+        momentum, proximal and correction terms included."""
         total = self.num_params + sum(buf.numel() for _, _, buf in buffers)
         self.module = module
         self.flat = torch.empty(total, device=device)
@@ -84,6 +88,8 @@ class FlatModule:
         with torch.no_grad():
             for p in params:
                 n = p.numel()
+                if not p.requires_grad:
+                    self.frozen.append(slice(offset, offset + n))
                 self.flat[offset : offset + n].copy_(p.flatten())
                 p.data = self.flat[offset : offset + n].view_as(p)
                 p.grad = self.grad[offset : offset + n].view_as(p)
@@ -217,7 +223,10 @@ class Trainer:
                 grad = grad + rho * (params - self.copies.stage(center[:n]))
             if correction is not None:
                 grad = grad + self.copies.stage(correction[:n])
-            params.sub_(self.optimizer.update(params, grad))
+            step = self.optimizer.update(params, grad)
+            for columns in self.params.frozen:
+                step[columns] = 0.0
+            params.sub_(step)
         return result
 
     def gradient_copy(self) -> torch.Tensor:
