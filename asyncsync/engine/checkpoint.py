@@ -9,6 +9,7 @@ message that says which.
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ __all__ = ["REQUIRED", "CheckpointError", "load_checkpoint", "model_fingerprint"
            "save_checkpoint"]
 
 REQUIRED = ("w", "version", "elapsed")
+ZIP_MAGIC = b"PK\x03\x04"
+"""How an ``.npz`` (a zip archive) starts."""
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -57,6 +60,12 @@ def load_checkpoint(path: Path, run_id: str, fingerprint: str) -> dict[str, torc
     """Read a checkpoint written by `save_checkpoint` for the same run and model."""
     labels = ("run_id", "fingerprint")
     try:
+        with path.open("rb") as handle:
+            start = handle.read(len(ZIP_MAGIC))
+        if start != ZIP_MAGIC:
+            raise CheckpointError(f"checkpoint {path} is not an .npz archive (it starts "
+                                  f"with {start!r}, not {ZIP_MAGIC!r}): damaged, or another "
+                                  "file")
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in (*labels, *REQUIRED) if k not in data.files]
             if missing:
@@ -65,10 +74,11 @@ def load_checkpoint(path: Path, run_id: str, fingerprint: str) -> dict[str, torc
             saved_run, saved_model = str(data["run_id"]), str(data["fingerprint"])
             arrays = {k: torch.from_numpy(data[k].copy()) for k in data.files
                       if k not in labels}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         if isinstance(exc, CheckpointError):
             raise
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+        raise CheckpointError(f"cannot read checkpoint {path} (truncated or damaged): "
+                              f"{type(exc).__name__}: {exc}") from exc
     if saved_run != run_id:
         raise CheckpointError(f"checkpoint {path} belongs to run {saved_run!r}, not {run_id!r}")
     if saved_model != fingerprint:

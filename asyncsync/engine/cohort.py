@@ -134,7 +134,7 @@ class Cohort:
         work = members[0].work
         with torch.no_grad():
             if work.local:
-                _local_steps(rows, grads, members, trainers, device)
+                _local_steps(rows, grads, members, trainers, device, model.frozen)
             for i, trainer in enumerate(trainers):
                 if not work.local:  # a local step's gradient is never read again
                     trainer.params.grad[:n].copy_(grads[i])
@@ -173,8 +173,9 @@ class Cohort:
 
 
 def _local_steps(rows: torch.Tensor, grads: torch.Tensor, members: list[Filed],
-                 trainers: list[Trainer], device: torch.device) -> None:
-    """`Trainer.local_step`'s update over the rows of one group, in place."""
+                 trainers: list[Trainer], device: torch.device, frozen: list[slice]) -> None:
+    """`Trainer.local_step`'s update over the rows of one group, in place (none to the
+    `frozen` columns)."""
     work, optimizer = members[0].work, trainers[0].optimizer
     n = grads.shape[1]
     params = rows[:, :n]
@@ -191,6 +192,8 @@ def _local_steps(rows: torch.Tensor, grads: torch.Tensor, members: list[Filed],
                                     for b in held])
     step, buffer = sgd_rows(params, g, momentum, optimizer.lr, optimizer.momentum,
                             optimizer.weight_decay)
+    for columns in frozen:
+        step[:, columns] = 0.0
     params.sub_(step)
     if buffer is not None:  # each its own copy: a row view would keep the stack alive
         for i, trainer in enumerate(trainers):

@@ -41,6 +41,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from asyncsync.training.trainer import running_statistics_for_one_sample
+
 
 @dataclass(frozen=True)
 class Device:
@@ -172,7 +174,8 @@ def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], batch: int,
     shadow.train()
     inputs = torch.empty((batch, *input_shape), device="meta")
     labels = torch.zeros(batch, dtype=torch.long, device="meta")
-    with FlopCounterMode(display=False) as counter, _OpCounter() as ops:
+    with (FlopCounterMode(display=False) as counter, _OpCounter() as ops,
+          running_statistics_for_one_sample(shadow, batch)):  # as the step itself runs
         loss = nn.functional.cross_entropy(shadow(inputs), labels)
         torch.autograd.backward(loss)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -39,7 +39,6 @@ from asyncsync.training.catalog import (
     DATASETS,
     TORCHVISION,
     DatasetMissing,
-    no_empty_folders_left,
 )
 
 Kind = Literal["images", "labels"]
@@ -257,17 +256,8 @@ def _cifar10_ready(folder: Path) -> bool:
 
 
 def _download(cls_name: str, root: Path, folder: Path) -> str | None:
-    """Let torchvision download dataset class `cls_name` into `root`: None, or why it failed
-    (then `folder`, where its files go, is not left behind empty)."""
-    import torchvision.datasets
+    """`asyncsync.training.data.download_files`, imported only when a download is tried
+    (it needs torch, which a folder already prepared does not)."""
+    from asyncsync.training.data import download_files
 
-    cls = getattr(torchvision.datasets, cls_name)
-    try:
-        with no_empty_folders_left(folder):
-            for train in (True, False):
-                cls(str(root), train=train, download=True)
-    # torchvision fails with URLError (no network), RuntimeError (all mirrors failed, bad
-    # checksum) or, reading a malformed file already there, AssertionError and others.
-    except Exception as exc:
-        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-    return None
+    return download_files(cls_name, root, folder)

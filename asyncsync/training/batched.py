@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from asyncsync.training.trainer import LossFn
+from asyncsync.training.trainer import LossFn, running_statistics_for_one_sample
 
 ACTIVATION_BUDGET = 1 << 29
 """Activation elements (layer outputs of a forward) one batched call may hold, about 2 GB
@@ -192,7 +192,8 @@ class BatchedModel:
         buffers = {name: t.clone() for name, t in
                    self._split(rows, self.buffers, self.num_params).items()}
         buffers.update(counters)
-        with torch.enable_grad():
+        with torch.enable_grad(), running_statistics_for_one_sample(self.template,
+                                                                    y.shape[1]):
             losses = (self._plain(params, buffers, x, y) if weight is None
                       else self._masked(params, buffers, x, y, weight))
             (flat,) = torch.autograd.grad(losses.sum(), leaf)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -24,6 +24,14 @@ from asyncsync.training.catalog import (
     DatasetMissing,
     no_empty_folders_left,
 )
+from asyncsync.training.dataset_files import (
+    DatasetFileError,
+    read_cifar_batch,
+    read_idx_split,
+)
+
+NUM_CLASSES = 10
+"""The classes of every dataset asyncsync knows (labels outside 0..9 are refused)."""
 
 
 @dataclass(frozen=True)
@@ -148,40 +156,86 @@ def load_dataset(name: str, seed: int, root: str | Path = "data",
 
     Args:
         name: ``synthetic`` (built in, made from `seed`), ``mnist``, ``fashion_mnist`` or
-            ``cifar10`` (torchvision's on-disk formats under `root`).
+            ``cifar10`` (torchvision's on-disk formats under `root`, read and checked by
+            `asyncsync.training.dataset_files`, never unpickled).
         seed: seeds the synthetic task.
         root: directory holding torchvision datasets.
         download: let torchvision download missing files (needs internet access).
+
+    Raises:
+        DatasetMissing: a file is absent (and was not downloaded).
+        DatasetFileError: a file is malformed (the message names it and the problem).
     """
     if name == "synthetic":
         return synthetic(seed=seed)
     if name not in TORCHVISION:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
-    import torchvision.datasets
-
     cls_name, folder, files, mean, std = TORCHVISION[name]
-    cls = getattr(torchvision.datasets, cls_name)
     where = Path(root) / folder
-    try:
-        with no_empty_folders_left(where):
-            train, test = (cls(str(root), train=split, download=download)
-                           for split in (True, False))
-    except (RuntimeError, OSError) as exc:
+    needed = split_files(name)
+    absent = [file for file in (*needed["train"], *needed["test"])
+              if not (where / file).is_file()]
+    failure = "download off (data.download = false)"
+    if absent and download:
+        failure = download_files(cls_name, Path(root), where) or "the download gave no files"
+        absent = [file for file in absent if not (where / file).is_file()]
+    if absent:
         hint = (f"run `asyncsync data {name}` (it installs them offline from a system "
                 f"package where there is one, e.g. Debian's dataset-fashion-mnist), set "
                 f"data.download = true on a machine with internet access, or copy them there")
-        raise DatasetMissing(f"{name}: files not found in {where} (expected {files}); {hint}"
-                             f" ({type(exc).__name__}: {exc})") from exc
-    train_x, train_y = _tensors(train.data, train.targets, mean, std)
-    test_x, test_y = _tensors(test.data, test.targets, mean, std)
-    return Dataset(train_x, train_y, test_x, test_y, num_classes=10)
+        raise DatasetMissing(f"{name}: files not found in {where}: {', '.join(absent)} "
+                             f"(expected {files}); {hint} ({failure})")
+    try:
+        splits = [_read_split(name, where, needed[split]) for split in ("train", "test")]
+    except OSError as exc:  # there, but unreadable (permissions, an I/O error)
+        raise DatasetFileError(f"{exc.filename or where}: cannot read: "
+                               f"{exc.strerror or exc}") from exc
+    (train_x, train_y), (test_x, test_y) = (_tensors(images, labels, mean, std)
+                                            for images, labels in splits)
+    return Dataset(train_x, train_y, test_x, test_y, num_classes=NUM_CLASSES)
 
 
-def _tensors(data: Any, targets: Any, mean: tuple[float, ...],
+def split_files(name: str) -> dict[str, list[str]]:
+    """The files of dataset `name`'s train and test splits, as torchvision lays them out."""
+    if name == "cifar10":
+        return {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+    return {split: [f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"]
+            for split, prefix in (("train", "train"), ("test", "t10k"))}
+
+
+def _read_split(name: str, where: Path, files: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """One split's uint8 images and labels, read and checked from `files` in `where`."""
+    if name != "cifar10":
+        return read_idx_split(where, files[0].split("-")[0], NUM_CLASSES)
+    batches = [read_cifar_batch(where / file, NUM_CLASSES) for file in files]
+    return (np.concatenate([images for images, _ in batches]),
+            np.concatenate([labels for _, labels in batches]))
+
+
+def download_files(cls_name: str, root: Path, folder: Path) -> str | None:
+    """Let torchvision download dataset class `cls_name`'s files into `root` (its own
+    checksums checked), without letting it read them: None, or why it failed (then `folder`,
+    where its files go, is not left behind empty)."""
+    import torchvision.datasets
+
+    cls = getattr(torchvision.datasets, cls_name)
+    fetcher = cls.__new__(cls)  # not __init__: it would read the files, CIFAR's by pickle
+    fetcher.root = str(root)
+    try:
+        with no_empty_folders_left(folder):
+            fetcher.download()
+    # torchvision fails with URLError (no network), RuntimeError (all mirrors failed, bad
+    # checksum) or, reading a malformed file already there, AssertionError and others.
+    except Exception as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return None
+
+
+def _tensors(data: np.ndarray, targets: np.ndarray, mean: tuple[float, ...],
              std: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 images (N, H, W) or (N, H, W, C) to normalized float (N, C, H, W)."""
-    images = torch.as_tensor(data)
+    images = torch.from_numpy(np.array(data))  # a copy: the file's bytes are read-only
     images = images.unsqueeze(1) if images.dim() == 3 else images.permute(0, 3, 1, 2)
     x = images.float().div(255.0)
     x = (x - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
-    return x.contiguous(), torch.as_tensor(targets, dtype=torch.int64)
+    return x.contiguous(), torch.from_numpy(targets.astype(np.int64))

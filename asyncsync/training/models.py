@@ -91,7 +91,11 @@ MODELS: dict[str, ModelBuilder] = dict(zip(MODEL_NAMES, (mlp, cnn, resnet18, Tim
 def build_model(
     name: str, input_shape: tuple[int, ...], num_classes: int, options: dict[str, Any]
 ) -> nn.Module:
-    """Build a registered model, or import ``module:callable`` and call it."""
+    """Build a registered model, or import ``module:callable`` and call it.
+
+    An imported model is checked once per input shape, class count and options: it must
+    take a batch of that shape and give one logit per class (`ValueError` otherwise).
+    """
     if name in MODELS:
         builder = MODELS[name]
     elif ":" in name:
@@ -109,4 +113,32 @@ def build_model(
         raise ValueError(f"model {name!r} rejected its options {options}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise ValueError(f"model {name!r} did not return an nn.Module")
+    key = (name, tuple(input_shape), num_classes, repr(sorted(options.items())))
+    if name not in MODELS and key not in _FITTING:  # the shipped ones fit by construction
+        _check_outputs(name, model, tuple(input_shape), num_classes)
+        _FITTING.add(key)
     return model
+
+
+_FITTING: set[tuple[str, tuple[int, ...], int, str]] = set()
+"""The user models (name, input shape, classes, options) already seen to fit their data."""
+
+
+def _check_outputs(name: str, model: nn.Module, input_shape: tuple[int, ...],
+                   num_classes: int) -> None:
+    """Refuse a model that cannot take two samples of `input_shape` or does not give one
+    logit per class for each (run once, in eval mode, without gradients)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(torch.zeros(2, *input_shape))
+    except Exception as exc:  # a user's forward may fail in any way
+        raise ValueError(f"model {name!r} cannot take the dataset's inputs of shape "
+                         f"{input_shape}: {type(exc).__name__}: {exc}") from None
+    finally:
+        model.train(was_training)
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (2, num_classes):
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"model {name!r} gives outputs of shape {got} for 2 samples; the "
+                         f"dataset has {num_classes} classes, so (2, {num_classes}) expected")

@@ -11,7 +11,8 @@ device-wide synchronization; a step returns once its loss is on the host).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -75,6 +76,10 @@ class FlatModule:
             if buf is not None and buf.is_floating_point()
         ]
         self.num_params = sum(p.numel() for p in params)
+        self.frozen: list[slice] = []
+        """The slices of parameters without ``requires_grad``: a local step leaves them as
+        they are (as torch's optimizers skip a parameter without a gradient), weight decay,
+        momentum, proximal and correction terms included."""
         total = self.num_params + sum(buf.numel() for _, _, buf in buffers)
         self.module = module
         self.flat = torch.empty(total, device=device)
@@ -83,6 +88,8 @@ class FlatModule:
         with torch.no_grad():
             for p in params:
                 n = p.numel()
+                if not p.requires_grad:
+                    self.frozen.append(slice(offset, offset + n))
                 self.flat[offset : offset + n].copy_(p.flatten())
                 p.data = self.flat[offset : offset + n].view_as(p)
                 p.grad = self.grad[offset : offset + n].view_as(p)
@@ -92,6 +99,31 @@ class FlatModule:
                 self.flat[offset : offset + n].copy_(buf.flatten())
                 owner._buffers[name] = self.flat[offset : offset + n].view_as(buf)
                 offset += n
+
+
+@contextlib.contextmanager
+def running_statistics_for_one_sample(module: nn.Module, samples: int) -> Iterator[None]:
+    """For a batch of one sample, put `module`'s training BatchNorm layers in eval mode
+    inside the block (and back in training mode after it); for larger batches, do nothing.
+
+    **(choice)** A batch of one has no batch statistics: PyTorch refuses a training
+    BatchNorm a single value per channel (BatchNorm1d, or a map pooled to 1x1), and where
+    it does not, one sample's statistics are noise. Such a batch reaches a worker at FedAvg's
+    last step of E epochs when E n_k mod B is 1, or from LB-BSP's smallest batches. PyTorch's
+    DataLoader would drop it (``drop_last``), but protocols weight updates by samples and
+    refuse a push of none, so the sample is trained on instead, its BatchNorm layers
+    normalizing with their running statistics, which it leaves as they are.
+    """
+    layers = [layer for layer in module.modules()
+              if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.training
+              ] if samples == 1 else []
+    for layer in layers:
+        layer.eval()
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.train()
 
 
 @runtime_checkable
@@ -173,7 +205,8 @@ class Trainer:
                                                                 self.params.grad)
             return Computed(float(loss), len(targets))
         self.params.module.train()
-        loss = self.loss_fn(self.params.module(inputs), targets)
+        with running_statistics_for_one_sample(self.params.module, len(targets)):
+            loss = self.loss_fn(self.params.module(inputs), targets)
         torch.autograd.backward(loss)
         return Computed(float(loss.detach()), len(targets))
 
@@ -190,7 +223,10 @@ class Trainer:
                 grad = grad + rho * (params - self.copies.stage(center[:n]))
             if correction is not None:
                 grad = grad + self.copies.stage(correction[:n])
-            params.sub_(self.optimizer.update(params, grad))
+            step = self.optimizer.update(params, grad)
+            for columns in self.params.frozen:
+                step[columns] = 0.0
+            params.sub_(step)
         return result
 
     def gradient_copy(self) -> torch.Tensor:
@@ -239,7 +275,12 @@ class Trainer:
 def evaluate(
     module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 1000
 ) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy of `module` on a held-out split."""
+    """Accuracy and mean cross-entropy of `module` on a held-out split.
+
+    A sample whose logits are not all finite (a diverged model's) counts as wrong, whatever
+    its argmax: torch's argmax picks a NaN's index, so a NaN model would score the share of
+    one class's samples. Its loss is then NaN.
+    """
     module.eval()
     correct = 0
     loss_sum = 0.0
@@ -250,7 +291,8 @@ def evaluate(
             y = targets[start : start + batch_size].to(device)
             logits = module(x)
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == y).sum())
+            finite = torch.isfinite(logits).all(dim=1)
+            correct += int(((logits.argmax(dim=1) == y) & finite).sum())
     return correct / len(targets), loss_sum / len(targets)
 
 
