@@ -20,7 +20,7 @@ import pytest
 
 from asyncsync.cli import UsageError, _parser
 from asyncsync.study.recipe import load_recipe
-from tests.doc_pages import OUTPUT, ROOT, SHELLS, Block, all_blocks
+from tests.doc_pages import OUTPUT, ROOT, SHELLS, Block, all_blocks, pages, stray_fences
 
 TINY = ["--set", "workers=2", "--set", "compute.slowdown=[1, 2]", "--set", "stop.time_s=2",
         "--set", "eval.interval_s=1", "--set", "eval.samples=500", "--set",
@@ -68,6 +68,14 @@ def test_every_block_has_a_known_kind() -> None:
                 f"{block.where}: say why it is skipped: <!-- test: skip: REASON -->")
         assert block.mark in ("", "test: run") or block.mark.startswith("test: skip") or (
             block.named), f"{block.where}: unknown marker {block.mark!r}"
+
+
+def test_every_fence_opens_or_closes_a_block() -> None:
+    """No line starts like a fence without being one."""
+    stray = [f"{page.relative_to(ROOT)}:{number}: {line}" for page in pages()
+             for number, line in stray_fences(page.read_text(encoding="utf-8"))]
+    assert stray == [], "a fence line must hold only ``` and a language:\n" + "\n".join(stray)
+    assert stray_fences("```text\nout\n``` Then prose.\n") == [(3, "``` Then prose.")]
 
 
 def test_every_named_example_is_run_by_a_test() -> None:
