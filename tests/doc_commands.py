@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 
@@ -65,6 +66,8 @@ def _child(argv: list[str], out: Path, index: int) -> None:
 def main(out: Path, commands: list[list[str]]) -> int:
     if any(argv[0] == "asyncsync" for argv in commands):
         _preload()
+    # a fork copies only the calling thread: a thread started by an import would be missing
+    assert threading.active_count() == 1, threading.enumerate()
     for index, argv in enumerate(commands):
         pid = os.fork()
         if pid == 0:

@@ -148,6 +148,19 @@ def test_run_blocks_run_as_written(block: Block, tmp_path: Path) -> None:
             assert "quickstart: comparison (baseline asp)" in stdout  # the last was --only asp
 
 
+def test_the_command_driver_reports_a_failure_and_stops(tmp_path: Path) -> None:
+    """The run test is not vacuous: a failing command's status comes back, and the block
+    stops there, as its reader would."""
+    (tmp_path / "commands.json").write_text(json.dumps(
+        [["bash", "-c", "echo said; exit 3"], ["bash", "-c", "touch ran"]]))
+    driver = subprocess.run([sys.executable, "-m", "tests.doc_commands", str(tmp_path),
+                             str(tmp_path / "commands.json")], cwd=tmp_path, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert driver.returncode == 1
+    assert (tmp_path / "0.rc").read_text() == "3" and (tmp_path / "0.out").read_text() == "said\n"
+    assert not (tmp_path / "1.rc").exists() and not (tmp_path / "ran").exists()
+
+
 def test_the_getting_started_block_runs_the_commands_it_shows() -> None:
     """The run test covers run, check, protocols and report (and would fail on a typo)."""
     block = next(b for b in RUN if b.page.name == "getting-started.md")
