@@ -81,6 +81,14 @@ def blocks(page: Path) -> list[Block]:
     return found
 
 
+def stray_fences(text: str) -> list[tuple[int, str]]:
+    """The lines of a page (number, line) that start like a fence but are not one, e.g. a
+    closing fence with prose after it, which leaves its block open: the page renders as code
+    up to the next fence, and every later block is read with its fences paired wrongly."""
+    return [(number, line) for number, line in enumerate(text.splitlines(), start=1)
+            if re.match(r" {0,4}`{3}", line) and not _FENCE.match(line)]
+
+
 def all_blocks() -> list[Block]:
     return [block for page in pages() for block in blocks(page)]
 

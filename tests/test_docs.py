@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -20,7 +21,7 @@ import pytest
 
 from asyncsync.cli import UsageError, _parser
 from asyncsync.study.recipe import load_recipe
-from tests.doc_pages import OUTPUT, ROOT, SHELLS, Block, all_blocks
+from tests.doc_pages import OUTPUT, ROOT, SHELLS, Block, all_blocks, pages, stray_fences
 
 TINY = ["--set", "workers=2", "--set", "compute.slowdown=[1, 2]", "--set", "stop.time_s=2",
         "--set", "eval.interval_s=1", "--set", "eval.samples=500", "--set",
@@ -70,6 +71,14 @@ def test_every_block_has_a_known_kind() -> None:
             block.named), f"{block.where}: unknown marker {block.mark!r}"
 
 
+def test_every_fence_opens_or_closes_a_block() -> None:
+    """No line starts like a fence without being one."""
+    stray = [f"{page.relative_to(ROOT)}:{number}: {line}" for page in pages()
+             for number, line in stray_fences(page.read_text(encoding="utf-8"))]
+    assert stray == [], "a fence line must hold only ``` and a language:\n" + "\n".join(stray)
+    assert stray_fences("```text\nout\n``` Then prose.\n") == [(3, "``` Then prose.")]
+
+
 def test_every_named_example_is_run_by_a_test() -> None:
     names = {b.named for b in BLOCKS if b.named}
     assert {"embedding-example", "protocol-example", "protocol-test-example"} <= names
@@ -98,34 +107,58 @@ def test_shell_commands_parse_and_name_files_that_exist(block: Block) -> None:
             pytest.fail(f"{block.where}: `{command}` does not parse ({exc})")
 
 
-@pytest.mark.timeout(900)  # each asyncsync command starts a Python with torch
+@pytest.mark.timeout(900)  # on a loaded 2-core host a block of runs takes minutes
 @pytest.mark.parametrize("block", RUN, ids=ids(RUN))
 def test_run_blocks_run_as_written(block: Block, tmp_path: Path) -> None:
     """Each command runs in a fresh folder with the recipes beside it and exits 0; an
-    `asyncsync run` gets tiny budgets appended."""
+    `asyncsync run` gets tiny budgets appended. Each command is a process of its own,
+    forked from one that imported torch once (tests/doc_commands.py)."""
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
     env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(ROOT)}
-    ran = []
+    argvs, parsed = [], []
     for command in commands(block.code, block.lang):
         args = asyncsync_args(command)
         if args is None:
-            argv = ["bash", "-euo", "pipefail", "-c", command]
+            argvs.append(["bash", "-euo", "pipefail", "-c", command])
         else:
             extra = (["--only", "asp"] if "--only" not in args else []) + TINY
-            argv = [sys.executable, "-m", "asyncsync", *args,
-                    *(extra if args[0] == "run" else [])]
-        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, (block.where, command, done.stdout, done.stderr)
-        assert "Traceback" not in done.stderr, done.stderr
-        ran.append((args, done.stdout))
+            argvs.append(["asyncsync", *args, *(extra if args[0] == "run" else [])])
+        parsed.append(args)
+    out = tmp_path / ".doc-commands"
+    out.mkdir()
+    (out / "commands.json").write_text(json.dumps(argvs))
+    driver = subprocess.run([sys.executable, "-m", "tests.doc_commands", str(out),
+                             str(out / "commands.json")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=800)
+    assert "Traceback" not in driver.stderr, driver.stderr
+    ran = []
+    for index, (argv, args) in enumerate(zip(argvs, parsed, strict=True)):
+        assert (out / f"{index}.rc").exists(), (block.where, argv, driver.stderr)
+        stdout, stderr = ((out / f"{index}.{kind}").read_text() for kind in ("out", "err"))
+        assert (out / f"{index}.rc").read_text() == "0", (block.where, argv, stdout, stderr)
+        assert "Traceback" not in stderr, stderr
+        ran.append((args, stdout))
+    assert driver.returncode == 0, driver.stderr
     runs = [args for args, _ in ran if args and args[0] == "run"]
     if runs:
         assert len(list((tmp_path / "logs" / "quickstart").iterdir())) == len(runs)
-    for args, out in ran:
+    for args, stdout in ran:
         if args and args[0] == "report":
-            assert f"holds {len(runs)} studies: reporting the latest" in out
-            assert "quickstart: comparison (baseline asp)" in out  # the last was --only asp
+            assert f"holds {len(runs)} studies: reporting the latest" in stdout
+            assert "quickstart: comparison (baseline asp)" in stdout  # the last was --only asp
+
+
+def test_the_command_driver_reports_a_failure_and_stops(tmp_path: Path) -> None:
+    """The run test is not vacuous: a failing command's status comes back, and the block
+    stops there, as its reader would."""
+    (tmp_path / "commands.json").write_text(json.dumps(
+        [["bash", "-c", "echo said; exit 3"], ["bash", "-c", "touch ran"]]))
+    driver = subprocess.run([sys.executable, "-m", "tests.doc_commands", str(tmp_path),
+                             str(tmp_path / "commands.json")], cwd=tmp_path, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert driver.returncode == 1
+    assert (tmp_path / "0.rc").read_text() == "3" and (tmp_path / "0.out").read_text() == "said\n"
+    assert not (tmp_path / "1.rc").exists() and not (tmp_path / "ran").exists()
 
 
 def test_the_getting_started_block_runs_the_commands_it_shows() -> None:

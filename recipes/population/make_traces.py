@@ -59,6 +59,8 @@ def main(out: Path = HERE) -> None:
     times = exponential_availability(WORKERS, MEAN_ONLINE_S, MEAN_OFFLINE_S, HORIZON_S, SEED)
     write_availability(out / "availability.csv", times,
                        "written by recipes/population/make_traces.py (see its docstring)")
+    print(f"wrote {out / 'capacity.csv'} ({DEVICES} devices) and {out / 'availability.csv'} "
+          f"({WORKERS} workers, {HORIZON_S:g} s)")
 
 
 if __name__ == "__main__":
