@@ -139,6 +139,7 @@ def serve(numel: int, workers: int, port: Any, done: Any, connections: int | Non
         while not done.is_set():
             await asyncio.sleep(0.05)
         monitor.cancel()
+        await server.stop()  # the clients are done: end the run, so close() has none to warn of
         await server.close()
 
     asyncio.run(main())
