@@ -86,6 +86,8 @@ class ConnectionLimits:
         max_per_peer: connections open at once from one peer address.
         min_body_bytes_per_s: the slowest a request body may arrive, after a grace of
             `header_timeout_s` (`answers.BodyPace`; slower: 408).
+        max_bodies_per_rank: tensors one rank may have arriving at once, over all its
+            connections (`answers.BodySlots`, which says why; more: 429).
 
     Over TLS a connection counts once its handshake is done; until then only the
     handshake's time is bounded (by `header_timeout_s`).
@@ -96,10 +98,11 @@ class ConnectionLimits:
     max_connections: int = 1024
     max_per_peer: int = 128
     min_body_bytes_per_s: float = 1000.0
+    max_bodies_per_rank: int = 4
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer",
-                     "min_body_bytes_per_s"):
+                     "min_body_bytes_per_s", "max_bodies_per_rank"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 

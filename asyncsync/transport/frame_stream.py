@@ -39,7 +39,7 @@ from aiohttp.http_writer import StreamWriter
 
 from asyncsync.clock import now
 from asyncsync.engine.core import ServerCore
-from asyncsync.transport.answers import BodyPace, answer_frame
+from asyncsync.transport.answers import BodyPace, BodySlots, answer_frame
 from asyncsync.transport.connection_gate import LINGER_S
 from asyncsync.transport.tokens import BearerTokens
 from asyncsync.wire.frames import CHUNK_BYTES, Limits, tensor_chunks
@@ -67,7 +67,7 @@ def wants_stream(request: web.Request) -> bool:
 async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
                        tokens: BearerTokens | None, idle_s: float,
                        live: set[asyncio.BaseTransport], pace: BodyPace | None = None,
-                       ) -> web.StreamResponse:
+                       slots: BodySlots | None = None) -> web.StreamResponse:
     """Upgrade `request`'s connection and answer frames on it until the client closes it,
     sends nothing for `idle_s` seconds, or sends a frame that cannot be read to its end
     (a frame whose body arrives slower than `pace` is answered 408, then closed).
@@ -95,7 +95,7 @@ async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
     headers_writer.send_headers()
     live.add(transport)
     try:
-        while await _answer_next(request, receiver, core, limits, tokens, pace):
+        while await _answer_next(request, receiver, core, limits, tokens, pace, slots):
             pass
     except ConnectionError:
         pass  # the client left; nothing to answer
@@ -109,7 +109,7 @@ async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
 
 async def _answer_next(request: web.Request, receiver: _Receiver, core: ServerCore,
                        limits: Limits, tokens: BearerTokens | None,
-                       pace: BodyPace | None) -> bool:
+                       pace: BodyPace | None, slots: BodySlots | None) -> bool:
     """Read and answer one frame; False when the stream is to be closed."""
     try:
         op_bytes, length = REQUEST.unpack(await receiver.read_exactly(REQUEST.size))
@@ -131,7 +131,7 @@ async def _answer_next(request: web.Request, receiver: _Receiver, core: ServerCo
         return False
     frame = receiver.frame(length)
     answer = await answer_frame(core, limits, op, frame.read_any, length, frame.read_into,
-                                pace)
+                                pace, slots, lambda: receiver.ended)
     if answer.status != 200:
         await _refuse(receiver, answer.status, answer.reason)
         if frame.remaining:

@@ -122,6 +122,8 @@ class HttpTransport:
         self.timeout_s = timeout_s
         self._opened: aiohttp.ClientSession | None = None  # made at the first POST
         self._answered = False  # whether the server has answered an upgrade yet
+        self.pushes = 0
+        """Pushes sent: each carries its number, ``seq`` (see `asyncsync.engine.membership`)."""
 
     @property
     def _session(self) -> aiohttp.ClientSession:
@@ -151,7 +153,14 @@ class HttpTransport:
         another connection that breaks mid-request, or a try not answered within
         `timeout_s` (on either channel), raises `ConnectionError`; a 4xx raises the SDK's
         refusal. A leave is retried for `LEAVE_RETRY_S` at most.
+
+        Each push is numbered (``seq``, once per call: a retry of a push never read is
+        the same push). A push whose connection broke before its answer is not resent:
+        it was applied once or not at all, and the worker re-syncs (docs/failure-handling.md).
         """
+        if op == "push":
+            self.pushes += 1
+            header = {**header, "seq": self.pushes}
         deadline = now() + (min(LEAVE_RETRY_S, self.connect_timeout_s) if op == "leave"
                              else self.connect_timeout_s)
         backoff = 0.1

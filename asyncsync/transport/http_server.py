@@ -32,7 +32,7 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import Protocol
 from asyncsync.runlog.metrics import JsonlLog
 from asyncsync.schema import ConfigError
-from asyncsync.transport.answers import BodyPace, answer_frame
+from asyncsync.transport.answers import BodyPace, BodySlots, answer_frame
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import PATH as STREAM_PATH
 from asyncsync.transport.frame_stream import serve_stream
@@ -48,6 +48,7 @@ left mid-request."""
 CORE: web.AppKey[ServerCore] = web.AppKey("core")
 LIMITS: web.AppKey[Limits] = web.AppKey("limits")
 PACE: web.AppKey[BodyPace] = web.AppKey("pace")
+SLOTS: web.AppKey[BodySlots] = web.AppKey("slots")
 HTTP_LOG.addFilter(RepeatFilter())
 HTTP_LOG.addFilter(PeerErrorFilter())
 
@@ -61,7 +62,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
             return web.Response(status=415, text=f"content type must be {CONTENT_TYPE}")
         answer = await answer_frame(request.app[CORE], request.app[LIMITS], op,
                                     request.content.readany, request.content_length,
-                                    pace=request.app[PACE])
+                                    pace=request.app[PACE], slots=request.app[SLOTS],
+                                    gone=lambda: request.transport is None)
         if answer.status == 408:  # the rest of its body is not read: the connection goes
             late = web.Response(status=408, text=answer.reason)
             late.force_close()
@@ -130,10 +132,12 @@ def make_app(core: ServerCore, token: str | None = None,
     idle_s = connection_limits.keepalive_s
     pace = app[PACE] = BodyPace(connection_limits.header_timeout_s,
                                 connection_limits.min_body_bytes_per_s)
+    slots = app[SLOTS] = BodySlots(connection_limits.max_bodies_per_rank)
     streams: set[asyncio.BaseTransport] = set()
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        return await serve_stream(request, core, limits, tokens, idle_s, streams, pace)
+        return await serve_stream(request, core, limits, tokens, idle_s, streams, pace,
+                                  slots)
 
     async def close_streams(app: web.Application) -> None:
         for transport in list(streams):  # their handlers end at once

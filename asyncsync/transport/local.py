@@ -57,10 +57,15 @@ class LocalTransport:
         self.payload_scale = payload_scale
         self.bytes_up = 0
         self.bytes_down = 0
+        self.pushes = 0
+        """Pushes sent: each carries its number, ``seq`` (see `asyncsync.engine.membership`)."""
 
     async def request(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        if op == "push":
+            self.pushes += 1
+            header = {**header, "seq": self.pushes}
         head = encode_header(header, vector)
         del header  # the caller's only reference (the worker's): the encoding stands for it
         up = len(head) + self.wire_bytes(vector)
