@@ -114,3 +114,13 @@ async def test_a_rank_trickling_more_bodies_than_its_slots_is_refused_429(
     status, reason = await http_answer(await client.http("push", whole, len(whole)))
     assert status == 200, reason
     assert client.core.store.version == 1
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_connections", 1.5), ("max_per_peer", True), ("max_bodies_per_rank", 2.0),
+    ("header_timeout_s", float("inf")), ("keepalive_s", "75"),
+    ("min_body_bytes_per_s", float("nan")), ("max_bodies_per_rank", 0)])
+def test_connection_limits_of_the_wrong_kind_are_refused_by_name(field: str,
+                                                                   value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        ConnectionLimits(**{field: value})

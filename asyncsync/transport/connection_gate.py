@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import resource
 import socket
 from collections import Counter
@@ -101,10 +102,15 @@ class ConnectionLimits:
     max_bodies_per_rank: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer",
-                     "min_body_bytes_per_s", "max_bodies_per_rank"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("header_timeout_s", "keepalive_s", "min_body_bytes_per_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("max_connections", "max_per_peer", "max_bodies_per_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 _BUSY_TEXT = b"too many connections"
