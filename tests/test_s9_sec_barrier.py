@@ -5,6 +5,7 @@ while a client without the rank's secret cannot take it from a worker still conn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -13,9 +14,11 @@ import aiohttp
 import pytest
 
 from asyncsync.clock import now
+from asyncsync.engine.core import build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.frame_stream import StreamConnection
 from asyncsync.transport.http_server import ParameterServer
+from asyncsync.transport.local import LocalTransport
 from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, encode_header
 from tests.helpers import tiny_model
 
@@ -91,3 +94,27 @@ async def test_a_worker_restarted_at_the_start_barrier_takes_its_rank_back(
         assert other[0] == 200 and core.run.started
         assert core.workers[0].session == session_of(body)
         assert core.store.live == {0, 1}
+
+
+async def test_in_process_a_join_cancelled_at_the_start_barrier_is_withdrawn() -> None:
+    """The in-process transport's counterpart: a worker task cancelled while its join
+    waits (the embedding's way to kill a worker) leaves the rank free."""
+    core = build_core(tiny_model(), "bsp", 2, ServerSettings(run_id=RUN,
+                                                             worker_timeout_s=None))
+    try:
+        first = asyncio.create_task(LocalTransport(core).request(
+            "join", {"worker": 0, "run_id": RUN}))
+        await until(lambda: 0 in core.store.live)
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await until(lambda: 0 not in core.store.live)
+        again = asyncio.create_task(LocalTransport(core).request(
+            "join", {"worker": 0, "run_id": RUN}))
+        other, _ = await LocalTransport(core).request("join", {"worker": 1, "run_id": RUN})
+        reply, _ = await asyncio.wait_for(again, 10)
+        assert core.workers[0].session == reply["meta"]["session"]
+        assert core.run.started and core.store.live == {0, 1}
+    finally:
+        await core.stop()
+        await core.close()

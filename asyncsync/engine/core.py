@@ -9,6 +9,9 @@ A push whose header says ``then_pull: true`` is a fused exchange: once the rule 
 the push, the request goes on as a pull with the same base version and meta, and its
 reply is the pull's (the push's reply meta under ``meta["push"]``). Barrier protocols,
 whose push is always followed by a pull of the next model, save a request per step.
+
+Each push's number (``seq``) is taken once per session, for every protocol, just before
+the rule sees the push (`membership`): a replayed push is a 409 and changes nothing.
 """
 
 from __future__ import annotations

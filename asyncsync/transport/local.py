@@ -80,9 +80,16 @@ class LocalTransport:
             # As over HTTP, a request the server has begun runs to its end even when the
             # caller is cancelled (a worker killed mid-request): rules never see half a push.
             # Its refusal then has nobody to hear it, and is not an error to print.
+            # A join cancelled while it waits for the run to start is withdrawn instead,
+            # as over HTTP when its connection closes: a restarted worker takes the rank.
             handled = asyncio.ensure_future(self.core.handle(op, decoded, sent))
             handled.add_done_callback(_heard)
-            reply, out = await asyncio.shield(handled)
+            try:
+                reply, out = await asyncio.shield(handled)
+            except asyncio.CancelledError:
+                if op == "join" and not self.core.run.started:
+                    handled.cancel()
+                raise
         except WireError as err:
             raise refusal_from(err.status, err.reason) from None
         reply_head = encode_header(reply, out)
