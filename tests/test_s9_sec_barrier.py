@@ -111,7 +111,7 @@ async def test_in_process_a_join_cancelled_at_the_start_barrier_is_withdrawn() -
         await until(lambda: 0 not in core.store.live)
         again = asyncio.create_task(LocalTransport(core).request(
             "join", {"worker": 0, "run_id": RUN}))
-        other, _ = await LocalTransport(core).request("join", {"worker": 1, "run_id": RUN})
+        await LocalTransport(core).request("join", {"worker": 1, "run_id": RUN})
         reply, _ = await asyncio.wait_for(again, 10)
         assert core.workers[0].session == reply["meta"]["session"]
         assert core.run.started and core.store.live == {0, 1}

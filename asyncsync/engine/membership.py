@@ -9,7 +9,7 @@ carry it, so a token holder cannot act as another rank (withdraw its push, make 
 A join for a rank whose session is live is refused unless it carries that session's
 secret (the same worker re-syncing); a new session may take the rank once the old one has
 left or been dropped after its timeout, or, during the start barrier, once the connection
-that carried its join has closed (see `ServerCore.withdraw_join`).
+that carried its join has closed (the transport cancels the join, and the core withdraws it).
 
 Pushes are numbered: each push of a session may carry ``seq``, an int the sender raises
 with every push (asyncsync's transports number every push from 1). The server takes each
