@@ -15,6 +15,7 @@ import torch
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.connection_gate import ConnectionLimits
 from asyncsync.transport.frame_stream import StreamConnection
+from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
@@ -124,3 +125,33 @@ def test_connection_limits_of_the_wrong_kind_are_refused_by_name(field: str,
                                                                    value: object) -> None:
     with pytest.raises(ValueError, match=field):
         ConnectionLimits(**{field: value})
+
+
+@pytest.mark.parametrize("channel", ["http", "stream"])
+async def test_a_push_over_its_ranks_slots_is_retried_by_the_transport(channel: str) -> None:
+    """An honest worker over the cap (e.g. many fragments in flight on a slow link) is
+    not ended by the 429: its transport retries, as after a busy server's 503."""
+    settings = ServerSettings(run_id=RUN, worker_timeout_s=None)
+    limits = ConnectionLimits(max_bodies_per_rank=1)
+    async with ParameterServer(tiny_model(), "asp", 1, settings, connections=limits) as server:
+        client = Sender(server)
+        transport = HttpTransport(server.url, server.core.store.numel, channel=channel)
+        try:
+            reply, _ = await transport.request("join", {"worker": 0, "run_id": RUN})
+            secret = reply["meta"]["session"]
+            stalled = client.push(secret, 1)
+            head = PREFIX.size + PREFIX.unpack(stalled[:PREFIX.size])[0]
+            await client.http("push", stalled, head + 100)  # holds the rank's one slot
+            await asyncio.sleep(0.2)
+            push = asyncio.create_task(transport.request("push", {
+                "worker": 0, "run_id": RUN, "session": secret, "kind": "gradient",
+                "steps": 1, "samples": 4, "base_version": 0},
+                torch.full((server.core.store.numel,), 0.01)))
+            await asyncio.sleep(0.5)  # refused 429 meanwhile, and retried
+            assert not push.done() and server.core.store.version == 0
+            client.close_all()  # the slot frees
+            await asyncio.wait_for(push, 10)
+            assert server.core.store.version == 1
+        finally:
+            client.close_all()
+            await transport.close()

@@ -101,7 +101,8 @@ class BodySlots:
     slowest pace allowed, holding a vector of the pool and a connection per body. A
     worker's loop has one or two requests carrying a tensor under way at a time (a push,
     and an overlapping protocol's background exchange), and its transport never resends a
-    push whose body was read, so a few are plenty.
+    push whose body was read, so a few are plenty; one that goes over (many fragments in
+    flight on a slow link) is delayed, not ended: its transport retries a 429.
     """
 
     def __init__(self, most: int) -> None:
