@@ -125,6 +125,16 @@ class BodySlots:
             self._taken[worker] = taken
 
 
+@dataclass(frozen=True)
+class Intake:
+    """What a server's channels accept of a request: the model's `limits`, the slowest
+    `pace` of a body and each rank's body `slots` (None: not bounded)."""
+
+    limits: Limits
+    pace: BodyPace | None = None
+    slots: BodySlots | None = None
+
+
 HELD_JOIN_POLL_S = 0.1
 """How often a join held at the start barrier checks that its client is still connected."""
 
@@ -150,25 +160,25 @@ def body_limit(limits: Limits, op: str) -> int:
     return limits.max_body_bytes if op in ("push", "query") else Limits(0).max_body_bytes
 
 
-async def answer_frame(core: ServerCore, limits: Limits, op: str, read_any: ReadAny,
+async def answer_frame(core: ServerCore, intake: Intake, op: str, read_any: ReadAny,
                        length: int | None, read_into: ReadInto | None = None,
-                       pace: BodyPace | None = None, slots: BodySlots | None = None,
                        gone: Callable[[], bool] | None = None) -> Answer:
     """Read one frame of `op` from `read_any` (which returns b"" at the frame's end; the
     frame declared `length` bytes, None when unknown), its tensor with `read_into` when
-    given, and answer it.
+    given, and answer it, as `intake` says.
 
     The tensor is received into a warm vector of the core's pool and checked for NaN/Inf
-    as it arrives; with a `pace`, a body that arrives slower is answered 408; with
-    `slots`, a rank's tensor beyond its bodies in flight is answered 429. Raises
+    as it arrives; with a pace, a body that arrives slower is answered 408; with slots, a
+    rank's tensor beyond its bodies in flight is answered 429. Raises
     ConnectionError when the peer leaves mid-frame, or (`gone` says whether the peer's
     connection has closed) while its join waits for the run to start: that join is then
     withdrawn (`held_join`).
     """
+    pace, slots = intake.pace, intake.slots
     if pace is not None:
         read_any, read_into = pace.guard(read_any, read_into)
     try:
-        max_total = body_limit(limits, op)
+        max_total = body_limit(intake.limits, op)
         if length is not None and length > max_total:
             raise WireError(413, f"body of {length} bytes exceeds the limit of {max_total}")
         reader = FrameReader(read_any, max_total, read_into)

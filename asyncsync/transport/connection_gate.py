@@ -252,6 +252,17 @@ class ConnectionGate:
                 del self._peers[connection.peer]
 
 
+def between_requests(protocol: asyncio.BaseProtocol, waiting: bool) -> None:
+    """Tell the gate that the connection `protocol` (when it is the gate's) now waits for
+    its next request (`waiting`: it may be evicted as an idle one), or is inside one. For a
+    stream, whose frames are requests that the gate does not see (`frame_stream`)."""
+    if isinstance(protocol, _Connection):
+        if waiting:
+            protocol.end()
+        else:
+            protocol.begin()
+
+
 class _Connection(asyncio.Protocol):
     """One accepted connection: admitted by the gate, then served by aiohttp's handler,
     with a deadline on each request head."""
