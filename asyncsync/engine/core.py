@@ -9,6 +9,9 @@ A push whose header says ``then_pull: true`` is a fused exchange: once the rule 
 the push, the request goes on as a pull with the same base version and meta, and its
 reply is the pull's (the push's reply meta under ``meta["push"]``). Barrier protocols,
 whose push is always followed by a pull of the next model, save a request per step.
+
+Each push's number (``seq``) is taken once per session, for every protocol, just before
+the rule sees the push (`membership`): a replayed push is a 409 and changes nothing.
 """
 
 from __future__ import annotations
@@ -250,6 +253,8 @@ class ServerCore:
                            "after a timeout): join first")
         if op != "join":
             self.workers[worker].check_session(worker, header.get("session"))
+        if op == "push":  # a replay is refused before its tensor is received
+            self.workers[worker].check_push(worker, header.get("seq"))
         return worker
 
     async def _dispatch(self, op: str, worker: int, header: dict[str, Any],
@@ -298,6 +303,7 @@ class ServerCore:
         if not finite:
             self._report_nonfinite(worker)
             raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
+        self.workers[worker].take_push(worker, header.get("seq"))  # (no await between)
         pushed = await self.rule.on_push(push)
         if not then_pull:
             return Reply(meta=pushed)
@@ -352,16 +358,34 @@ class ServerCore:
             self.store.notify()
         elif self._joined == len(self.workers):
             self._start()
-        while not self._all_joined.is_set():
-            if self.store.stopping:
-                raise RunStopped
-            await self._all_joined.wait()
+        try:
+            while not self._all_joined.is_set():
+                if self.store.stopping:
+                    raise RunStopped
+                await self._all_joined.wait()
+        except asyncio.CancelledError:
+            self._withdraw_join(worker, session)
+            raise
         self.run.log(Kind.REJOIN if rejoin else Kind.JOIN, worker=worker,
                      version=self.store.version)
         reply = self.store.current()
         reply.meta["workers"] = len(self.workers)
         reply.meta["session"] = session
         return reply
+
+    def _withdraw_join(self, worker: int, session: str) -> None:
+        """Undo a first join cancelled at the start barrier (the transport cancels it when
+        its client's connection closes: a worker that died before the run started), so
+        that a restarted copy takes the rank at once; not once the run has started, nor
+        when a later join of the rank (one carrying the secret) holds its session now."""
+        record = self.workers[worker]
+        if self._all_joined.is_set() or record.session != session:
+            return
+        self.store.live.discard(worker)
+        self._joined -= 1
+        record.joined, record.session, record.state = False, "", "starting"
+        LOG.info("worker %d left while waiting for the run to start: its join is withdrawn",
+                 worker)
 
     async def _leave(self, worker: int) -> None:
         record = self.workers[worker]

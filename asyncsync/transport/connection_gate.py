@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import resource
 import socket
 from collections import Counter
@@ -86,6 +87,8 @@ class ConnectionLimits:
         max_per_peer: connections open at once from one peer address.
         min_body_bytes_per_s: the slowest a request body may arrive, after a grace of
             `header_timeout_s` (`answers.BodyPace`; slower: 408).
+        max_bodies_per_rank: tensors one rank may have arriving at once, over all its
+            connections (`answers.BodySlots`, which says why; more: 429).
 
     Over TLS a connection counts once its handshake is done; until then only the
     handshake's time is bounded (by `header_timeout_s`).
@@ -96,12 +99,18 @@ class ConnectionLimits:
     max_connections: int = 1024
     max_per_peer: int = 128
     min_body_bytes_per_s: float = 1000.0
+    max_bodies_per_rank: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "keepalive_s", "max_connections", "max_per_peer",
-                     "min_body_bytes_per_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("header_timeout_s", "keepalive_s", "min_body_bytes_per_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("max_connections", "max_per_peer", "max_bodies_per_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 _BUSY_TEXT = b"too many connections"
@@ -241,6 +250,17 @@ class ConnectionGate:
             self._peers[connection.peer] -= 1
             if not self._peers[connection.peer]:
                 del self._peers[connection.peer]
+
+
+def between_requests(protocol: asyncio.BaseProtocol, waiting: bool) -> None:
+    """Tell the gate that the connection `protocol` (when it is the gate's) now waits for
+    its next request (`waiting`: it may be evicted as an idle one), or is inside one. For a
+    stream, whose frames are requests that the gate does not see (`frame_stream`)."""
+    if isinstance(protocol, _Connection):
+        if waiting:
+            protocol.end()
+        else:
+            protocol.begin()
 
 
 class _Connection(asyncio.Protocol):

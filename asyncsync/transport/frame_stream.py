@@ -17,12 +17,10 @@ the head is parsed once per connection (docs/benchmarks.md, floor).
 What stays as over HTTP: the upgrade passes the connection gate and the token check like
 any request (a worker token's stream may not call the run token's ops), every frame is
 read and answered by `answers.answer_frame` (the same limits, NaN check, refusals and
-reasons), and a frame the server could not read to its end (a malformed or oversized
-one) is answered and its connection closed, since the next frame's start is unknown
-(after a lingering close: see `_Receiver.linger`). A
-stream that sends nothing for the gate's keep-alive time, between frames or inside one,
-is closed. The HTTP API serves every op as
-before; the stream is a faster way to the same handler.
+reasons), a frame the server could not read to its end (malformed, oversized) is answered
+and its connection closed (lingering: `_Receiver.linger`), since the next frame's start
+is unknown, and between frames the gate counts a stream as an idle keep-alive connection
+(it may be evicted as one). A stream silent for the gate's keep-alive time is closed.
 """
 
 from __future__ import annotations
@@ -39,10 +37,10 @@ from aiohttp.http_writer import StreamWriter
 
 from asyncsync.clock import now
 from asyncsync.engine.core import ServerCore
-from asyncsync.transport.answers import BodyPace, answer_frame
-from asyncsync.transport.connection_gate import LINGER_S
+from asyncsync.transport.answers import Intake, answer_frame
+from asyncsync.transport.connection_gate import LINGER_S, between_requests
 from asyncsync.transport.tokens import BearerTokens
-from asyncsync.wire.frames import CHUNK_BYTES, Limits, tensor_chunks
+from asyncsync.wire.frames import CHUNK_BYTES, tensor_chunks
 
 PATH = "/v1/stream"
 UPGRADE = "tcp"
@@ -64,14 +62,13 @@ def wants_stream(request: web.Request) -> bool:
             and "upgrade" in request.headers.get("Connection", "").lower())
 
 
-async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
+async def serve_stream(request: web.Request, core: ServerCore, intake: Intake,
                        tokens: BearerTokens | None, idle_s: float,
-                       live: set[asyncio.BaseTransport], pace: BodyPace | None = None,
-                       ) -> web.StreamResponse:
-    """Upgrade `request`'s connection and answer frames on it until the client closes it,
-    sends nothing for `idle_s` seconds, or sends a frame that cannot be read to its end
-    (a frame whose body arrives slower than `pace` is answered 408, then closed).
-    Its transport is in `live` meanwhile (the server closes those when it shuts down).
+                       live: set[asyncio.BaseTransport]) -> web.StreamResponse:
+    """Upgrade `request`'s connection and answer frames on it as `intake` says, until the
+    client closes it, sends nothing for `idle_s` seconds, or sends a frame that cannot be
+    read to its end (or arrives slower than the intake's pace: a 408, then closed). Its
+    transport is in `live` meanwhile (the server closes those when it shuts down).
 
     After the 101 the connection's transport is handed from its protocol (the gate's,
     around aiohttp's) to a `_Receiver`, so a frame's tensor is received straight into its
@@ -95,7 +92,8 @@ async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
     headers_writer.send_headers()
     live.add(transport)
     try:
-        while await _answer_next(request, receiver, core, limits, tokens, pace):
+        while await _answer_next(request, receiver, core, intake, tokens,
+                                 lambda idle: between_requests(owner, idle)):
             pass
     except ConnectionError:
         pass  # the client left; nothing to answer
@@ -108,11 +106,13 @@ async def serve_stream(request: web.Request, core: ServerCore, limits: Limits,
 
 
 async def _answer_next(request: web.Request, receiver: _Receiver, core: ServerCore,
-                       limits: Limits, tokens: BearerTokens | None,
-                       pace: BodyPace | None) -> bool:
-    """Read and answer one frame; False when the stream is to be closed."""
+                       intake: Intake, tokens: BearerTokens | None,
+                       waiting: Callable[[bool], None]) -> bool:
+    """Answer a frame (`waiting` tells the gate until one begins); False: close."""
+    waiting(True)
     try:
         op_bytes, length = REQUEST.unpack(await receiver.read_exactly(REQUEST.size))
+        waiting(False)
     except (asyncio.IncompleteReadError, ConnectionError):  # closed, or idle
         return False
     if not 0 < op_bytes <= MAX_OP_BYTES:
@@ -130,8 +130,8 @@ async def _answer_next(request: web.Request, receiver: _Receiver, core: ServerCo
         await _refuse(receiver, refusal.status, refusal.text or "refused")
         return False
     frame = receiver.frame(length)
-    answer = await answer_frame(core, limits, op, frame.read_any, length, frame.read_into,
-                                pace)
+    answer = await answer_frame(core, intake, op, frame.read_any, length, frame.read_into,
+                                lambda: receiver.ended)
     if answer.status != 200:
         await _refuse(receiver, answer.status, answer.reason)
         if frame.remaining:

@@ -38,6 +38,9 @@ from asyncsync.wire.frames import (
 
 BUSY = 503
 """The server's gate refused the connection unread (too many connections): safe to retry."""
+SLOTS_FULL = 429
+"""The server refused a tensor before reading it: the rank has as many bodies arriving as
+it may (`answers.BodySlots`). Safe to retry (the push was not taken), as after `BUSY`."""
 
 
 class TlsFailure(InputError, ConnectionError):
@@ -122,6 +125,8 @@ class HttpTransport:
         self.timeout_s = timeout_s
         self._opened: aiohttp.ClientSession | None = None  # made at the first POST
         self._answered = False  # whether the server has answered an upgrade yet
+        self.pushes = 0
+        """Pushes sent: each carries its number, ``seq`` (see `asyncsync.engine.membership`)."""
 
     @property
     def _session(self) -> aiohttp.ClientSession:
@@ -144,14 +149,21 @@ class HttpTransport:
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Send one request; retry with backoff while the server cannot be reached.
 
-        Only connection failures and a busy server's 503 are retried (the request was
-        never read, so a retry cannot apply it twice), and a connection the server closed
-        without an answer when the op is in `RESENDABLE_OPS`, for up to
+        Only connection failures, a busy server's 503 and a 429 (`SLOTS_FULL`) are retried
+        (the request was never read, so a retry cannot apply it twice), and a connection
+        the server closed without an answer when the op is in `RESENDABLE_OPS`, for up to
         `connect_timeout_s` seconds. A failed TLS handshake raises `TlsFailure` at once;
         another connection that breaks mid-request, or a try not answered within
         `timeout_s` (on either channel), raises `ConnectionError`; a 4xx raises the SDK's
         refusal. A leave is retried for `LEAVE_RETRY_S` at most.
+
+        Each push is numbered (``seq``, once per call: a retry of a push never read is
+        the same push). A push whose connection broke before its answer is not resent:
+        it was applied once or not at all, and the worker re-syncs (docs/failure-handling.md).
         """
+        if op == "push":
+            self.pushes += 1
+            header = {**header, "seq": self.pushes}
         deadline = now() + (min(LEAVE_RETRY_S, self.connect_timeout_s) if op == "leave"
                              else self.connect_timeout_s)
         backoff = 0.1
@@ -196,7 +208,7 @@ class HttpTransport:
             raise
         async with response as resp:
             self.bytes_up += size
-            if resp.status == BUSY:
+            if resp.status in (BUSY, SLOTS_FULL):
                 raise _ServerBusy(f"busy: {(await resp.text())[:200]}")
             if resp.status >= 400:
                 reason = (await resp.text())[:500]
@@ -224,7 +236,10 @@ class HttpTransport:
                 while len(reason) < min(length, 500):  # then the stream is dropped
                     reason += await body.read_any()
                 stream.close()
-                raise refusal_from(status, reason[:500].decode("utf-8", "replace"))
+                text = reason[:500].decode("utf-8", "replace")
+                if status == SLOTS_FULL:
+                    raise _ServerBusy(f"busy: {text[:200]}")
+                raise refusal_from(status, text)
             if self.link is not None:  # paced chunk by chunk, so received with copies
                 await self.link.one_way_delay()
                 reply, out = await self._read_reply(self.link.paced_reader(body.read_any))

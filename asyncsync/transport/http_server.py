@@ -32,7 +32,7 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import Protocol
 from asyncsync.runlog.metrics import JsonlLog
 from asyncsync.schema import ConfigError
-from asyncsync.transport.answers import BodyPace, answer_frame
+from asyncsync.transport.answers import BodyPace, BodySlots, Intake, answer_frame
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import PATH as STREAM_PATH
 from asyncsync.transport.frame_stream import serve_stream
@@ -46,8 +46,7 @@ HTTP_LOG = logging.getLogger("asyncsync.server.http")
 """aiohttp's own request-handling errors (malformed HTTP from peers), and clients that
 left mid-request."""
 CORE: web.AppKey[ServerCore] = web.AppKey("core")
-LIMITS: web.AppKey[Limits] = web.AppKey("limits")
-PACE: web.AppKey[BodyPace] = web.AppKey("pace")
+INTAKE: web.AppKey[Intake] = web.AppKey("intake")
 HTTP_LOG.addFilter(RepeatFilter())
 HTTP_LOG.addFilter(PeerErrorFilter())
 
@@ -59,9 +58,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
     try:
         if request.content_type != CONTENT_TYPE:
             return web.Response(status=415, text=f"content type must be {CONTENT_TYPE}")
-        answer = await answer_frame(request.app[CORE], request.app[LIMITS], op,
+        answer = await answer_frame(request.app[CORE], request.app[INTAKE], op,
                                     request.content.readany, request.content_length,
-                                    pace=request.app[PACE])
+                                    gone=lambda: request.transport is None)
         if answer.status == 408:  # the rest of its body is not read: the connection goes
             late = web.Response(status=408, text=answer.reason)
             late.force_close()
@@ -117,23 +116,23 @@ def make_app(core: ServerCore, token: str | None = None,
              gate: ConnectionGate | None = None) -> web.Application:
     """The application serving `core` under ``/v1/{op}`` and on upgraded streams
     (`frame_stream`), behind the run's bearer token if given, telling `gate` (if given)
-    when each request starts and ends (a stream is one request)."""
+    when each request starts and ends (a stream's frames are its requests)."""
     tokens = BearerTokens(token) if token else None
     middlewares = ([gate.track()] if gate is not None else []) + (
         [bearer_auth(tokens)] if tokens is not None else [])
     limits = Limits(core.store.numel)
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app[CORE] = core
-    app[LIMITS] = limits
     expect = expect_continue(tokens)
     connection_limits = gate.limits if gate is not None else ConnectionLimits()
     idle_s = connection_limits.keepalive_s
-    pace = app[PACE] = BodyPace(connection_limits.header_timeout_s,
-                                connection_limits.min_body_bytes_per_s)
+    intake = app[INTAKE] = Intake(limits, BodyPace(connection_limits.header_timeout_s,
+                                                   connection_limits.min_body_bytes_per_s),
+                                  BodySlots(connection_limits.max_bodies_per_rank))
     streams: set[asyncio.BaseTransport] = set()
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        return await serve_stream(request, core, limits, tokens, idle_s, streams, pace)
+        return await serve_stream(request, core, intake, tokens, idle_s, streams)
 
     async def close_streams(app: web.Application) -> None:
         for transport in list(streams):  # their handlers end at once

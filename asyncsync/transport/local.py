@@ -57,10 +57,15 @@ class LocalTransport:
         self.payload_scale = payload_scale
         self.bytes_up = 0
         self.bytes_down = 0
+        self.pushes = 0
+        """Pushes sent: each carries its number, ``seq`` (see `asyncsync.engine.membership`)."""
 
     async def request(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
+        if op == "push":
+            self.pushes += 1
+            header = {**header, "seq": self.pushes}
         head = encode_header(header, vector)
         del header  # the caller's only reference (the worker's): the encoding stands for it
         up = len(head) + self.wire_bytes(vector)
@@ -75,9 +80,16 @@ class LocalTransport:
             # As over HTTP, a request the server has begun runs to its end even when the
             # caller is cancelled (a worker killed mid-request): rules never see half a push.
             # Its refusal then has nobody to hear it, and is not an error to print.
+            # A join cancelled while it waits for the run to start is withdrawn instead,
+            # as over HTTP when its connection closes: a restarted worker takes the rank.
             handled = asyncio.ensure_future(self.core.handle(op, decoded, sent))
             handled.add_done_callback(_heard)
-            reply, out = await asyncio.shield(handled)
+            try:
+                reply, out = await asyncio.shield(handled)
+            except asyncio.CancelledError:
+                if op == "join" and not self.core.run.started:
+                    handled.cancel()
+                raise
         except WireError as err:
             raise refusal_from(err.status, err.reason) from None
         reply_head = encode_header(reply, out)
