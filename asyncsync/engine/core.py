@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,8 @@ class ServerCore:
     def __init__(self, vector: torch.Tensor, protocol: Protocol, protocol_params: Any,
                  workers: int, settings: ServerSettings, *, num_params: int | None = None,
                  evaluator: Evaluator | None = None, events: JsonlLog | None = None,
-                 seam: ServerSeam | None = None, fingerprint: str = "") -> None:
+                 seam: ServerSeam | None = None, fingerprint: str = "",
+                 frozen: Sequence[slice] = ()) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         self.protocol = protocol
@@ -87,7 +89,7 @@ class ServerCore:
         self.run_id = settings.run_id
         vector = vector.detach().to("cpu", copy=True).contiguous()
         optimizer = FlatSGD(settings.lr, settings.momentum, settings.weight_decay)
-        self.store = ParameterStore(vector, workers, optimizer, num_params, seam)
+        self.store = ParameterStore(vector, workers, optimizer, num_params, seam, frozen)
         self.rule: ServerRule = protocol.server(protocol_params, self.store)
         self.store.keep_state_of(self.rule)
         self.workers = [WorkerRecord() for _ in range(workers)]
@@ -436,4 +438,4 @@ def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
         batch_size=settings.eval_batch)
     return ServerCore(flat.flat, proto, params, workers, settings,
                       num_params=flat.num_params, evaluator=evaluator, events=events,
-                      seam=seam, fingerprint=model_fingerprint(model))
+                      seam=seam, fingerprint=model_fingerprint(model), frozen=flat.frozen)

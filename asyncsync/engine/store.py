@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -120,10 +120,14 @@ class ParameterStore:
     """
 
     def __init__(self, vector: torch.Tensor, workers: int, optimizer: FlatSGD,
-                 num_params: int | None = None, seam: ServerSeam | None = None) -> None:
+                 num_params: int | None = None, seam: ServerSeam | None = None,
+                 frozen: Sequence[slice] = ()) -> None:
         self.w = vector
         self.numel = vector.numel()
         self.num_params = self.numel if num_params is None else num_params
+        self.frozen = list(frozen)
+        """The slices of parameters without ``requires_grad``: a gradient step leaves
+        them as they are, weight decay included (as the workers' local steps do)."""
         self.version = 0
         self.workers = workers
         self.optimizer = optimizer
@@ -165,6 +169,10 @@ class ParameterStore:
         def step() -> tuple[torch.Tensor, torch.Tensor | None, bool]:
             new = self.buffers.take(self.numel, self.w.dtype)
             buffer = self.optimizer.apply_into(new[:n], self.w[:n], gradient[:n])
+            for columns in self.frozen:
+                new[columns] = self.w[columns]
+                if buffer is not None:
+                    buffer[columns] = 0.0
             new[n:] = gradient[n:]
             return new, buffer, all_finite(new) and (buffer is None or all_finite(buffer))
 
