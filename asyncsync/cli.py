@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                             " LOGDIR) collects the results")
     run.epilog = ("exit status: 0 every run finished; 1 one or more runs failed (the table "
                   "shows each with its error); 2 a bad recipe, option or path; 130 "
-                  "interrupted (Ctrl-C; --resume continues)")
+                  "interrupted (Ctrl-C or SIGTERM; --resume continues)")
 
     check = sub.add_parser("check", help="validate a recipe and print its resolved runs")
     _recipe_options(check)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rich.markup import escape
+
 from asyncsync.clock import now
 from asyncsync.results.report import preload_plots, publish
 from asyncsync.results.studies import LogError
@@ -33,8 +35,10 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.children import Child, Spares
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import (
+    SIGTERM_STOP,
     SUBMITTED,
     SlurmOptions,
+    cause,
     error_line,
     failure,
     interrupted,
@@ -106,8 +110,9 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     `asyncsync.study.children`); those left are closed before the real-clock runs, and by
     the caller if this raises before.
 
-    On Ctrl-C (the task is cancelled) it prints "interrupted", the table of the runs that
-    finished and the log path, then lets the cancellation go on.
+    On Ctrl-C or SIGTERM (the task is cancelled, see `_terminable`) it prints which stopped
+    it, the table of the runs that finished and the log path, marks the runs in progress
+    interrupted by it, then lets the cancellation go on.
     """
     check_models(recipe)
     await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
@@ -143,11 +148,11 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
                 if spares is not None:  # no child left idle beside runs that time the host
                     await asyncio.to_thread(spares.close)
                 await _in_turn(study, [i for i in todo if i not in study.done])
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         study.dashboard.console.print(
-            "[yellow]interrupted[/yellow]: the runs in progress are marked interrupted in "
-            f"their summary.json; continue with --resume {root}", highlight=False,
-            soft_wrap=True)
+            f"[yellow]{escape(cause(exc))}[/yellow]: the runs in progress are marked "
+            f"interrupted in their summary.json; continue with --resume {root}",
+            highlight=False, soft_wrap=True)
         _publish(study)
         raise
     finally:
@@ -238,8 +243,8 @@ async def _pool(study: _Study, todo: list[int], jobs: int, spares: Spares | None
             summary: dict[str, Any] = json.loads((slot.run_dir / "summary.json").read_text())
         except RuntimeError as exc:  # no summary.json: --resume runs it again
             summary = failure(slot.run_dir, error_line(exc))
-        except asyncio.CancelledError:
-            write_summary(slot.run_dir, interrupted(slot.run_dir))
+        except asyncio.CancelledError as exc:
+            write_summary(slot.run_dir, interrupted(slot.run_dir, cause(exc)))
             raise
         return summary
 
@@ -330,12 +335,12 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                     study.record(position, summary)
             if pending:
                 await asyncio.sleep(SLURM_POLL_S)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         for position, job in pending.items():
             with contextlib.suppress(Exception):
                 job.cancel(check=False)
             run_dir = study.slots[position].run_dir
-            write_summary(run_dir, interrupted(run_dir))
+            write_summary(run_dir, interrupted(run_dir, cause(exc)))
         raise
     return True
 
@@ -378,9 +383,10 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
 
 
 async def _terminable(job: Coroutine[Any, Any, T]) -> T:
-    """Await `job`, which SIGTERM (a Slurm time limit, `kill`) cancels as Ctrl-C does: the
-    runs in progress are marked interrupted, so ``--resume`` runs them again, the table of
-    the finished ones is printed, and KeyboardInterrupt follows. (Killed outright, the
+    """Await `job`, which SIGTERM (a Slurm time limit, `kill`) cancels as Ctrl-C does, with
+    `SIGTERM_STOP` as the cancellation's message: the runs in progress are marked
+    interrupted by it, so ``--resume`` runs them again, the table of the finished ones is
+    printed, and KeyboardInterrupt follows. (Killed outright, the
     supervisor prints nothing; its children mark their runs interrupted themselves, see
     `asyncsync.study.executors.SupervisorGone`.)"""
     loop = asyncio.get_running_loop()
@@ -391,7 +397,7 @@ async def _terminable(job: Coroutine[Any, Any, T]) -> T:
     def terminate() -> None:
         nonlocal terminated
         terminated = True
-        task.cancel()
+        task.cancel(SIGTERM_STOP)
 
     try:
         loop.add_signal_handler(signal.SIGTERM, terminate)
