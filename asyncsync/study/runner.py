@@ -42,7 +42,6 @@ from asyncsync.study.executors import (
     error_line,
     failure,
     interrupted,
-    queued_tasks,
     shared_problem,
     slurm_executor,
     submit_array,
@@ -59,6 +58,7 @@ from asyncsync.study.run_one import (
     run_and_record,
 )
 from asyncsync.study.specs import RunSpec
+from asyncsync.study.study_folder import claimed, reopen
 from asyncsync.tracking import RunFeed, Tracker, follow, parse_track, unique_specs
 
 T = TypeVar("T")
@@ -119,7 +119,17 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     if slurm is None:  # a Slurm task's node has its own devices
         await asyncio.to_thread(check_devices, recipe)  # a driver query, off the loop
     await asyncio.to_thread(preflight, recipe.runs)  # kernel shaping: root, ip, tc, netem
-    root = _reopen(recipe, resume) if resume else _new_study(logs / recipe.name)
+    root = reopen(recipe, resume) if resume else _new_study(logs / recipe.name)
+    with claimed(root, resume is not None):
+        return await _run_study(recipe, root, live, trackers, jobs, resume is not None,
+                                slurm, wait, spares)
+
+
+async def _run_study(recipe: Recipe, root: Path, live: bool | None,
+                     trackers: Sequence[Tracker], jobs: int, resume: bool,
+                     slurm: SlurmOptions | None, wait: bool, spares: Spares | None,
+                     ) -> list[dict[str, Any]]:
+    """`run_recipe` in the study folder `root`, which this process holds."""
     (root / "recipe.json").write_text(json.dumps(recipe.as_table(), indent=2))
     slots = [_Slot(index, repeat, run,
                    root / (spec.name if recipe.repeats == 1 else f"{spec.name}-r{repeat}"))
@@ -172,34 +182,6 @@ def _new_study(base: Path) -> Path:
             root.mkdir(parents=True)
             return root
     raise AssertionError("unreachable")
-
-
-def _reopen(recipe: Recipe, root: Path) -> Path:
-    """The study folder `root` to resume, checked against `recipe` as resolved now.
-
-    Raises:
-        ConfigError: `root` is not a study folder of this recipe with these options.
-    """
-    try:
-        written = json.loads((root / "recipe.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--resume {root}: not a study folder (recipe.json: {exc})") from None
-    if "repeat" in written and (root.parent / "recipe.json").is_file():
-        raise ConfigError(f"--resume {root}: a run's folder; --resume takes its study's "
-                          f"folder: --resume {root.parent}")
-    if written != json.loads(json.dumps(recipe.as_table())):
-        raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
-                          "resolved now; give the same recipe, --set, --only, --repeats "
-                          "and --clock")
-    if queued := queued_tasks(root):
-        array, tasks = queued
-        raise ConfigError(f"--resume {root}: its Slurm job array {array} still has "
-                          f"{len(tasks)} task{'s' if len(tasks) > 1 else ''} queued or running "
-                          f"({', '.join(tasks[:5])}{', ...' if len(tasks) > 5 else ''}); "
-                          f"resuming now would run them twice: wait for them (asyncsync "
-                          f"report {root} tables what is done), or cancel them first "
-                          f"(scancel {array})")
-    return root
 
 
 def _kept(slot: _Slot) -> dict[str, Any] | None:
