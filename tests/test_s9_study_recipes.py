@@ -1,0 +1,48 @@
+"""Malformed recipes and ``--set`` values: one ``error:`` line naming the file, the key and
+the problem, exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncsync.cli import main
+from tests.test_cli import one_error, run_main
+
+RECIPE = """
+name = "tiny"
+baseline = "bsp"
+
+[defaults]
+workers = 2
+clock = "virtual"
+
+[defaults.stop]
+time_s = 5
+
+[defaults.model]
+name = "mlp"
+
+[[runs]]
+name = "bsp"
+protocol = "bsp"
+"""
+
+
+def _recipe(tmp_path: Path, text: str = RECIPE) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    return path
+
+
+def test_stop_at_target_without_a_target_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was accepted, then `check` crashed formatting the missing target."""
+    path = _recipe(tmp_path)
+    assert one_error(run_main(capsys, "check", str(path), "--set",
+                              "stop.stop_at_target=true")) == (
+        f"error: {path}: runs[0] (bsp): stop.stop_at_target: there is no target to stop at; "
+        "set stop.target_accuracy too")
+    assert main(["check", str(path), "--set", "stop.stop_at_target=true", "--set",
+                 "stop.target_accuracy=0.5"]) == 0
