@@ -46,3 +46,16 @@ def test_stop_at_target_without_a_target_is_refused(
         "set stop.target_accuracy too")
     assert main(["check", str(path), "--set", "stop.stop_at_target=true", "--set",
                  "stop.target_accuracy=0.5"]) == 0
+
+
+def test_every_option_of_every_verb_says_what_it_does() -> None:
+    """`server`, `worker` and `launch` listed --recipe and --log-dir with no word on them."""
+    import argparse
+
+    from asyncsync.cli import _parser
+
+    (verbs,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    silent = [f"{verb} {action.dest}" for verb, parser in verbs.choices.items()
+              for action in parser._actions
+              if not isinstance(action, argparse._HelpAction) and not action.help]
+    assert silent == []
