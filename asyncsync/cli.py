@@ -16,7 +16,8 @@ from rich.markup import escape
 
 from asyncsync.errors import InputError
 from asyncsync.results.comparison import is_baseline
-from asyncsync.results.report import make_console, output_folder, publish, report_summary
+from asyncsync.results.layout import make_console
+from asyncsync.results.report import output_folder, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
 from asyncsync.runlog.reading import label, sweep_suffix
 from asyncsync.schema import ConfigError
@@ -224,10 +225,7 @@ def _at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an integer >= `low`."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
+        value = int(text) if text.strip().removeprefix("-").isdecimal() else low - 1
         if value < low:
             raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text}")
         return value

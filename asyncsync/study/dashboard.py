@@ -23,7 +23,7 @@ from rich.text import Text
 
 from asyncsync.clock import now
 from asyncsync.hetero.network import LinkSpec
-from asyncsync.results.report import make_console
+from asyncsync.results.layout import make_console
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.specs import RunSpec
 
