@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncsync.cli import main
+from asyncsync.study.recipe import load_recipe
 from tests.test_cli import one_error, run_main
 
 RECIPE = """
@@ -44,8 +44,8 @@ def test_stop_at_target_without_a_target_is_refused(
                               "stop.stop_at_target=true")) == (
         f"error: {path}: runs[0] (bsp): stop.stop_at_target: there is no target to stop at; "
         "set stop.target_accuracy too")
-    assert main(["check", str(path), "--set", "stop.stop_at_target=true", "--set",
-                 "stop.target_accuracy=0.5"]) == 0
+    (run,) = load_recipe(path, ["stop.stop_at_target=true", "stop.target_accuracy=0.5"]).runs
+    assert run.stop.stop_at_target and run.stop.target_accuracy == 0.5
 
 
 def test_every_option_of_every_verb_says_what_it_does() -> None:

@@ -25,6 +25,7 @@ from asyncsync.results.comparison import (
     speedup,
     targets,
 )
+from asyncsync.results.layout import make_console as make_console  # (callers of old)
 from asyncsync.results.layout import measured, run_block
 from asyncsync.results.studies import LogError, identity, resolved_run, written_summary
 from asyncsync.runlog.reading import (
