@@ -114,8 +114,8 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     """A finished run's summary for the report: a failed run's summary.json (its error,
     as `asyncsync run` tabled it), else rebuilt from its logs by `summarize_run`.
 
-    A run whose log has a damaged line, or a record of the wrong shape (a field missing or
-    of another type), is reported failed, its error naming the file (and line), as a run
+    A run whose log has a damaged line, a record of the wrong shape (a field missing or
+    of another type), or no stop record (its events.jsonl cut), is reported failed, its error naming the file (and line), as a run
     that failed is: the other runs are still tabled, and the damaged one is
     marked and named in the table and table.csv, not left out unseen.
 
@@ -127,7 +127,11 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     if "error" in written:
         return {**identity(*resolved_run(run_dir)), **written}
     try:
-        return summarize_run(run_dir)
+        summary = summarize_run(run_dir)
+        if summary["versions"] is None:  # every run's server writes it last: the log was cut
+            raise DamagedLog(f"{run_dir / 'events.jsonl'}: no stop record, though its "
+                             "summary.json says the run finished (the log was cut)")
+        return summary
     except DamagedLog as exc:
         return {**identity(*resolved_run(run_dir)), "error": f"damaged log: {exc}"}
     except (KeyError, TypeError, ValueError) as exc:  # a record that parses, misshapen
