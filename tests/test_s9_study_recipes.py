@@ -59,3 +59,13 @@ def test_every_option_of_every_verb_says_what_it_does() -> None:
               for action in parser._actions
               if not isinstance(action, argparse._HelpAction) and not action.help]
     assert silent == []
+
+
+@pytest.mark.parametrize(("runs", "said"), [
+    ("runs = 5", "runs: expected [[runs]] tables, got 5"),
+    ('runs = "bsp"', "runs: expected [[runs]] tables, got 'bsp'"),
+    ("runs = []", "runs: a recipe needs at least one [[runs]] table")])
+def test_runs_that_are_no_list_of_tables_say_what_they_are(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], runs: str, said: str) -> None:
+    path = _recipe(tmp_path, f'name = "x"\n{runs}\n')
+    assert one_error(run_main(capsys, "check", str(path))) == f"error: {path}: {said}"

@@ -115,9 +115,10 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     as `asyncsync run` tabled it), else rebuilt from its logs by `summarize_run`.
 
     A run whose log has a damaged line, a record of the wrong shape (a field missing or
-    of another type), or no stop record (its events.jsonl cut), is reported failed, its error naming the file (and line), as a run
-    that failed is: the other runs are still tabled, and the damaged one is
-    marked and named in the table and table.csv, not left out unseen.
+    of another type), or no stop record (its events.jsonl cut), is reported failed, its
+    error naming the file (and line), as a run that failed is: the other runs are still
+    tabled, and the damaged one is marked and named in the table and table.csv, not left
+    out unseen.
 
     Raises:
         LogError: recipe.json is missing or not a run's resolved recipe (the run cannot be
