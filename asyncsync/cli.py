@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -15,7 +16,8 @@ from rich.markup import escape
 
 from asyncsync.errors import InputError
 from asyncsync.results.comparison import is_baseline
-from asyncsync.results.report import make_console, output_folder, publish, report_summary
+from asyncsync.results.layout import make_console
+from asyncsync.results.report import output_folder, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
 from asyncsync.runlog.reading import label, sweep_suffix
 from asyncsync.schema import ConfigError
@@ -61,9 +63,10 @@ def _parser() -> argparse.ArgumentParser:
                           + TRACK_HELP)
     run.add_argument("--jobs", type=_positive, default=len(os.sched_getaffinity(0)),
                      metavar="N", help="virtual-clock runs at once, each in a process of its "
-                     "own with one torch thread (default: the usable cores, here %(default)s;"
-                     " results are the same for any N); real-clock runs always go one at a "
-                     "time, as they measure the host")
+                     "own with one torch thread (1: one after another in this process; "
+                     "default: the usable cores, here %(default)s; results are the same for "
+                     "any N); real-clock runs always go one at a time, as they measure the "
+                     "host")
     run.add_argument("--resume", type=Path, default=None, metavar="LOGDIR",
                      help="continue the study in LOGDIR (logs/RECIPE/STAMP, with the same "
                           "options): run only the runs without a summary.json, or marked "
@@ -89,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                             " LOGDIR) collects the results")
     run.epilog = ("exit status: 0 every run finished; 1 one or more runs failed (the table "
                   "shows each with its error); 2 a bad recipe, option or path; 130 "
-                  "interrupted (Ctrl-C; --resume continues)")
+                  "interrupted (Ctrl-C or SIGTERM; --resume continues)")
 
     check = sub.add_parser("check", help="validate a recipe and print its resolved runs")
     _recipe_options(check)
@@ -108,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
     traces = sub.add_parser("traces", help="convert FedScale's pickled client traces to "
                                            "CSV traces (runs read only CSV)")
-    traces.add_argument("action", choices=["convert"])
+    traces.add_argument("action", choices=["convert"], help="convert (the one action)")
     traces.add_argument("kind", choices=["behave", "capacity"],
                         help="client_behave_trace (availability) or client_device_capacity")
     traces.add_argument("source", type=Path, help="FedScale's pickle (plain data only)")
@@ -125,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
                                         f"ASYNCSYNC_WORKER_TOKEN)")
 
     report = sub.add_parser("report", help="rebuild the comparison table from run logs")
-    report.add_argument("dirs", type=Path, nargs="+",
+    report.add_argument("dirs", type=Path, nargs="+", metavar="DIR",
                         help="log folders: a study (logs/RECIPE/STAMP), a run's folder, or "
                              "a log root such as logs")
     report.add_argument("--baseline", default=None, help="run to compare against "
@@ -159,10 +162,13 @@ def _parser() -> argparse.ArgumentParser:
                        ("launch", "start this task's node from RANK/WORLD_SIZE/MASTER_ADDR "
                                   "(torchrun) or SLURM_PROCID/SLURM_NTASKS: rank 0 serves")):
         node = sub.add_parser(name, help=text)
-        node.add_argument("--recipe", type=Path, required=True)
+        node.add_argument("--recipe", type=Path, required=True,
+                          help="the recipe's TOML file (or a run's recipe.json)")
         node.add_argument("--run", default=None, help="run name (needed if several)")
-        node.add_argument("--run-id", default=None, help="shared id of this run's nodes")
-        node.add_argument("--log-dir", type=Path, default=None)
+        node.add_argument("--run-id", default=None, help="shared id of this run's nodes "
+                          "(default: RECIPE/RUN)")
+        node.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
+                          help="write this node's logs here (default: none)")
         if name == "server":
             node.add_argument("--host", default="127.0.0.1",
                               help="address to listen on (default 127.0.0.1)")
@@ -215,26 +221,19 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return [*args.overrides, *([f'clock="{args.clock}"'] if args.clock else [])]
 
 
-def _positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`."""
+
+    def parse(text: str) -> int:
+        value = int(text) if text.strip().removeprefix("-").isdecimal() else low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text}")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return value
+_positive, _count = _at_least(1), _at_least(0)
 
 
 def _port(text: str) -> int:

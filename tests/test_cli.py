@@ -308,7 +308,8 @@ def test_report_leaves_out_an_interrupted_run(capsys: pytest.CaptureFixture[str]
     fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6])
     cut = fake_run(tmp_path / "x", "r", "asp", "asp", [0.1])
     cut = cut.rename(tmp_path / "r" / "20260101-000000" / "asp")
-    (cut / "summary.json").write_text(json.dumps({"run": "asp", "interrupted": True}))
+    (cut / "summary.json").write_text(json.dumps({"run": "asp", "interrupted": True,
+                                                 "error": "interrupted (Ctrl-C)"}))
     code, out = run_main(capsys, "report", str(tmp_path / "r"))
     assert code == 0, out
     assert f"{cut}: left out, it was interrupted (Ctrl-C)" in " ".join(out.split())

@@ -130,7 +130,8 @@ def test_interrupted_and_unfinished_runs_are_both_left_out(
     study = study_recipe(fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6]).parent,
                          "bsp", "asp", "ssp")
     cut = running(tmp_path, "asp", "asp", [0.1])
-    (cut / "summary.json").write_text(json.dumps({"run": "asp", "interrupted": True}))
+    (cut / "summary.json").write_text(json.dumps({"run": "asp", "interrupted": True,
+                                                 "error": "interrupted (Ctrl-C)"}))
     running(tmp_path, "ssp", "ssp", [0.1, 0.2])
     code, out = run_main(capsys, "report", str(study))
     assert code == 0, out
@@ -138,8 +139,8 @@ def test_interrupted_and_unfinished_runs_are_both_left_out(
     assert ("1 of 3 runs has no summary.json yet (not started, still running, or killed): "
             f"ssp; {RESUME} {study} runs them") in flat(out)
     assert [r["run"] for r in csv.DictReader((study / "table.csv").open())] == ["bsp"]
-    (study / "bsp" / "summary.json").write_text(json.dumps({"run": "bsp",
-                                                             "interrupted": True}))
+    (study / "bsp" / "summary.json").write_text(json.dumps({
+        "run": "bsp", "interrupted": True, "error": "interrupted (Ctrl-C)"}))
     assert one_error(run_main(capsys, "report", str(study))) == (
         f"error: {study}: no finished run to report; {study / 'bsp'}: left out, it was "
         f"interrupted (Ctrl-C); {cut}: left out, it was interrupted (Ctrl-C); 1 of 3 runs "

@@ -56,7 +56,8 @@ def test_a_study_none_of_whose_runs_started_is_one_error(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """Interrupted while its first runs were starting: one was cut, the rest never began."""
     cut = running(tmp_path, "bsp", "bsp", [0.1])
-    (cut / "summary.json").write_text(json.dumps({"run": "bsp", "interrupted": True}))
+    (cut / "summary.json").write_text(json.dumps({"run": "bsp", "interrupted": True,
+                                                 "error": "interrupted (Ctrl-C)"}))
     study = study_recipe(cut.parent, "bsp", "asp")
     assert one_error(run_main(capsys, "report", str(study))) == (
         f"error: {study}: no finished run to report; {cut}: left out, it was interrupted "

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import io
 import itertools
 import math
-import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group, JustifyMethod, RenderableType
-from rich.measure import Measurement
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -28,6 +25,8 @@ from asyncsync.results.comparison import (
     speedup,
     targets,
 )
+from asyncsync.results.layout import make_console as make_console  # (callers of old)
+from asyncsync.results.layout import measured, run_block
 from asyncsync.results.studies import LogError, identity, resolved_run, written_summary
 from asyncsync.runlog.reading import (
     DamagedLog,
@@ -115,10 +114,11 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     """A finished run's summary for the report: a failed run's summary.json (its error,
     as `asyncsync run` tabled it), else rebuilt from its logs by `summarize_run`.
 
-    A run whose log has a damaged line, or a record of the wrong shape (a field missing or
-    of another type), is reported failed, its error naming the file (and line), as a run
-    that failed is: the other runs are still tabled, and the damaged one is
-    marked and named in the table and table.csv, not left out unseen.
+    A run whose log has a damaged line, a record of the wrong shape (a field missing or
+    of another type), or no stop record (its events.jsonl cut), is reported failed, its
+    error naming the file (and line), as a run that failed is: the other runs are still
+    tabled, and the damaged one is marked and named in the table and table.csv, not left
+    out unseen.
 
     Raises:
         LogError: recipe.json is missing or not a run's resolved recipe (the run cannot be
@@ -128,7 +128,11 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
     if "error" in written:
         return {**identity(*resolved_run(run_dir)), **written}
     try:
-        return summarize_run(run_dir)
+        summary = summarize_run(run_dir)
+        if summary["versions"] is None:  # every run's server writes it last: the log was cut
+            raise DamagedLog(f"{run_dir / 'events.jsonl'}: no stop record, though its "
+                             "summary.json says the run finished (the log was cut)")
+        return summary
     except DamagedLog as exc:
         return {**identity(*resolved_run(run_dir)), "error": f"damaged log: {exc}"}
     except (KeyError, TypeError, ValueError) as exc:  # a record that parses, misshapen
@@ -318,6 +322,9 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                f"figures are over {'that one' if count == 1 else 'those'})"
                for (name, *_), count in zip(rows, map(len, groups(summaries)), strict=True)
                if count < repeats]
+    legend += [f"{s['run']}: repeat {s.get('repeat', 0)} failed (its figures are over the "
+               f"others): {s['error']}" for group in groups(summaries)
+               if any("error" not in s for s in group) for s in group if "error" in s]
     if any(name.endswith(SLIP_MARK) for name, *_ in rows):
         legend.append(f"{SLIP_MARK} evaluations slipped (a gap > 1.5 evaluation intervals): "
                       "a coarser grid for its times to target; see eval_interval_* in table.csv")
@@ -335,27 +342,6 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
             (f"  {header}", cell) for header, cell in zip(headers, cells or [], strict=False)],
             justify="right"))
     return Group(*blocks, notes)
-
-
-_MEASURE = Console(width=10_000, file=io.StringIO())
-
-
-def measured(renderable: RenderableType) -> Measurement:
-    """A renderable's least and natural widths, whatever the terminal's."""
-    return Measurement.get(_MEASURE, _MEASURE.options, renderable)
-
-
-def run_block(name: str, protocol: str, lines: list[tuple[RenderableType, RenderableType]],
-              justify: JustifyMethod = "left") -> Table:
-    """One run as a block, for a terminal too narrow for a table's row: its name (bold)
-    and protocol, then `lines` of (label, value)."""
-    block = Table.grid(padding=(0, 2))
-    block.add_column(no_wrap=True)
-    block.add_column(justify=justify, no_wrap=justify == "right")
-    block.add_row(Text(name, style="bold"), protocol)
-    for line in lines:
-        block.add_row(*line)
-    return block
 
 
 def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
@@ -378,18 +364,6 @@ def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pat
                         (sweep_suffix(s.get("sweep") or {}), s.get("repeat", 0))))
             writer.writerow(row)
     return path
-
-
-def make_console() -> Console:
-    """A console that does not squeeze tables when output goes to a file or pipe.
-
-    Lines that carry a path or a command to copy are printed with ``soft_wrap``: never
-    folded mid-word (a terminal wraps them for the eye; a pipe gets them whole).
-    """
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:  # else the width asked
-        console.width = max(console.width, 150)
-    return console
 
 
 def output_folder(path: Path) -> Path:

@@ -104,7 +104,7 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             written = {r: written_summary(r) for r in runs if r not in waiting}  # in run order
             cut = [r for r, summary in written.items() if summary.get("interrupted")]
             done = [r for r, summary in written.items() if not summary.get("interrupted")]
-            said += [f"{r}: left out, it was interrupted (Ctrl-C)" for r in cut]
+            said += [f"{r}: left out, it was {_interruption(written[r])}" for r in cut]
             if waiting or unstarted:
                 names = [r.name for r in waiting] + unstarted
                 said.append(f"{len(names)} of {len(runs) + len(unstarted)} runs "
@@ -145,6 +145,14 @@ def _study_folders(study: Path) -> list[str]:
             return [name if repeats == 1 else f"{name}-r{k}" for name in names
                     for k in range(repeats)]
     return []
+
+
+def _interruption(summary: dict[str, Any]) -> str:
+    """``interrupted`` and, where its summary says, by what (Ctrl-C, SIGTERM, its
+    supervisor killed): its error, as the runner writes it."""
+    error = summary.get("error")
+    return error if isinstance(error, str) and error.startswith("interrupted") \
+        else "interrupted"
 
 
 def written_summary(run_dir: Path) -> dict[str, Any]:

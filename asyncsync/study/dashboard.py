@@ -23,7 +23,7 @@ from rich.text import Text
 
 from asyncsync.clock import now
 from asyncsync.hetero.network import LinkSpec
-from asyncsync.results.report import make_console
+from asyncsync.results.layout import make_console
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.specs import RunSpec
 
@@ -31,6 +31,9 @@ WORKER_COLUMNS = ("w", "slow", "link", "state", "steps", "smp/s", "comp", "MB up
                   "loss", "ovr")
 NARROW_DROPS = ("link", "MB dn", "MB up", "loss", "smp/s", "steps")
 """The worker columns a terminal too narrow for all of them loses, first to last."""
+STUDY_DROPS = (1, 6, 3, 5)
+"""The columns of the runs in progress (protocol, speed, version, best) a terminal too
+narrow for them and the run's name loses, first to last (the name has the protocol)."""
 PLAIN_EVERY_S = 5.0
 ROWS_MAX = 16
 STATE_STYLE = {"computing": "green", "pushing": "cyan", "pulling": "cyan",
@@ -81,6 +84,10 @@ class Dashboard:
         self._counted = 0
         self._began = now()
         self._active: dict[str, tuple[RunSpec, dict[str, Any]]] = {}
+        self._seen: dict[str, float] = {}  # when each run in progress first reported
+        self._durations: list[float] = []  # real seconds of the runs finished since
+        self._early = any(spec.stop.stop_at_target and spec.stop.target_accuracy is not None
+                          for spec in recipe.runs)  # runs may end before their budget
 
     def __enter__(self) -> Dashboard:
         if self.live:
@@ -115,21 +122,38 @@ class Dashboard:
         self._counted = done
 
     def progress(self) -> str:
-        """``done/total runs``, elapsed time and an estimate of the time left: the pace of
-        the work done in this session (the runs finished, and the share of its time budget
-        each run in progress has used), so it holds for parallel runs."""
-        elapsed = now() - self._began
-        running = sum(min(1.0, status["elapsed_s"] / status["time_s"])
-                      for _, status in self._active.values() if status.get("time_s"))
+        """``done/total runs``, elapsed time and an estimate of the time left.
+
+        The estimate carries the pace of this session's work over to the work left: the
+        real time elapsed per run done, where a run in progress counts as the share of
+        it done, so it holds for runs side by side. That share is the larger of the share
+        of its time budget it has used (it ends at its budget at the latest) and its real
+        age over the mean real duration of the runs finished in this session (a run that
+        stops early at its target takes less than its budget). Until one finishes, only
+        the budgets are known: where runs may stop at their target, the estimate is then
+        an upper bound, and says "up to".
+        """
+        moment = now()
+        elapsed = moment - self._began
+        typical = sum(self._durations) / len(self._durations) if self._durations else None
+        running = 0.0
+        for name, (_, status) in self._active.items():
+            share = status["elapsed_s"] / status["time_s"] if status.get("time_s") else 0.0
+            if typical and name in self._seen:
+                share = max(share, (moment - self._seen[name]) / typical)
+            running += min(1.0, share)
         worked = self._done - self._counted + running
         remaining = self._total - self._done - running
+        bound = "up to about" if self._done == self._counted and self._early else "about"
         left = ("" if worked <= 0 or self._done >= self._total
-                else f", about {_duration(elapsed / worked * remaining)} left")
+                else f", {bound} {_duration(elapsed / worked * remaining)} left")
         return (f"{self._done}/{self._total} runs done, {len(self._active)} running, "
                 f"{_duration(elapsed)} elapsed{left}")
 
     def update_run(self, name: str, spec: RunSpec, status: dict[str, Any]) -> None:
         """Render the status of one of several runs in progress (`name`: its folder)."""
+        if name not in self._seen:
+            self._seen[name] = now()
         self._active[name] = (spec, status)
         if self._live is not None:
             self._live.update(self.render_study())
@@ -160,10 +184,13 @@ class Dashboard:
         headers = ("run", "protocol", "elapsed", "version", "accuracy", "best", "speed")
         widths = [max([len(column), *(len(row[i]) for row in rows)])
                   for i, column in enumerate(headers)]
-        # in a narrow terminal the figures are never cut: the protocol goes (the run's name
-        # has it), then the run's name folds
-        shown = [i for i in range(len(headers)) if i != 1 or
-                 self.console.width - sum(w + 1 for w in widths[1:]) >= min(widths[0], 16)]
+        # in a narrow terminal the figures are never cut: whole columns go (`STUDY_DROPS`)
+        # until the run's name has room, then it folds
+        shown = list(range(len(headers)))
+        for column in STUDY_DROPS:
+            if self.console.width - sum(widths[i] + 1 for i in shown[1:]) >= min(widths[0], 16):
+                break
+            shown.remove(column)
         runs = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
         for i in shown:
             if i == 0:
@@ -227,6 +254,8 @@ class Dashboard:
         the panel once more with the run's last accuracy (from an evaluation after the last
         refresh); `name` (its folder) tells apart runs of a study that run together."""
         self._done += 1
+        if name is not None and name in self._seen:
+            self._durations.append(now() - self._seen.pop(name))
         if name is not None and self._active.pop(name, None) is not None:
             if self._live is not None:
                 self._live.update(self.render_study())

@@ -12,7 +12,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from asyncsync.protocols import discover
-from asyncsync.results.report import measured, run_block
+from asyncsync.results.layout import measured, run_block
 from asyncsync.schema import describe
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.specs import TIMING_MODEL, RunSpec

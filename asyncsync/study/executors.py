@@ -64,10 +64,24 @@ def failure(run_dir: Path, error: str) -> dict[str, Any]:
     return summary
 
 
-def interrupted(run_dir: Path) -> dict[str, Any]:
-    """The summary of a run cut short (Ctrl-C, SIGTERM, its supervisor gone), from its
-    recipe.json (``--resume`` runs it again)."""
-    return {**failure(run_dir, "interrupted"), "interrupted": True}
+CTRL_C = "interrupted (Ctrl-C)"
+SIGTERM_STOP = "interrupted (SIGTERM: a kill, or a Slurm time limit or preemption)"
+SUPERVISOR_KILLED = "interrupted (its supervisor was killed)"
+"""What cut a run short, as its summary's error and the report's note say it."""
+
+
+def cause(cancelled: BaseException) -> str:
+    """What cut a run short, from its cancellation: the message SIGTERM's handler cancels
+    with (`SIGTERM_STOP`), else Ctrl-C's (asyncio.run cancels without one)."""
+    message = cancelled.args[0] if cancelled.args else None
+    return message if isinstance(message, str) and message.startswith("interrupted") \
+        else CTRL_C
+
+
+def interrupted(run_dir: Path, why: str) -> dict[str, Any]:
+    """The summary of a run cut short (`why`: `CTRL_C`, `SIGTERM_STOP`,
+    `SUPERVISOR_KILLED`), from its recipe.json (``--resume`` runs it again)."""
+    return {**failure(run_dir, why), "interrupted": True}
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -99,7 +113,7 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
                          known)
         summary = {**summarize_run(folder), **facts}
     except SupervisorGone:  # not the run's fault: --resume runs it again
-        summary = interrupted(folder)
+        summary = interrupted(folder, SUPERVISOR_KILLED)
     except Exception as exc:
         summary = {**failure(folder, error_line(exc)), **known}
     write_summary(folder, summary)

@@ -106,8 +106,10 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
     if not isinstance(defaults, dict):
         raise ConfigError("defaults: expected a table")
     defaults = copy.deepcopy(defaults)
-    runs_raw = raw.get("runs")
-    if not isinstance(runs_raw, list) or not runs_raw:
+    runs_raw = raw.get("runs", [])
+    if not isinstance(runs_raw, list):
+        raise ConfigError(f"runs: expected [[runs]] tables, got {runs_raw!r}")
+    if not runs_raw:
         raise ConfigError("runs: a recipe needs at least one [[runs]] table")
     points = _sweep_points(raw.get("sweep", {}))
     swept = next(iter(points[0]), None)

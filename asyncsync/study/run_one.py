@@ -18,7 +18,7 @@ from asyncsync.results.report import summarize_run
 from asyncsync.schema import ConfigError
 from asyncsync.study.assembly import run_data
 from asyncsync.study.dashboard import Dashboard
-from asyncsync.study.executors import error_line, write_summary
+from asyncsync.study.executors import cause, error_line, write_summary
 from asyncsync.study.nodes import run_nodes
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.simulation import calibrate_step_s, simulate
@@ -152,8 +152,9 @@ async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard
     """Run one run and write its folder; returns its summary.
 
     A run that raises gets a summary.json with its error's first line (a run that failed
-    before it started leaves no folder); one cut short by Ctrl-C gets one with
-    ``interrupted: true``, and the cancellation goes on.
+    before it started leaves no folder); one cut short by Ctrl-C or SIGTERM gets one with
+    ``interrupted: true`` and which it was (`asyncsync.study.executors.cause`), and the
+    cancellation goes on.
     """
     failed = {"recipe": recipe.name, "run": spec.name, "protocol": spec.protocol.name,
               "repeat": repeat, "seed": spec.seed, "sweep": spec.sweep, "clock": spec.clock}
@@ -161,9 +162,9 @@ async def run_and_record(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard
         summary = await _run_one(spec, recipe, run_dir, dashboard, index, repeat)
     except Exception as exc:
         summary = {**failed, "error": error_line(exc)}
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         if run_dir.is_dir():
-            write_summary(run_dir, {**failed, "error": "interrupted", "interrupted": True})
+            write_summary(run_dir, {**failed, "error": cause(exc), "interrupted": True})
         raise
     if run_dir.is_dir():
         write_summary(run_dir, summary)

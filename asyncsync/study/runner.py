@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rich.markup import escape
+
 from asyncsync.clock import now
 from asyncsync.results.report import preload_plots, publish
 from asyncsync.results.studies import LogError
@@ -33,12 +35,13 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.children import Child, Spares
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import (
+    SIGTERM_STOP,
     SUBMITTED,
     SlurmOptions,
+    cause,
     error_line,
     failure,
     interrupted,
-    queued_tasks,
     shared_problem,
     slurm_executor,
     submit_array,
@@ -55,6 +58,7 @@ from asyncsync.study.run_one import (
     run_and_record,
 )
 from asyncsync.study.specs import RunSpec
+from asyncsync.study.study_folder import claimed, reopen
 from asyncsync.tracking import RunFeed, Tracker, follow, parse_track, unique_specs
 
 T = TypeVar("T")
@@ -106,15 +110,26 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     `asyncsync.study.children`); those left are closed before the real-clock runs, and by
     the caller if this raises before.
 
-    On Ctrl-C (the task is cancelled) it prints "interrupted", the table of the runs that
-    finished and the log path, then lets the cancellation go on.
+    On Ctrl-C or SIGTERM (the task is cancelled, see `_terminable`) it prints which stopped
+    it, the table of the runs that finished and the log path, marks the runs in progress
+    interrupted by it, then lets the cancellation go on.
     """
     check_models(recipe)
     await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
     if slurm is None:  # a Slurm task's node has its own devices
         await asyncio.to_thread(check_devices, recipe)  # a driver query, off the loop
     await asyncio.to_thread(preflight, recipe.runs)  # kernel shaping: root, ip, tc, netem
-    root = _reopen(recipe, resume) if resume else _new_study(logs / recipe.name)
+    root = reopen(recipe, resume) if resume else _new_study(logs / recipe.name)
+    with claimed(root, resume is not None):
+        return await _run_study(recipe, root, live, trackers, jobs, resume is not None,
+                                slurm, wait, spares)
+
+
+async def _run_study(recipe: Recipe, root: Path, live: bool | None,
+                     trackers: Sequence[Tracker], jobs: int, resume: bool,
+                     slurm: SlurmOptions | None, wait: bool, spares: Spares | None,
+                     ) -> list[dict[str, Any]]:
+    """`run_recipe` in the study folder `root`, which this process holds."""
     (root / "recipe.json").write_text(json.dumps(recipe.as_table(), indent=2))
     slots = [_Slot(index, repeat, run,
                    root / (spec.name if recipe.repeats == 1 else f"{spec.name}-r{repeat}"))
@@ -143,11 +158,11 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
                 if spares is not None:  # no child left idle beside runs that time the host
                     await asyncio.to_thread(spares.close)
                 await _in_turn(study, [i for i in todo if i not in study.done])
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         study.dashboard.console.print(
-            "[yellow]interrupted[/yellow]: the runs in progress are marked interrupted in "
-            f"their summary.json; continue with --resume {root}", highlight=False,
-            soft_wrap=True)
+            f"[yellow]{escape(cause(exc))}[/yellow]: the runs in progress are marked "
+            f"interrupted in their summary.json; continue with --resume {root}",
+            highlight=False, soft_wrap=True)
         _publish(study)
         raise
     finally:
@@ -167,34 +182,6 @@ def _new_study(base: Path) -> Path:
             root.mkdir(parents=True)
             return root
     raise AssertionError("unreachable")
-
-
-def _reopen(recipe: Recipe, root: Path) -> Path:
-    """The study folder `root` to resume, checked against `recipe` as resolved now.
-
-    Raises:
-        ConfigError: `root` is not a study folder of this recipe with these options.
-    """
-    try:
-        written = json.loads((root / "recipe.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--resume {root}: not a study folder (recipe.json: {exc})") from None
-    if "repeat" in written and (root.parent / "recipe.json").is_file():
-        raise ConfigError(f"--resume {root}: a run's folder; --resume takes its study's "
-                          f"folder: --resume {root.parent}")
-    if written != json.loads(json.dumps(recipe.as_table())):
-        raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
-                          "resolved now; give the same recipe, --set, --only, --repeats "
-                          "and --clock")
-    if queued := queued_tasks(root):
-        array, tasks = queued
-        raise ConfigError(f"--resume {root}: its Slurm job array {array} still has "
-                          f"{len(tasks)} task{'s' if len(tasks) > 1 else ''} queued or running "
-                          f"({', '.join(tasks[:5])}{', ...' if len(tasks) > 5 else ''}); "
-                          f"resuming now would run them twice: wait for them (asyncsync "
-                          f"report {root} tables what is done), or cancel them first "
-                          f"(scancel {array})")
-    return root
 
 
 def _kept(slot: _Slot) -> dict[str, Any] | None:
@@ -238,8 +225,8 @@ async def _pool(study: _Study, todo: list[int], jobs: int, spares: Spares | None
             summary: dict[str, Any] = json.loads((slot.run_dir / "summary.json").read_text())
         except RuntimeError as exc:  # no summary.json: --resume runs it again
             summary = failure(slot.run_dir, error_line(exc))
-        except asyncio.CancelledError:
-            write_summary(slot.run_dir, interrupted(slot.run_dir))
+        except asyncio.CancelledError as exc:
+            write_summary(slot.run_dir, interrupted(slot.run_dir, cause(exc)))
             raise
         return summary
 
@@ -330,12 +317,12 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                     study.record(position, summary)
             if pending:
                 await asyncio.sleep(SLURM_POLL_S)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         for position, job in pending.items():
             with contextlib.suppress(Exception):
                 job.cancel(check=False)
             run_dir = study.slots[position].run_dir
-            write_summary(run_dir, interrupted(run_dir))
+            write_summary(run_dir, interrupted(run_dir, cause(exc)))
         raise
     return True
 
@@ -378,9 +365,10 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
 
 
 async def _terminable(job: Coroutine[Any, Any, T]) -> T:
-    """Await `job`, which SIGTERM (a Slurm time limit, `kill`) cancels as Ctrl-C does: the
-    runs in progress are marked interrupted, so ``--resume`` runs them again, the table of
-    the finished ones is printed, and KeyboardInterrupt follows. (Killed outright, the
+    """Await `job`, which SIGTERM (a Slurm time limit, `kill`) cancels as Ctrl-C does, with
+    `SIGTERM_STOP` as the cancellation's message: the runs in progress are marked
+    interrupted by it, so ``--resume`` runs them again, the table of the finished ones is
+    printed, and KeyboardInterrupt follows. (Killed outright, the
     supervisor prints nothing; its children mark their runs interrupted themselves, see
     `asyncsync.study.executors.SupervisorGone`.)"""
     loop = asyncio.get_running_loop()
@@ -391,7 +379,7 @@ async def _terminable(job: Coroutine[Any, Any, T]) -> T:
     def terminate() -> None:
         nonlocal terminated
         terminated = True
-        task.cancel()
+        task.cancel(SIGTERM_STOP)
 
     try:
         loop.add_signal_handler(signal.SIGTERM, terminate)

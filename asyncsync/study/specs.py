@@ -191,6 +191,9 @@ class RunSpec:
             raise ValueError("fault.checkpoint_s: a virtual run takes no checkpoints (it is "
                              "deterministic: a cut one is run again from its start); set "
                              "clock = \"real\" or leave this key out")
+        if self.stop.stop_at_target and self.stop.target_accuracy is None:
+            raise ValueError("stop.stop_at_target: there is no target to stop at; set "
+                             "stop.target_accuracy too")
         if self.stop.patience_s is not None and self.stop.patience_s < self.eval.interval_s:
             raise ValueError(f"stop.patience_s: {self.stop.patience_s:g} s is shorter than "
                              f"eval.interval_s ({self.eval.interval_s:g} s); patience is "

@@ -1,0 +1,75 @@
+"""A study's folder as a supervisor takes it: reopened for ``--resume`` (checked against
+the recipe as resolved now and against its Slurm array still queued), and held while the
+study runs in it, so that two supervisors never run one study at once."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from asyncsync.schema import ConfigError
+from asyncsync.study.executors import queued_tasks
+from asyncsync.study.recipe import Recipe
+
+LOCK = ".supervisor.lock"
+"""A study folder's lock file: held (flock) by the supervisor running the study, and
+naming its pid."""
+
+
+@contextlib.contextmanager
+def claimed(root: Path, resumed: bool) -> Iterator[None]:
+    """Hold the study folder `root` while the study runs in it, so that a second supervisor
+    (``--resume`` of a study still running) neither clears its runs in progress nor runs
+    them again beside it. The lock goes with this process, also when it is killed.
+
+    Raises:
+        ConfigError: another process holds it.
+    """
+    with (root / LOCK).open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            raise ConfigError(f"{'--resume ' if resumed else ''}{root}: another asyncsync "
+                              f"run (pid {holder}) is running this study; wait for it to "
+                              "end, or stop it first (its runs in progress are then marked "
+                              "interrupted, and --resume runs them)") from None
+        except OSError:  # a filesystem without locks (some NFS): run unguarded
+            pass
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+
+
+def reopen(recipe: Recipe, root: Path) -> Path:
+    """The study folder `root` to resume, checked against `recipe` as resolved now.
+
+    Raises:
+        ConfigError: `root` is not a study folder of this recipe with these options.
+    """
+    try:
+        written = json.loads((root / "recipe.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume {root}: not a study folder (recipe.json: {exc})") from None
+    if "repeat" in written and (root.parent / "recipe.json").is_file():
+        raise ConfigError(f"--resume {root}: a run's folder; --resume takes its study's "
+                          f"folder: --resume {root.parent}")
+    if written != json.loads(json.dumps(recipe.as_table())):
+        raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
+                          "resolved now; give the same recipe, --set, --only, --repeats "
+                          "and --clock")
+    if queued := queued_tasks(root):
+        array, tasks = queued
+        raise ConfigError(f"--resume {root}: its Slurm job array {array} still has "
+                          f"{len(tasks)} task{'s' if len(tasks) > 1 else ''} queued or running "
+                          f"({', '.join(tasks[:5])}{', ...' if len(tasks) > 5 else ''}); "
+                          f"resuming now would run them twice: wait for them (asyncsync "
+                          f"report {root} tables what is done), or cancel them first "
+                          f"(scancel {array})")
+    return root
