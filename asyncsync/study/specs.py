@@ -176,12 +176,16 @@ class RunSpec:
     capacity: CapacitySpec = field(default_factory=CapacitySpec)
 
     def __post_init__(self) -> None:
-        check_workers = getattr(self.protocol.params, "check_workers", None)
-        if callable(check_workers):  # parameters that say what fits (the server would too)
-            try:
-                check_workers(self.workers)
-            except ValueError as exc:
-                raise ValueError(f"protocol.{exc}") from None
+        # parameters that say what fits the run: its size (the server checks it too), and
+        # whether its batches tell each worker's shard size (a timing model's do not)
+        for hook, fact in (("check_workers", self.workers),
+                           ("check_shards", self.model.name != TIMING_MODEL)):
+            check = getattr(self.protocol.params, hook, None)
+            if callable(check):
+                try:
+                    check(fact)
+                except ValueError as exc:
+                    raise ValueError(f"protocol.{exc}") from None
         self._check_network()
         if self.network.message_overhead_ms and self.clock != "virtual":
             raise ValueError("network.message_overhead_ms: a real run pays its messages' "
