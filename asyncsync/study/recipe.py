@@ -59,8 +59,19 @@ class Recipe:
         return [f"{tool}={where}" if where else tool for tool, where in self.tracking.items()]
 
     def repeated(self, spec: RunSpec) -> list[RunSpec]:
-        """`spec` once per repeat, with seeds ``seed .. seed + repeats - 1``."""
-        return [dataclasses.replace(spec, seed=spec.seed + k) for k in range(self.repeats)]
+        """`spec` once per repeat, with seeds ``seed .. seed + repeats - 1``; a protocol's
+        own ``seed`` option (FedAvg's client sampling, DS-Sync's groups) moves with it, so
+        the repeats' spread includes that randomness too."""
+        return [_with_seeds(spec, k) for k in range(self.repeats)]
+
+
+def _with_seeds(spec: RunSpec, k: int) -> RunSpec:
+    """`spec` with its seed, and its protocol's seed if it has one, advanced by `k`."""
+    params = spec.protocol.params
+    if k and any(f.name == "seed" for f in dataclasses.fields(params)):
+        params = dataclasses.replace(params, seed=params.seed + k)
+    return dataclasses.replace(spec, seed=spec.seed + k,
+                               protocol=ProtocolSpec(spec.protocol.name, params))
 
 
 TOP_KEYS = ("name", "baseline", "repeats", "repeat", "sweep", "defaults", "runs", "tracking")
