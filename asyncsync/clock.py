@@ -149,6 +149,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._watcher = (period_s, callback)
         self._next_watch = self._now + period_s
 
+    def unwatch(self) -> None:
+        """Stop calling the `watch` callback."""
+        self._watcher = None
+
     def advance(self, seconds: float) -> None:
         """Move virtual time forward (the selector does this when the loop would sleep)."""
         self._now += max(0.0, seconds)

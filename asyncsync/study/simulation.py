@@ -24,6 +24,7 @@ for 100 bytes every 2 s on each link. (`asyncsync.study.assembly` builds both si
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 from collections.abc import Callable, Coroutine, Iterable
@@ -165,7 +166,7 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
             virtual_s = loop.run_until_complete(
                 _run(spec, run_dir, run_id, times, status, cost, data))
     finally:
-        loop.close()
+        _close_settled(loop)
         if known is not None and cost.math is not None:
             known.update(cost.math.facts())
     real_s = wall() - began
@@ -426,4 +427,17 @@ def run_virtual(protocol: str | Protocol, model: Callable[[], torch.nn.Module],
     try:
         return loop.run_until_complete(run())
     finally:
-        loop.close()
+        _close_settled(loop)
+
+
+def _close_settled(loop: VirtualTimeLoop) -> None:
+    """Close `loop`, first cancelling and awaiting the tasks a run stopped midway left
+    pending (its status sink raised: Ctrl-C, SIGTERM), so that none is destroyed pending."""
+    loop.unwatch()
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        with contextlib.suppress(Exception):  # the run's own error is the one raised
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
