@@ -30,6 +30,7 @@ from asyncsync.tracking import (
     parse_track,
 )
 from asyncsync.tracking.feed import figures, run_dirs_of
+from asyncsync.tracking.tensorboard_tracker import TensorBoardTracker
 
 RECIPE = """
 name = "trk"
@@ -179,8 +180,12 @@ def test_follow_streams_a_run_while_it_is_written(study: Path, tmp_path: Path) -
 
 
 def test_track_specs() -> None:
-    with pytest.raises(TrackingError, match="expected tensorboard=DIR"):
+    with pytest.raises(TrackingError, match=r"expected tensorboard\[=DIR\] \(default runs\), "
+                       r"mlflow\[=URI\] \(default mlruns\) or wandb\[=PROJECT\]"):
         parse_track("neptune=x")
+    # the place is optional, as the message says: the default folder
+    tracker = parse_track("tensorboard")
+    assert isinstance(tracker, TensorBoardTracker) and tracker.directory == Path("runs")
 
 
 def test_a_missing_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

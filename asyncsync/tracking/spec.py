@@ -37,8 +37,10 @@ def parse_track(spec: str) -> Tracker:
         from asyncsync.tracking.wandb_tracker import WandbTracker
 
         return WandbTracker(where)
-    raise TrackingError(f"--track {spec}: expected tensorboard=DIR, mlflow[=URI] or "
-                        "wandb[=PROJECT]")
+    raise TrackingError(f"--track {spec}: expected tensorboard[=DIR] (default "
+                        f"{DEFAULTS['tensorboard']}), mlflow[=URI] (default "
+                        f"{DEFAULTS['mlflow']}) or wandb[=PROJECT] (default "
+                        f"{DEFAULTS['wandb']})")
 
 
 def unique_specs(specs: Iterable[str]) -> list[str]:
