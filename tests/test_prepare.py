@@ -147,6 +147,22 @@ def test_no_source_says_what_to_install_and_where_to_copy(tmp_path: Path) -> Non
     assert message.endswith("download: off (--no-download)")
 
 
+def test_a_split_in_place_without_its_other_files_names_them(tmp_path: Path) -> None:
+    """Only the train files in place: the error names the test files that are missing
+    (it named only a damaged file, and a run named the missing ones)."""
+    root = tmp_path / "data"
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in NAMES[:2]:
+        split, kind = name.split("-")[:2]
+        (raw / name).write_bytes(idx_bytes(split, kind, SMALL[split]))
+    with pytest.raises(DatasetMissing) as err:
+        prepare_dataset("fashion_mnist", root, system_dir=tmp_path / "nowhere", download=False,
+                        counts=SMALL)
+    assert f"{raw}: t10k-images-idx3-ubyte: missing; t10k-labels-idx1-ubyte: missing" in str(
+        err.value)
+
+
 def test_mnist_and_cifar10_have_no_package(tmp_path: Path) -> None:
     with pytest.raises(DatasetMissing) as err:
         prepare_dataset("mnist", tmp_path, download=False)

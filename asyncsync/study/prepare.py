@@ -197,7 +197,9 @@ def _prepare_idx(name: str, root: Path, system_dir: Path | None, download: bool,
     problems = idx_problems(raw, counts)
     if not problems:
         return f"{name}: already prepared in {raw} ({sizes}); nothing to do"
-    broken = [f"{file}: {problem}" for file, problem in problems.items() if problem != MISSING]
+    nothing_there = len(problems) == len(SPLITS) * len(KINDS) and set(problems.values()) == {
+        MISSING}  # else name every file that is missing or damaged
+    broken = [] if nothing_there else [f"{file}: {p}" for file, p in problems.items()]
     tried = [f"{raw}: {'; '.join(broken)}"] if broken else []
     package = SYSTEM_PACKAGES.get(name)
     source = system_dir if system_dir is not None else package.folder if package else None
