@@ -31,10 +31,12 @@ if TYPE_CHECKING:
     from asyncsync.study.recipe import Recipe, load_recipe
     from asyncsync.study.runner import run_recipe
     from asyncsync.study.specs import RunSpec
+    from asyncsync.transport.connection_gate import ConnectionLimits
     from asyncsync.transport.http_server import ParameterServer
     from asyncsync.transport.local import LocalTransport
 
 _EXPORTS = {
+    "ConnectionLimits": "asyncsync.transport.connection_gate",
     "LocalTransport": "asyncsync.transport.local",
     "ParameterServer": "asyncsync.transport.http_server",
     "Protocol": "asyncsync.protocols.base",
@@ -55,6 +57,7 @@ _EXPORTS = {
 
 __all__ = [
     "PROTOCOLS",
+    "ConnectionLimits",
     "LocalTransport",
     "ParameterServer",
     "Protocol",
