@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,7 +212,17 @@ def _sweep_points(sweep: Any) -> list[dict[str, Any]]:
     key, values = next(iter(sweep.items()))
     if not isinstance(values, list) or not values:
         raise ConfigError(f"sweep.{key}: expected a non-empty list of values")
+    for position, value in enumerate(values):
+        if value in values[:position]:
+            raise ConfigError(f"sweep.{key}: the value {_toml(value)} is listed twice (at "
+                              f"positions {values.index(value) + 1} and {position + 1}); "
+                              "list each value once")
     return [{key: value} for value in values]
+
+
+def _toml(value: Any) -> str:
+    """A sweep value as a recipe writes it (``true``, ``"a"``, ``[1, 2]``)."""
+    return json.dumps(value)
 
 
 def _dotted(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
