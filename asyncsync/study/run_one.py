@@ -30,9 +30,10 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
                    index: int, repeat: int = 0) -> dict[str, Any]:
     prepare_folder(spec, recipe, run_dir, repeat)
     if spec.clock == "virtual":
-        return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index)
+        return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index,
+                                  repeat)
     await run_nodes(spec, recipe.name, run_dir,
-                    lambda status: dashboard.update(spec, index, status))
+                    lambda status: dashboard.update(spec, index, status, repeat))
     return {**summarize_run(run_dir), **spec.population().facts()}
 
 
@@ -54,7 +55,7 @@ class _Cancelled(Exception):
 
 
 async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Dashboard,
-                       index: int) -> dict[str, Any]:
+                       index: int, repeat: int) -> dict[str, Any]:
     """Simulate the run in a thread of its own (its loop is virtual); show its progress.
 
     Cancelled (Ctrl-C, SIGTERM), it stops the simulation at its next virtual second and
@@ -74,7 +75,7 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
     try:
         while not job.done():
             if latest:
-                dashboard.update(spec, index, latest[0])
+                dashboard.update(spec, index, latest[0], repeat)
             await asyncio.wait({job}, timeout=0.5)
     except asyncio.CancelledError:
         cancelled.set()
@@ -82,6 +83,8 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
         job.exception()  # retrieved: _Cancelled, or what ended it first
         raise
     facts = job.result()  # first: a run that failed has no logs to summarize
+    if latest:  # its last status (a short run may end between two refreshes)
+        dashboard.update(spec, index, latest[0], repeat)
     return {**summarize_run(run_dir), **facts}
 
 
