@@ -42,6 +42,8 @@ class Recipe:
     repeats: int = 1
     tracking: dict[str, str] = field(default_factory=dict)
     """``[tracking]``: tool (tensorboard, mlflow, wandb) -> where, as ``--track`` takes it."""
+    source: str = field(default="", compare=False)
+    """The file it was read from ("" when built otherwise), for errors found later."""
 
     def run(self, name: str) -> RunSpec:
         for spec in self.runs:
@@ -98,9 +100,10 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (),
             raise ConfigError(f"--repeats: must be >= 1, got {repeats}")
         raw = {**raw, "repeats": repeats}
     try:
-        return resolve(raw, path.stem, overrides, only, written=path.suffix == ".json")
+        recipe = resolve(raw, path.stem, overrides, only, written=path.suffix == ".json")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    return dataclasses.replace(recipe, source=str(path))
 
 
 def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (),
