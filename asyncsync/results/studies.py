@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsync.errors import InputError
-from asyncsync.runlog.reading import label, sweep_suffix
+from asyncsync.runlog.reading import label, run_name, sweep_suffix
 
 
 class LogError(InputError, ValueError):
@@ -45,9 +45,10 @@ def identity(recipe: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     """Which run a run folder's `resolved_run` is, and what it was measured against (its
     budget and target): the fields every summary has, a failed run's too."""
     stop = spec["stop"]
-    return {"recipe": recipe["name"], "run": spec["name"], "protocol": spec["protocol"]["name"],
-            "workers": spec["workers"], "repeat": recipe.get("repeat", 0),
-            "seed": spec.get("seed", 0), "sweep": spec.get("sweep") or {},
+    sweep = spec.get("sweep") or {}
+    return {"recipe": recipe["name"], "run": run_name(spec["name"], sweep),
+            "protocol": spec["protocol"]["name"], "workers": spec["workers"],
+            "repeat": recipe.get("repeat", 0), "seed": spec.get("seed", 0), "sweep": sweep,
             "clock": spec.get("clock", "real"), "time_s": stop.get("time_s"),
             "target_accuracy": stop.get("target_accuracy")}
 

@@ -220,6 +220,13 @@ def _sweep_points(sweep: Any) -> list[dict[str, Any]]:
             raise ConfigError(f"sweep.{key}: the value {_toml(value)} is listed twice (at "
                               f"positions {values.index(value) + 1} and {position + 1}); "
                               "list each value once")
+    named: dict[str, Any] = {}
+    for value in values:
+        first = named.setdefault(sweep_suffix({key: value}), value)
+        if first is not value:
+            raise ConfigError(f"sweep.{key}: the values {_toml(first)} and {_toml(value)} "
+                              f"would name one run folder (...{sweep_suffix({key: value})}); "
+                              "give them one type")
     return [{key: value} for value in values]
 
 
