@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from asyncsync.results import plots
+from asyncsync.results.studies import upgrade_sweep_names
 from asyncsync.runlog.reading import legacy_sweep_suffix, sweep_suffix
 from asyncsync.study.recipe import load_recipe
 from tests.test_cli import run_main
@@ -104,3 +105,10 @@ def test_a_report_of_an_old_study_tables_as_a_new_one(
     assert len(rows) == 2 and all(" 1.00x " in row for row in rows), new_table
     assert old_table.replace(str(old), str(study)).replace(
         str(tmp_path / "o"), str(tmp_path / "n")) == new_table
+    # --resume of the old study: its runs take their new names, and are all done
+    assert upgrade_sweep_names(old) == ["a@compute.slowdown=[1, 3] -> a@compute.slowdown=1,3",
+                                        "a@compute.slowdown=[1, 2] -> a@compute.slowdown=1,2"]
+    assert upgrade_sweep_names(old) == []
+    code, out = run_main(capsys, "run", str(tmp_path / "swept.toml"), "--resume", str(old),
+                         "--plain", "--jobs", "1")
+    assert code == 0 and f"resuming {old}: 2 of 2 runs done, 0 to run" in out, out
