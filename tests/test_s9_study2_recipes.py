@@ -3,6 +3,7 @@ sweep that repeats a value."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,30 @@ def test_a_repeated_sweep_value_is_named_with_its_key(tmp_path: Path, values: st
     with pytest.raises(ConfigError) as err:
         load_recipe(write(tmp_path, f"{BASE}[sweep]\n\"{key}\" = {values}\n"))
     assert f"sweep.{key}: the value {shown} is listed twice" in str(err.value)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (".workers=3", "--set .workers: a dotted key with an empty part"),
+    ("stop..time_s=3", "--set stop..time_s: a dotted key with an empty part"),
+    ("stop.=3", "--set stop.: a dotted key with an empty part"),
+    ("defaults.workers=3", "--set defaults.workers: a key of [defaults] is written without "
+                           "'defaults.': --set workers=..."),
+])
+def test_a_set_key_a_user_might_write_is_named_with_its_fix(tmp_path: Path, edit: str,
+                                                            message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_recipe(write(tmp_path, BASE), [edit])
+    assert message in str(err.value)
+
+
+def test_a_sweep_key_with_an_empty_part_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape("sweep stop..time_s: a dotted key with "
+                                                    "an empty part")):
+        load_recipe(write(tmp_path, BASE + '[sweep]\n"stop..time_s" = [1, 2]\n'))
+
+
+def test_workers_beyond_any_host_are_refused_at_once(tmp_path: Path) -> None:
+    """(It hung: resolving the run walks every worker's link.)"""
+    with pytest.raises(ConfigError, match=re.escape(
+            "defaults.workers: must be > 0 and at most 1000000, got 99999999999999999999")):
+        load_recipe(write(tmp_path, BASE), ["workers=99999999999999999999"])
