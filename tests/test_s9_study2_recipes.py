@@ -81,3 +81,10 @@ def test_workers_beyond_any_host_are_refused_at_once(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(
             "defaults.workers: must be > 0 and at most 1000000, got 99999999999999999999")):
         load_recipe(write(tmp_path, BASE), ["workers=99999999999999999999"])
+
+
+@pytest.mark.parametrize("name", ["a b", "a@workers=3", "a'b", "a[1]", "a$b"])
+def test_a_run_name_a_shell_would_need_quoted_is_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_recipe(write(tmp_path, BASE.replace('name = "a"', f"name = {name!r}")))
+    assert f"runs[0] ({name}).name: letters, digits and ._+,=- only" in str(err.value)

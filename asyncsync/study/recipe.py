@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -300,6 +301,10 @@ def _has_key(table: dict[str, Any], dotted: str) -> bool:
     return True
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9._+,=-]+")
+"""A run's name in a recipe (a run's written recipe.json adds its sweep point after '@')."""
+
+
 def _resolve_run(defaults: dict[str, Any], run: Any, index: int, swept: str | None = None,
                  written: bool = False) -> RunSpec:
     """One run's spec: `defaults` (the sweep's point set in them at `swept`) merged with the
@@ -320,6 +325,12 @@ def _resolve_run(defaults: dict[str, Any], run: Any, index: int, swept: str | No
     merged = _merge(defaults, run)
     if "name" not in merged:
         raise ConfigError(f"{label}.name: every run needs a name")
+    name = merged["name"]
+    if (not written and isinstance(name, str) and name and "/" not in name  # (RunSpec's)
+            and not RUN_NAME.fullmatch(name)):
+        raise ConfigError(f"{label}.name: letters, digits and ._+,=- only (it names the "
+                          "run's folder, which a shell then takes unquoted; '@' marks a "
+                          f"sweep point), got {name!r}")
     if "protocol" not in merged:
         raise ConfigError(f"{label}.protocol: every run needs a protocol")
     protocol = _resolve_protocol(merged.pop("protocol", None), where)
