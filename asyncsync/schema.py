@@ -54,11 +54,11 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], path: str,
         if name not in data:
             continue
         value = _convert(hints[name], data[name], name, locate)
+        if problem := _infinite_or_nan(value):
+            raise ConfigError(f"{locate(name)}: {problem}")
         check = f.metadata.get("check")
         if check is not None and not check(value):
             raise ConfigError(f"{locate(name)}: {f.metadata['rule']}, got {value!r}")
-        if not _finite(value):
-            raise ConfigError(f"{locate(name)}: must be a finite number, got {value!r}")
         values[name] = value
     try:
         return cls(**values)
@@ -66,11 +66,16 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], path: str,
         raise ConfigError(f"{locate('').rstrip('.') or path}: {exc}") from exc
 
 
-def _finite(value: Any) -> bool:
-    """Whether a number, or each number of a list, is finite (anything else: True)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return all(map(_finite, value)) if isinstance(value, list) else True
+def _infinite_or_nan(value: Any) -> str:
+    """What is wrong with a number, or the first wrong number of a list, that is not finite
+    ("" when none is): checked before a field's rule, which a NaN fails without saying why."""
+    if isinstance(value, float) and math.isnan(value):
+        return "must be a number, got nan (not a number; write the value meant)"
+    if isinstance(value, float) and math.isinf(value):
+        return f"must be a finite number, got {value!r} (write a large finite value instead)"
+    if isinstance(value, list):
+        return next(filter(None, map(_infinite_or_nan, value)), "")
+    return ""
 
 
 def _convert(kind: Any, value: Any, key: str, locate: Callable[[str], str]) -> Any:

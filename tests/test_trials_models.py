@@ -57,8 +57,8 @@ def test_a_model_that_cannot_be_imported_is_one_error(
     if command == "run":
         args += ["--logs", str(tmp_path / "logs"), "--plain", "--jobs", "1"]
     assert one_error(run_main(capsys, *args)) == (
-        "error: bsp: model.name: 'nosuchmodule:build' cannot be imported (No module named "
-        "'nosuchmodule'); a module is looked up in the working directory, then in the "
+        f"error: {args[1]}: bsp: model.name: 'nosuchmodule:build' cannot be imported (No "
+        "module named 'nosuchmodule'); a module is looked up in the working directory, then in the "
         "installed packages")
     assert not (tmp_path / "logs").exists()
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +290,9 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
     runs = groups(summaries)
     key = next(iter(runs[0][0]["sweep"]))
     integer = all(isinstance(s["sweep"][key], int) for s in summaries)
+    numeric = all(isinstance(s["sweep"][key], int | float) for s in summaries)
+    # other values (lists, tables, words) stand side by side in the recipe's order
+    shown = list(dict.fromkeys(json.dumps(s["sweep"][key]) for s in summaries))
     bases = {sweep_suffix(g[0]["sweep"]): g for g in runs if is_baseline(g[0], baseline)}
     lines: dict[str, list[tuple[float, tuple[list[float], list[float], list[float]]]]] = {}
     bounded: set[tuple[str, float]] = set()  # (run, swept value) whose speedup is a bound
@@ -297,7 +301,8 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
         name = first["run"].removesuffix(sweep_suffix(first["sweep"]))
         done = [s for s in group if "error" not in s]
         speedups, bound = paired_speedups(done, bases.get(sweep_suffix(first["sweep"]), []))
-        value = float(first["sweep"][key])
+        value = (float(first["sweep"][key]) if numeric
+                 else float(shown.index(json.dumps(first["sweep"][key]))))
         if bound and speedups:
             bounded.add((name, value))
         lines.setdefault(name, []).append((value, (
@@ -330,6 +335,8 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
             ax.set_xlabel(key)
             if integer:
                 ax.set_xticks(sorted({v for v, _ in points}))
+            elif not numeric:
+                ax.set_xticks(range(len(shown)), shown, fontsize="small")
             ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
     if bounded:

@@ -125,8 +125,9 @@ def report_summary(run_dir: Path) -> dict[str, Any]:
             named in a row).
     """
     written = written_summary(run_dir)
-    if "error" in written:
-        return {**identity(*resolved_run(run_dir)), **written}
+    if "error" in written:  # its name as `identity` writes it, also in an old study
+        named = identity(*resolved_run(run_dir))
+        return {**named, **written, "run": named["run"]}
     try:
         summary = summarize_run(run_dir)
         if summary["versions"] is None:  # every run's server writes it last: the log was cut

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsync.errors import InputError
-from asyncsync.runlog.reading import label, sweep_suffix
+from asyncsync.runlog.reading import label, run_name, sweep_suffix
 
 
 class LogError(InputError, ValueError):
@@ -45,9 +45,10 @@ def identity(recipe: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     """Which run a run folder's `resolved_run` is, and what it was measured against (its
     budget and target): the fields every summary has, a failed run's too."""
     stop = spec["stop"]
-    return {"recipe": recipe["name"], "run": spec["name"], "protocol": spec["protocol"]["name"],
-            "workers": spec["workers"], "repeat": recipe.get("repeat", 0),
-            "seed": spec.get("seed", 0), "sweep": spec.get("sweep") or {},
+    sweep = spec.get("sweep") or {}
+    return {"recipe": recipe["name"], "run": run_name(spec["name"], sweep),
+            "protocol": spec["protocol"]["name"], "workers": spec["workers"],
+            "repeat": recipe.get("repeat", 0), "seed": spec.get("seed", 0), "sweep": sweep,
             "clock": spec.get("clock", "real"), "time_s": stop.get("time_s"),
             "target_accuracy": stop.get("target_accuracy")}
 
@@ -236,3 +237,58 @@ def recipe_baseline(run_dir: Path) -> str | None:
         return None
     baseline = json.loads(path.read_text()).get("baseline")
     return baseline if isinstance(baseline, str) else None
+
+
+def upgrade_sweep_names(root: Path) -> list[str]:
+    """Give the swept runs of a study folder written before 2026-11-27 (folders such as
+    ``bsp@compute.slowdown=[1, 3]``) the names written now (``bsp@compute.slowdown=1,3``,
+    `asyncsync.runlog.reading.sweep_suffix`): their folders, the names in their
+    recipe.json and summary.json, and in the study's recipe.json, last (so that one cut
+    short is done again), so that ``--resume`` takes the study as it takes one of now.
+
+    Returns:
+        ``old -> new`` for each run renamed ([] for a study of now, or not a study).
+
+    Raises:
+        LogError: a run's new folder name is taken.
+    """
+    path = root / "recipe.json"
+    try:
+        table = json.loads(path.read_text())
+        runs, repeats = table["runs"], int(table.get("repeats", 1))
+        names = {spec["name"]: run_name(spec["name"], spec.get("sweep") or {})
+                 for spec in runs}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    renamed = {old: new for old, new in names.items() if old != new}
+    for old, new in renamed.items():
+        for ending in [""] if repeats == 1 else [f"-r{r}" for r in range(repeats)]:
+            run_dir, target = root / (old + ending), root / (new + ending)
+            if not run_dir.is_dir():
+                continue
+            if target.exists():
+                raise LogError(f"{run_dir}: cannot take its new name {target.name}: a folder "
+                               "of that name exists")
+            _rename_in(run_dir / "recipe.json", lambda t: t["runs"][0], "name", new)
+            _rename_in(run_dir / "summary.json", lambda t: t, "run", new)
+            run_dir.rename(target)
+    if renamed:
+        for spec in runs:
+            spec["name"] = names[spec["name"]]
+        _write(path, table)
+    return [f"{old} -> {new}" for old, new in renamed.items()]
+
+
+def _rename_in(path: Path, where: Any, key: str, name: str) -> None:
+    """Set `key` of `where(table)` to `name` in the JSON file `path` (if it is there)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
+        table = json.loads(path.read_text())
+        where(table)[key] = name
+        _write(path, table)
+
+
+def _write(path: Path, table: dict[str, Any]) -> None:
+    """Replace the JSON file `path` whole (a reader never sees half of it)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(table, indent=2))
+    partial.replace(path)

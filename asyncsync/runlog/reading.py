@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import re
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
@@ -163,5 +165,44 @@ def label(summary: dict[str, Any]) -> str:
 
 
 def sweep_suffix(sweep: dict[str, Any]) -> str:
-    """What a swept run's name carries after its recipe name: ``@key=value``."""
+    """What a swept run's name, and so its folder's, carries after its name in the recipe:
+    ``@key=value``, written with letters, digits and ``._+,=@-`` only, so that a shell
+    takes the folder's path unquoted (``bsp@compute.slowdown=1,3``): a list of plain values
+    is written comma-separated; any other value as its plain characters, each run of others
+    as ``_``, then ``_`` and 8 hex digits of its hash, which keep two values apart."""
+    return "".join(f"@{key}={_plain(value)}" for key, value in sweep.items())
+
+
+def legacy_sweep_suffix(sweep: dict[str, Any]) -> str:
+    """`sweep_suffix` as asyncsync wrote it before 2026-11-27: each value as Python prints
+    it (``@compute.slowdown=[1, 3]``), which a shell must quote."""
     return "".join(f"@{key}={value}" for key, value in sweep.items())
+
+
+def run_name(name: str, sweep: dict[str, Any]) -> str:
+    """A run's `name` as this version writes it: a name of a swept run written with a
+    `legacy_sweep_suffix` gets its `sweep_suffix` instead (reports of old studies)."""
+    old, new = legacy_sweep_suffix(sweep), sweep_suffix(sweep)
+    return name.removesuffix(old) + new if old != new and name.endswith(old) else name
+
+
+PLAIN = re.compile(r"[A-Za-z0-9._+-]+")
+"""A value written as it is in a run's folder name."""
+
+
+def _plain(value: Any) -> str:
+    """A sweep value in a folder name (see `sweep_suffix`)."""
+    items = value if isinstance(value, list) and value else [value]
+    texts = [str(item) for item in items if isinstance(item, str | int | float)]
+    plain = ",".join(texts)
+    if (len(texts) == len(items) and all(PLAIN.fullmatch(text) for text in texts)
+            and len(plain) <= PLAIN_MAX):
+        return plain
+    written = json.dumps(value, sort_keys=True)
+    digest = hashlib.sha256(written.encode()).hexdigest()[:8]
+    return "_".join([*PLAIN.findall(written), ""])[:PLAIN_MAX - 8] + digest
+
+
+PLAIN_MAX = 64
+"""The most characters of a value in a folder name (a longer one is cut before its hash:
+a name has at most 255 bytes)."""

@@ -102,18 +102,27 @@ class Dashboard:
             self._live.__exit__(kind, exc, tb)
             self._live = None
 
-    def _title(self, spec: RunSpec, index: int) -> str:
-        return (f"{self.recipe.name} - run {index + 1}/{len(self.recipe.runs)} "
-                f"[bold]{spec.name}[/bold] ({spec.protocol.name}, {spec.workers} workers)")
+    def _title(self, spec: RunSpec, index: int, repeat: int) -> str:
+        return (f"{self.recipe.name} - run {index + 1}/{len(self.recipe.runs)}"
+                f"{self._repeat(repeat, ', ')} [bold]{escape(spec.name)}[/bold] "
+                f"({spec.protocol.name}, {spec.workers} workers)")
 
-    def update(self, spec: RunSpec, index: int, status: dict[str, Any]) -> None:
-        """Render one status snapshot from the server."""
+    def _repeat(self, repeat: int, before: str) -> str:
+        """``repeat R/K`` (after `before`) when the recipe repeats its runs, else nothing."""
+        repeats = self.recipe.repeats
+        return f"{before}repeat {repeat + 1}/{repeats}" if repeats > 1 else ""
+
+    def update(self, spec: RunSpec, index: int, status: dict[str, Any],
+               repeat: int = 0) -> None:
+        """Render one status snapshot from the server of run `index`'s repeat `repeat`."""
         if self._live is not None:
             self._status = status
-            self._live.update(self.render(spec, index, status))
+            self._live.update(self.render(spec, index, status, repeat))
         elif now() - self._last_plain >= PLAIN_EVERY_S and status.get("started"):
             self._last_plain = now()
-            self.console.print(self.plain_line(spec, status), highlight=False, markup=False)
+            name = spec.name + self._repeat(repeat, " ")
+            self.console.print(self.plain_line(spec, status, name), highlight=False,
+                               markup=False)
             self.console.file.flush()
 
     def study(self, total: int, done: int = 0) -> None:
@@ -202,10 +211,11 @@ class Dashboard:
             runs.add_row(*(row[i] for i in shown))
         return Group(head, runs)
 
-    def render(self, spec: RunSpec, index: int, status: dict[str, Any]) -> Group:
+    def render(self, spec: RunSpec, index: int, status: dict[str, Any],
+               repeat: int = 0) -> Group:
         budget = status.get("time_s")
         head = Text.from_markup(
-            f"{self._title(spec, index)}\nversion {status['version']}  "
+            f"{self._title(spec, index, repeat)}\nversion {status['version']}  "
             f"accuracy {_acc(status['accuracy'])} (best {_acc(status['best_accuracy'])}, "
             f"target {_acc(spec.stop.target_accuracy)})  "
             f"elapsed {status['elapsed_s']:.0f}/{budget:.0f} s{_virtual(status)}"
@@ -262,7 +272,7 @@ class Dashboard:
         elif self._live is not None and self._status is not None and "error" not in summary:
             self._live.update(self.render(spec, index, {
                 **self._status, "accuracy": summary["final_accuracy"],
-                "best_accuracy": summary["best_accuracy"]}))
+                "best_accuracy": summary["best_accuracy"]}, summary.get("repeat", 0)))
         shown = name or spec.name
         if "error" in summary:
             line = f"[red]{escape(shown)} failed: {escape(str(summary['error']))}[/red]"

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,8 @@ class Recipe:
     repeats: int = 1
     tracking: dict[str, str] = field(default_factory=dict)
     """``[tracking]``: tool (tensorboard, mlflow, wandb) -> where, as ``--track`` takes it."""
+    source: str = field(default="", compare=False)
+    """The file it was read from ("" when built otherwise), for errors found later."""
 
     def run(self, name: str) -> RunSpec:
         for spec in self.runs:
@@ -97,9 +101,10 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (),
             raise ConfigError(f"--repeats: must be >= 1, got {repeats}")
         raw = {**raw, "repeats": repeats}
     try:
-        return resolve(raw, path.stem, overrides, only, written=path.suffix == ".json")
+        recipe = resolve(raw, path.stem, overrides, only, written=path.suffix == ".json")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    return dataclasses.replace(recipe, source=str(path))
 
 
 def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (),
@@ -211,7 +216,24 @@ def _sweep_points(sweep: Any) -> list[dict[str, Any]]:
     key, values = next(iter(sweep.items()))
     if not isinstance(values, list) or not values:
         raise ConfigError(f"sweep.{key}: expected a non-empty list of values")
+    for position, value in enumerate(values):
+        if value in values[:position]:
+            raise ConfigError(f"sweep.{key}: the value {_toml(value)} is listed twice (at "
+                              f"positions {values.index(value) + 1} and {position + 1}); "
+                              "list each value once")
+    named: dict[str, Any] = {}
+    for value in values:
+        first = named.setdefault(sweep_suffix({key: value}), value)
+        if first is not value:
+            raise ConfigError(f"sweep.{key}: the values {_toml(first)} and {_toml(value)} "
+                              f"would name one run folder (...{sweep_suffix({key: value})}); "
+                              "give them one type")
     return [{key: value} for value in values]
+
+
+def _toml(value: Any) -> str:
+    """A sweep value as a recipe writes it (``true``, ``"a"``, ``[1, 2]``)."""
+    return json.dumps(value)
 
 
 def _dotted(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -279,6 +301,10 @@ def _has_key(table: dict[str, Any], dotted: str) -> bool:
     return True
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9._+,=-]+")
+"""A run's name in a recipe (a run's written recipe.json adds its sweep point after '@')."""
+
+
 def _resolve_run(defaults: dict[str, Any], run: Any, index: int, swept: str | None = None,
                  written: bool = False) -> RunSpec:
     """One run's spec: `defaults` (the sweep's point set in them at `swept`) merged with the
@@ -299,6 +325,12 @@ def _resolve_run(defaults: dict[str, Any], run: Any, index: int, swept: str | No
     merged = _merge(defaults, run)
     if "name" not in merged:
         raise ConfigError(f"{label}.name: every run needs a name")
+    name = merged["name"]
+    if (not written and isinstance(name, str) and name and "/" not in name  # (RunSpec's)
+            and not RUN_NAME.fullmatch(name)):
+        raise ConfigError(f"{label}.name: letters, digits and ._+,=- only (it names the "
+                          "run's folder, which a shell then takes unquoted; '@' marks a "
+                          f"sweep point), got {name!r}")
     if "protocol" not in merged:
         raise ConfigError(f"{label}.protocol: every run needs a protocol")
     protocol = _resolve_protocol(merged.pop("protocol", None), where)

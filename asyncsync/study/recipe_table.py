@@ -61,8 +61,19 @@ TOML_OPENERS = ("[", "{", '"', "'")
 
 
 def set_default(defaults: dict[str, Any], key: str, value: Any, origin: str) -> None:
-    """``defaults.KEY = value`` for a dotted `key` (tables made on the way)."""
+    """``defaults.KEY = value`` for a dotted `key` (tables made on the way).
+
+    Raises:
+        ConfigError: `key` has an empty part, or starts with ``defaults.`` (named with
+            `origin`, ``--set`` or ``sweep``).
+    """
     parts = key.split(".")
+    if not all(part.strip() for part in parts):
+        raise ConfigError(f"{origin} {key}: a dotted key with an empty part (e.g. "
+                          "stop.time_s)")
+    if parts[0] == "defaults" and len(parts) > 1:
+        raise ConfigError(f"{origin} {key}: a key of [defaults] is written without "
+                          f"'defaults.': {origin} {'.'.join(parts[1:])}=...")
     table = defaults
     for depth, part in enumerate(parts[:-1], 1):
         table = table.setdefault(part, {})

@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from asyncsync.results.report import summarize_run
 from asyncsync.schema import ConfigError
 from asyncsync.study.assembly import run_data
@@ -23,6 +25,7 @@ from asyncsync.study.nodes import run_nodes
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.simulation import calibrate_step_s, simulate
 from asyncsync.study.specs import RunSpec
+from asyncsync.training.models import build_model
 from asyncsync.training.trainer import resolve_device
 
 
@@ -30,9 +33,10 @@ async def _run_one(spec: RunSpec, recipe: Recipe, run_dir: Path, dashboard: Dash
                    index: int, repeat: int = 0) -> dict[str, Any]:
     prepare_folder(spec, recipe, run_dir, repeat)
     if spec.clock == "virtual":
-        return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index)
+        return await _run_virtual(spec, run_dir, f"{recipe.name}/{spec.name}", dashboard, index,
+                                  repeat)
     await run_nodes(spec, recipe.name, run_dir,
-                    lambda status: dashboard.update(spec, index, status))
+                    lambda status: dashboard.update(spec, index, status, repeat))
     return {**summarize_run(run_dir), **spec.population().facts()}
 
 
@@ -54,7 +58,7 @@ class _Cancelled(Exception):
 
 
 async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Dashboard,
-                       index: int) -> dict[str, Any]:
+                       index: int, repeat: int) -> dict[str, Any]:
     """Simulate the run in a thread of its own (its loop is virtual); show its progress.
 
     Cancelled (Ctrl-C, SIGTERM), it stops the simulation at its next virtual second and
@@ -74,7 +78,7 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
     try:
         while not job.done():
             if latest:
-                dashboard.update(spec, index, latest[0])
+                dashboard.update(spec, index, latest[0], repeat)
             await asyncio.wait({job}, timeout=0.5)
     except asyncio.CancelledError:
         cancelled.set()
@@ -82,6 +86,8 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
         job.exception()  # retrieved: _Cancelled, or what ended it first
         raise
     facts = job.result()  # first: a run that failed has no logs to summarize
+    if latest:  # its last status (a short run may end between two refreshes)
+        dashboard.update(spec, index, latest[0], repeat)
     return {**summarize_run(run_dir), **facts}
 
 
@@ -100,25 +106,41 @@ def check_data(recipe: Recipe) -> None:
 
 
 def check_models(recipe: Recipe) -> None:
-    """Import every ``module:callable`` model the recipe's runs name, once each (nothing is
-    built).
+    """Build every ``module:callable`` model the recipe's runs name, once per model, options
+    and dataset shape, and refuse one that cannot be imported, rejects its options or does
+    not fit its dataset (`asyncsync.training.models.build_model`'s check of one batch).
+    The shipped models fit by construction and are not built.
 
     Raises:
-        ConfigError: one cannot be imported (the run and the key named).
+        ConfigError: a model that does not do (the recipe file, the run and the key named).
     """
-    seen = set()
+    shapes: dict[tuple[str, str, bool], tuple[tuple[int, ...], int]] = {}
+    built = set()
     for spec in recipe.runs:
         name = spec.model.name
-        if ":" not in name or name in seen:
+        if ":" not in name:
             continue
-        seen.add(name)
+        where = f"{recipe.source}: " if recipe.source else ""
         module, _, attr = name.partition(":")
         try:
             getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"{spec.name}: model.name: {name!r} cannot be imported ({exc}); "
-                              "a module is looked up in the working directory, then in the "
-                              "installed packages") from None
+            raise ConfigError(f"{where}{spec.name}: model.name: {name!r} cannot be "
+                              f"imported ({exc}); a module is looked up in the working "
+                              "directory, then in the installed packages") from None
+        data = (spec.data.name, str(spec.data.root), spec.data.download)  # not the seed:
+        if data not in shapes:  # it draws synthetic data, not its shape
+            dataset = run_data(spec)
+            shapes[data] = (dataset.input_shape, dataset.num_classes)
+        key = json.dumps([name, spec.model.options, *shapes[data]], sort_keys=True)
+        if key in built:
+            continue
+        built.add(key)
+        with torch.random.fork_rng(devices=[]):  # the process's draws stay as they were
+            try:
+                build_model(name, *shapes[data], spec.model.options)
+            except ValueError as exc:
+                raise ConfigError(f"{where}{spec.name}: model: {exc}") from None
 
 
 def device_problem(recipe: Recipe) -> str | None:

@@ -20,7 +20,7 @@ from asyncsync.hetero.compute import ComputeProfile
 from asyncsync.hetero.network import kernel_rate_problem
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams
-from asyncsync.runlog.reading import sweep_suffix
+from asyncsync.runlog.reading import legacy_sweep_suffix, sweep_suffix
 from asyncsync.schema import option
 from asyncsync.study.hetero_specs import (
     CALIBRATE,
@@ -33,6 +33,11 @@ from asyncsync.study.hetero_specs import (
 from asyncsync.study.launch import TOKEN_ENV
 from asyncsync.study.population import Population, population
 from asyncsync.training.catalog import DATASETS, MODELS
+
+MAX_WORKERS = 1_000_000
+"""The most workers a run may have: 10x the largest run measured (100,000 virtual workers
+set up in 9-11 s, docs/virtual-time.md); a mistyped count (1e20) hung the recipe's
+checks, which walk every worker."""
 
 
 def _positive(value: float) -> bool:
@@ -152,7 +157,8 @@ class RunSpec:
                        "must be a non-empty name without '/' (it names the run's log "
                        "directory)")
     protocol: ProtocolSpec = field(default_factory=lambda: ProtocolSpec("bsp", NoParams()))
-    workers: int = option(4, _positive, "must be > 0")
+    workers: int = option(4, lambda v: 1 <= v <= MAX_WORKERS,
+                          f"must be > 0 and at most {MAX_WORKERS}")
     seed: int = 0
     device: str = option("cpu", lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
                          "must be auto, cpu, cuda or cuda:i", "auto | cpu | cuda | cuda:i")
@@ -298,8 +304,10 @@ class RunSpec:
 
     @property
     def base_name(self) -> str:
-        """The run's name in the recipe (without its sweep point)."""
-        return self.name.removesuffix(sweep_suffix(self.sweep))
+        """The run's name in the recipe (without its sweep point, also as asyncsync wrote it
+        before 2026-11-27)."""
+        return self.name.removesuffix(sweep_suffix(self.sweep)).removesuffix(
+            legacy_sweep_suffix(self.sweep))
 
     def as_table(self) -> dict[str, Any]:
         """The resolved run as plain data, the token left out (it never goes to logs)."""
