@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from asyncsync.results.studies import upgrade_sweep_names
 from asyncsync.schema import ConfigError
 from asyncsync.study.executors import queued_tasks
 from asyncsync.study.recipe import Recipe
@@ -60,7 +61,10 @@ def reopen(recipe: Recipe, root: Path) -> Path:
     if "repeat" in written and (root.parent / "recipe.json").is_file():
         raise ConfigError(f"--resume {root}: a run's folder; --resume takes its study's "
                           f"folder: --resume {root.parent}")
-    if written != json.loads(json.dumps(recipe.as_table())):
+    now = json.loads(json.dumps(recipe.as_table()))
+    if written != now and upgrade_sweep_names(root):  # a study from before 2026-11-27
+        written = json.loads((root / "recipe.json").read_text())
+    if written != now:
         raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
                           "resolved now; give the same recipe, --set, --only, --repeats "
                           "and --clock")
