@@ -289,9 +289,9 @@ def test_a_generator_key_that_nothing_uses_is_refused(tmp_path: Path, keys: str,
      "the exponential generator would draw about 60,000,000 periods"),
     ('generator = "diurnal"\nperiod_s = 1e-6', "the diurnal generator would draw about "
                                                "60,000,006 periods"),
-    ('generator = "exponential"\nmean_online_s = inf', "mean_online_s: must be > 0 and "
-                                                       "finite"),
-    ('generator = "diurnal"\njitter_s = inf', "jitter_s: must be >= 0 and finite"),
+    ('generator = "exponential"\nmean_online_s = inf', "mean_online_s: must be a finite "
+                                                       "number, got inf"),
+    ('generator = "diurnal"\njitter_s = inf', "jitter_s: must be a finite number, got inf"),
 ])
 def test_a_generator_that_cannot_draw_a_usable_population_is_refused_at_once(
         tmp_path: Path, keys: str, problem: str) -> None:
