@@ -369,9 +369,9 @@ def main(argv: list[str] | None = None) -> int:
             status = status_printer() if args.status else None
             return 0 if run_folder(str(args.run_dir), args.calibrated_s, status) else 1
         if args.command == "check":
+            from asyncsync.study.assembly import dataset_loader
             from asyncsync.study.describe import (
                 check_table,
-                dataset_loader,
                 population_table,
                 shards_table,
                 step_time_table,
@@ -380,14 +380,14 @@ def main(argv: list[str] | None = None) -> int:
             from asyncsync.study.run_one import check_data, check_models, device_problem
 
             recipe = load_recipe(args.recipe, _overrides(args), args.only, args.repeats)
-            check_models(recipe)
+            datasets = dataset_loader()  # each loaded once, for the checks and the tables
+            check_models(recipe, datasets)
             console.print(check_table(recipe, console.width))
-            check_data(recipe)
+            check_data(recipe, datasets)
             if problem := device_problem(recipe):
                 console.print(f"note: {problem}: `asyncsync run` refuses it on this host (a "
                               "Slurm task's node may have the device)", markup=False,
                               highlight=False)
-            datasets = dataset_loader()
             console.print(step_time_table(recipe, datasets))
             console.print(shards_table(recipe, datasets))
             if (population := population_table(recipe)) is not None:

@@ -46,6 +46,21 @@ def run_data(spec: RunSpec) -> Dataset:
     return load_dataset(spec.data.name, spec.seed, spec.data.root, spec.data.download)
 
 
+def dataset_loader() -> Callable[[RunSpec], Dataset]:
+    """`run_data`, each distinct dataset loaded once (the checks and `check`'s tables share
+    it: a population study's five runs loaded the same synthetic set ten times)."""
+    loaded: dict[tuple[str, int | None, str, bool], Dataset] = {}
+
+    def load(spec: RunSpec) -> Dataset:
+        seed = spec.seed if spec.data.name == "synthetic" else None  # made from the seed
+        key = (spec.data.name, seed, str(spec.data.root), spec.data.download)
+        if key not in loaded:
+            loaded[key] = run_data(spec)
+        return loaded[key]
+
+    return load
+
+
 def run_model(spec: RunSpec, data: Dataset) -> torch.nn.Module:
     """The run's model, initialised from the run's seed on the CPU generator (the model is
     built on the CPU).

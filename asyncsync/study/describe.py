@@ -92,27 +92,12 @@ STEP_GROUPS_IN_FULL = 8
 """Up to this many distinct step times `step_time_table` lists each; above, a summary."""
 
 
-def dataset_loader() -> Callable[[RunSpec], Dataset]:
-    """A run's dataset, each distinct one loaded once (`check`'s tables share it: a
-    population study's five runs loaded the same synthetic set ten times)."""
-    from asyncsync.study.assembly import run_data
-
-    loaded: dict[tuple[str, int, str, bool], Dataset] = {}
-
-    def load(spec: RunSpec) -> Dataset:
-        key = (spec.data.name, spec.seed, str(spec.data.root), spec.data.download)
-        if key not in loaded:
-            loaded[key] = run_data(spec)
-        return loaded[key]
-
-    return load
-
-
 def step_time_table(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = None,
                     ) -> Table:
     """How each run's steps are charged before slowness: per worker (identical workers
     grouped), the device, FLOPs and seconds of one step of the recipe's batch (on the
     run's dataset from `data`, by default loaded for each run)."""
+    from asyncsync.study.assembly import dataset_loader
     from asyncsync.study.simulation import run_step_times
 
     data = data or dataset_loader()
@@ -159,7 +144,7 @@ def _spread(values: list[int]) -> str:
 def shards_table(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = None) -> Table:
     """Each worker's shard: its size and classes (above `SHARDS_IN_FULL` workers, the
     min / median / max of both per run; datasets from `data`, as in `step_time_table`)."""
-    from asyncsync.study.assembly import run_shards
+    from asyncsync.study.assembly import dataset_loader, run_shards
 
     load = data or dataset_loader()
 

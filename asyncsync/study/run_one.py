@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,14 @@ import torch
 
 from asyncsync.results.report import summarize_run
 from asyncsync.schema import ConfigError
-from asyncsync.study.assembly import run_data
+from asyncsync.study.assembly import dataset_loader
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import cause, error_line, write_summary
 from asyncsync.study.nodes import run_nodes
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.simulation import calibrate_step_s, simulate
 from asyncsync.study.specs import RunSpec
+from asyncsync.training.data import Dataset
 from asyncsync.training.models import build_model
 from asyncsync.training.trainer import resolve_device
 
@@ -91,30 +93,31 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
     return {**summarize_run(run_dir), **facts}
 
 
-def check_data(recipe: Recipe) -> None:
-    """Load every dataset the recipe's runs read from disk, once each.
+def check_data(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = None) -> None:
+    """Load every dataset the recipe's runs read from disk, once each (through `data`, a
+    `dataset_loader` the caller's other checks share, if given).
 
     Raises:
         DatasetMissing: one is absent (the error names the expected path).
     """
-    seen = set()
+    load = data or dataset_loader()
     for spec in recipe.runs:
-        key = (spec.data.name, spec.data.root, spec.data.download)
-        if spec.data.name != "synthetic" and key not in seen:
-            seen.add(key)
-            run_data(spec)
+        if spec.data.name != "synthetic":
+            load(spec)
 
 
-def check_models(recipe: Recipe) -> None:
+def check_models(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = None) -> None:
     """Build every ``module:callable`` model the recipe's runs name, once per model, options
     and dataset shape, and refuse one that cannot be imported, rejects its options or does
     not fit its dataset (`asyncsync.training.models.build_model`'s check of one batch).
     The shipped models fit by construction and are not built.
 
+    Datasets come from `data` (as in `check_data`).
+
     Raises:
         ConfigError: a model that does not do (the recipe file, the run and the key named).
     """
-    shapes: dict[tuple[str, str, bool], tuple[tuple[int, ...], int]] = {}
+    load = data or dataset_loader()
     built = set()
     for spec in recipe.runs:
         name = spec.model.name
@@ -128,17 +131,15 @@ def check_models(recipe: Recipe) -> None:
             raise ConfigError(f"{where}{spec.name}: model.name: {name!r} cannot be "
                               f"imported ({exc}); a module is looked up in the working "
                               "directory, then in the installed packages") from None
-        data = (spec.data.name, str(spec.data.root), spec.data.download)  # not the seed:
-        if data not in shapes:  # it draws synthetic data, not its shape
-            dataset = run_data(spec)
-            shapes[data] = (dataset.input_shape, dataset.num_classes)
-        key = json.dumps([name, spec.model.options, *shapes[data]], sort_keys=True)
+        dataset = load(spec)
+        shape = (dataset.input_shape, dataset.num_classes)
+        key = json.dumps([name, spec.model.options, *shape], sort_keys=True)
         if key in built:
             continue
         built.add(key)
         with torch.random.fork_rng(devices=[]):  # the process's draws stay as they were
             try:
-                build_model(name, *shapes[data], spec.model.options)
+                build_model(name, *shape, spec.model.options)
             except ValueError as exc:
                 raise ConfigError(f"{where}{spec.name}: model: {exc}") from None
 

@@ -32,6 +32,7 @@ from asyncsync.clock import now
 from asyncsync.results.report import preload_plots, publish
 from asyncsync.results.studies import LogError
 from asyncsync.schema import ConfigError
+from asyncsync.study.assembly import dataset_loader
 from asyncsync.study.children import Child, Spares
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import (
@@ -114,8 +115,9 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
     it, the table of the runs that finished and the log path, marks the runs in progress
     interrupted by it, then lets the cancellation go on.
     """
-    check_models(recipe)
-    await asyncio.to_thread(check_data, recipe)  # before any folder, not in N processes
+    datasets = dataset_loader()  # each loaded once for both checks
+    check_models(recipe, datasets)
+    await asyncio.to_thread(check_data, recipe, datasets)  # before any folder, not in N processes
     if slurm is None:  # a Slurm task's node has its own devices
         await asyncio.to_thread(check_devices, recipe)  # a driver query, off the loop
     await asyncio.to_thread(preflight, recipe.runs)  # kernel shaping: root, ip, tc, netem
