@@ -19,7 +19,7 @@ from asyncsync.results.comparison import is_baseline
 from asyncsync.results.layout import make_console
 from asyncsync.results.report import output_folder, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
-from asyncsync.runlog.reading import label, sweep_suffix
+from asyncsync.runlog.reading import label, unswept_name
 from asyncsync.schema import ConfigError
 from asyncsync.study.launch import DEFAULT_PORT, TOKEN_ENV
 from asyncsync.tracking import export_runs, parse_track, unique_specs
@@ -271,7 +271,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         if problem:
             raise LogError(problem)
         names = {s["run"] for s in summaries} | {label(s) for s in summaries}
-        first = summaries[0]["run"].removesuffix(sweep_suffix(summaries[0].get("sweep") or {}))
+        first = unswept_name(summaries[0]["run"], summaries[0].get("sweep") or {})
         baseline = args.baseline or recipe_baseline(run_dirs[0]) or first
         if not any(is_baseline(s, baseline) for s in summaries):
             if args.baseline:

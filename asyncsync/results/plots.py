@@ -31,7 +31,7 @@ from asyncsync.results.comparison import (
 )
 from asyncsync.results.pyplot import pyplot
 from asyncsync.results.timeline import plot_timeline
-from asyncsync.runlog.reading import label, sweep_suffix
+from asyncsync.runlog.reading import label, sweep_suffix, unswept_name
 
 
 def repeat_curves(group: list[dict[str, Any]]) -> tuple[Any, Any]:
@@ -298,7 +298,7 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
     bounded: set[tuple[str, float]] = set()  # (run, swept value) whose speedup is a bound
     for group in runs:
         first = group[0]
-        name = first["run"].removesuffix(sweep_suffix(first["sweep"]))
+        name = unswept_name(first["run"], first["sweep"])
         done = [s for s in group if "error" not in s]
         speedups, bound = paired_speedups(done, bases.get(sweep_suffix(first["sweep"]), []))
         value = (float(first["sweep"][key]) if numeric

@@ -179,6 +179,12 @@ def legacy_sweep_suffix(sweep: dict[str, Any]) -> str:
     return "".join(f"@{key}={value}" for key, value in sweep.items())
 
 
+def unswept_name(name: str, sweep: dict[str, Any]) -> str:
+    """A swept run's `name` without its sweep point (its name in the recipe), written as
+    now or as before 2026-11-27 (`legacy_sweep_suffix`)."""
+    return name.removesuffix(sweep_suffix(sweep)).removesuffix(legacy_sweep_suffix(sweep))
+
+
 def run_name(name: str, sweep: dict[str, Any]) -> str:
     """A run's `name` as this version writes it: a name of a swept run written with a
     `legacy_sweep_suffix` gets its `sweep_suffix` instead (reports of old studies)."""

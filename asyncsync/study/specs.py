@@ -20,7 +20,7 @@ from asyncsync.hetero.compute import ComputeProfile
 from asyncsync.hetero.network import kernel_rate_problem
 from asyncsync.hetero.partition import PARTITIONS
 from asyncsync.protocols.base import NoParams
-from asyncsync.runlog.reading import legacy_sweep_suffix, sweep_suffix
+from asyncsync.runlog.reading import unswept_name
 from asyncsync.schema import option
 from asyncsync.study.hetero_specs import (
     CALIBRATE,
@@ -306,8 +306,7 @@ class RunSpec:
     def base_name(self) -> str:
         """The run's name in the recipe (without its sweep point, also as asyncsync wrote it
         before 2026-11-27)."""
-        return self.name.removesuffix(sweep_suffix(self.sweep)).removesuffix(
-            legacy_sweep_suffix(self.sweep))
+        return unswept_name(self.name, self.sweep)
 
     def as_table(self) -> dict[str, Any]:
         """The resolved run as plain data, the token left out (it never goes to logs)."""
