@@ -1,5 +1,6 @@
 """Studies in parallel (--jobs), resumed (--resume), contained failures, and Slurm arrays
-through submitit's local executor: the folders and the table equal those of --jobs 1."""
+through submitit's local executor: the folders and the table equal those of --jobs 1, and
+the trackers follow every run of a parallel study."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from asyncsync.cli import main
 from asyncsync.study import runner
 from asyncsync.study.executors import shared_problem
 from asyncsync.study.simulation import REAL_TIME_FIELDS
+from asyncsync.tracking.feed import figures, run_dirs_of
+from tests.test_tracking import evaluations, inspect, scalars, summary_of
 
 ROOT = Path(__file__).parent.parent
 
@@ -52,17 +55,22 @@ name = "asp"
 protocol = "asp"
 """
 RUNS = ["bsp-r0", "bsp-r1", "asp-r0", "asp-r1"]
+STUDY_TIME_S = 30
+"""The virtual seconds of every study here: about 6 real s a run, so that a signal sent
+once a run has written events lands while runs are in progress."""
 
 
-def recipe(tmp: Path, time_s: int = 20) -> str:
+def recipe(tmp: Path, time_s: int = STUDY_TIME_S) -> str:
     path = tmp / "small.toml"
     path.write_text(RECIPE.format(time_s=time_s))
     return str(path)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "asyncsync", "run", *args, "--plain"],
-                          cwd=ROOT, env={**os.environ, "COLUMNS": "160", **(env or {})},
+                          cwd=cwd, env={**os.environ, "COLUMNS": "160", "PYTHONPATH": str(ROOT),
+                                        **(env or {})},
                           capture_output=True, text=True, timeout=600)
 
 
@@ -85,35 +93,88 @@ def outcome(root: Path) -> dict[str, object]:
     return files
 
 
+def offline_wandb_env(tmp_path: Path) -> dict[str, str]:
+    """W&B offline, its config, cache and data under `tmp_path`/home (skips without W&B or
+    TensorBoard, the dev extra's trackers)."""
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (the track extra)")
+    pytest.importorskip("wandb", reason="wandb not installed (the track extra)")
+    home = str(tmp_path / "home")
+    return {"WANDB_CONFIG_DIR": home, "WANDB_CACHE_DIR": home, "WANDB_DATA_DIR": home,
+            "WANDB_MODE": "offline"}
+
+
+def assert_tensorboard_has_every_run(where: Path, root: Path) -> None:
+    """Each run's evaluations and best accuracy, as TensorBoard's reader sees them."""
+    for run_dir in run_dirs_of(root):
+        name, repeat = run_dir.name.split("-")
+        folder = where / root.parent.name / root.name / name / repeat
+        assert [step for step, _ in scalars(folder, "accuracy")] == [
+            v for v, _, _ in evaluations(run_dir)]
+        (last,) = scalars(folder, "summary/best_accuracy")
+        assert last == (summary_of(run_dir)["versions"],
+                        pytest.approx(summary_of(run_dir)["best_accuracy"]))
+
+
+def assert_wandb_has_every_run(where: Path, root: Path) -> None:
+    """One finished offline W&B run per run, its history every evaluation."""
+    offline = sorted(where.glob("offline-run-*"))
+    assert len(offline) == len(RUNS)
+    by_id = {}
+    for folder in offline:
+        records = inspect(folder)
+        (run,) = [r["run"] for r in records if r["type"] == "run"]
+        by_id[run["config"]["update"]["run_id"]] = (records, inspect(folder, "--summary"))
+    for run_dir in run_dirs_of(root):
+        records, summary = by_id[f"{root.parent.name}/{root.name}/{run_dir.name}"]
+        rows = [r["history"]["item"] for r in records if r["type"] == "history"]
+        assert [(row["version"], row["accuracy"]) for row in rows] == [
+            (v, a) for v, a, _ in evaluations(run_dir)]
+        assert summary["state"] == "finished"
+        assert summary["summary"]["best_accuracy"] == pytest.approx(
+            figures(summary_of(run_dir))["best_accuracy"])
+
+
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """The small study run with --jobs 1 (in this process's threads, as before --jobs)."""
+    """The small study run with --jobs 1 (in this process's threads, as before --jobs):
+    what --jobs 2, a Slurm array and a resumed study must each write."""
     tmp = tmp_path_factory.mktemp("sequential")
-    done = run_cli(recipe(tmp), "--logs", str(tmp / "logs"), "--jobs", "1")
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert main(["run", recipe(tmp), "--logs", str(tmp / "logs"), "--jobs", "1",
+                 "--plain"]) == 0
     return outcome(study(tmp / "logs"))
 
 
-def test_jobs_2_writes_the_same_folders_and_table_as_jobs_1(
+def test_jobs_2_writes_the_same_folders_and_table_as_jobs_1_and_tracks_each_run(
         sequential: dict[str, object], tmp_path: Path) -> None:
-    done = run_cli(recipe(tmp_path), "--logs", str(tmp_path / "logs"), "--jobs", "2")
+    """Tracked as it goes, to TensorBoard and W&B (offline): each tracker follows every run
+    to its end, read back with the tool's own reader, and tracking changes no log."""
+    wandb = offline_wandb_env(tmp_path)
+    done = run_cli(recipe(tmp_path), "--logs", str(tmp_path / "logs"), "--jobs", "2",
+                   "--track", f"tensorboard={tmp_path / 'tb'}", "--track", "wandb=small",
+                   env=wandb, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert outcome(study(tmp_path / "logs")) == sequential
+    root = study(tmp_path / "logs")
+    assert outcome(root) == sequential
     assert "4/4 runs done" in done.stdout or "[4/4]" in done.stdout
+    assert_tensorboard_has_every_run(tmp_path / "tb", root)
+    assert_wandb_has_every_run(tmp_path / "wandb", root)
 
 
-def test_a_slurm_array_writes_the_same_folders_and_table_as_jobs_1(
+def test_a_slurm_array_writes_the_same_folders_and_table_as_jobs_1_and_is_tracked(
         sequential: dict[str, object], tmp_path: Path) -> None:
     """Without srun on the PATH, submitit runs the array's tasks as local processes (the
-    PATH holds only this Python's folder, so a Slurm installed here is not seen)."""
+    PATH holds only this Python's folder, so a Slurm installed here is not seen); each
+    task sends its run to TensorBoard."""
     done = run_cli(recipe(tmp_path), "--logs", str(tmp_path / "logs"), "--executor", "slurm",
-                   "--slurm-time", "10", env={"PATH": str(Path(sys.executable).parent)})
+                   "--slurm-time", "10", "--track", f"tensorboard={tmp_path / 'tb'}",
+                   env={"PATH": str(Path(sys.executable).parent)})
     assert done.returncode == 0, done.stdout + done.stderr
     root = study(tmp_path / "logs")
     assert "submitted 4 runs as job array" in done.stdout
     submitted = json.loads((root / "submitted.json").read_text())
     assert submitted["runs"] == RUNS and submitted["cluster"] == "local"
     assert outcome(root) == sequential
+    assert_tensorboard_has_every_run(tmp_path / "tb", root)
 
 
 def test_slurm_without_submitit_is_one_error_line(
@@ -157,11 +218,6 @@ def test_a_run_that_raises_is_a_failed_row_and_the_others_finish(tmp_path: Path)
         run_cli("--help").stdout.split())
 
 
-INTERRUPTED_TIME_S = 30
-"""The virtual seconds of the studies the interruption tests stop: about 6 real s a run
-here, so the signal lands while runs are in progress."""
-
-
 def started(path: str, logs: Path, jobs: int) -> subprocess.Popen[str]:
     """`asyncsync run` of the recipe at `path` with `jobs`, once a run has written events
     (its output is piped: read it with ``communicate``)."""
@@ -175,26 +231,16 @@ def started(path: str, logs: Path, jobs: int) -> subprocess.Popen[str]:
     return process
 
 
-@pytest.fixture(scope="module")
-def in_one_go(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """The study the interruption tests stop, run in one go with --jobs 2."""
-    tmp = tmp_path_factory.mktemp("whole")
-    whole = run_cli(recipe(tmp, time_s=INTERRUPTED_TIME_S), "--logs", str(tmp / "logs"),
-                    "--jobs", "2")
-    assert whole.returncode == 0, whole.stdout + whole.stderr
-    return outcome(study(tmp / "logs"))
-
-
 @pytest.mark.usefixtures("ctrl_c")
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM],
                          ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_study(
-        tmp_path: Path, signal_number: int, in_one_go: dict[str, object]) -> None:
+        tmp_path: Path, signal_number: int, sequential: dict[str, object]) -> None:
     """Ctrl-C, or SIGTERM (a Slurm time limit, `kill`), while two children run: exit 130,
     their folders marked interrupted (not failed) and their logs no longer growing;
-    --resume runs exactly the unfinished runs, and its table and folders equal those of a
-    study run in one go."""
-    path = recipe(tmp_path, time_s=INTERRUPTED_TIME_S)
+    --resume (after Ctrl-C: the two signals leave the same folders) runs exactly the
+    unfinished runs, and its table and folders equal those of a study run in one go."""
+    path = recipe(tmp_path)
     logs = tmp_path / "logs"
     process = started(path, logs, jobs=2)
     process.send_signal(signal_number)
@@ -215,11 +261,12 @@ def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_stu
     sizes = [p.stat().st_size for p in events]
     time.sleep(2)
     assert [p.stat().st_size for p in events] == sizes  # the children are gone
-
+    if signal_number == signal.SIGTERM:
+        return
     resumed = run_cli(path, "--logs", str(logs), "--jobs", "2", "--resume", str(root))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming {root}: " in " ".join(resumed.stdout.split())
-    assert outcome(root) == in_one_go
+    assert outcome(root) == sequential
 
 
 def test_a_supervisor_killed_outright_leaves_its_runs_interrupted_not_failed(
