@@ -126,10 +126,6 @@ def contributions(pushes: dict[int, Push]) -> Contributions:
     return [(push.worker, push.base_version) for push in pushes.values()]
 
 
-def _fraction(value: float) -> bool:
-    return 0 <= value <= 1
-
-
 def _default(name: str) -> Any:
     """The default of one of `Cutoff`'s options."""
     return next(item.default for item in fields(Cutoff) if item.name == name)
@@ -149,7 +145,7 @@ class Cutoff:
     overcommit: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
                                "over-selection: a round closes with its first k reports of "
                                "ceil(k (1 + overcommit)) drawn (0: off)")
-    deadline_quantile: float = option(0.0, _fraction, "must be in [0, 1]",
+    deadline_quantile: float = option(0.0, lambda v: 0 <= v <= 1, "must be in [0, 1]",
                                       "adaptive deadline: this quantile of recent round "
                                       "durations (0: off)")
     deadline_mad_k: float = option(0.0, lambda v: 0 <= v < math.inf,
@@ -363,7 +359,7 @@ class RoundServer(ServerRule[P]):
         """Count and drop a push whose round closed without it; its pull is answered."""
         self.late[push.worker] = self.late.get(push.worker, 0) + 1
         if self.durations is not None:
-            self.durations.report((fragment, push.base_version), self.store.now())
+            self.durations.report((fragment, push.base_version), self.store.now(), late=True)
         key = (fragment, push.worker)
         self._answered[key] = max(self._answered.get(key, -1), push.base_version)
         self.store.notify()
@@ -439,6 +435,8 @@ class RoundServer(ServerRule[P]):
                 pending.pop(worker, None)
                 if not pending:
                     self._disarm(fragment)
+                    if self.durations is not None:
+                        self.durations.forget((fragment, self.store.version))
             self.left(worker)
             for fragment in range(len(self.bounds)):
                 await self._close_if_complete(fragment)
