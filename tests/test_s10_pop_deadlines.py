@@ -81,3 +81,32 @@ def test_a_round_whose_only_report_was_withdrawn_restarts_its_duration() -> None
     assert deadlines == pytest.approx([quantile([1.0, 2.0, 3.0], 0.25),
                                        quantile([2.0, 3.0, 2.0], 0.25)])
     assert closed_after == pytest.approx(1.5, abs=0.02)
+
+
+def test_a_deadline_that_fired_for_a_withdrawn_report_does_not_close_the_next_attempt(
+        ) -> None:
+    """Worker 0 reports at 0 (deadline 0.5 s) and leaves at 0.45, while the store's lock
+    is busy until 0.6; worker 1 reports at 0.46. The timer fires at 0.5 and its close
+    waits for the lock behind the leave and the report. Worker 1's report is the round's
+    new first one: its round closes 0.5 s after it, at 1.1 (the stale close took it at
+    0.6)."""
+    params = BspParams(deadline_s=0.5)
+
+    async def main() -> float:
+        rule, store = bsp_rule(3, params, torch.zeros(4))
+        await rule.on_push(gradient(0, 0, torch.ones(4)))
+        await asyncio.sleep(0.4)
+        await store.lock.acquire()  # the store is busy from 0.4 to 0.6
+        await asyncio.sleep(0.05)
+        store.live.discard(0)
+        leave = asyncio.create_task(rule.on_leave(0))
+        await asyncio.sleep(0.01)
+        push = asyncio.create_task(rule.on_push(gradient(1, 0, torch.ones(4))))
+        await asyncio.sleep(0.14)
+        store.lock.release()
+        await asyncio.gather(leave, push)
+        while store.version == 0:
+            await asyncio.sleep(0.001)
+        return store.now()
+
+    assert in_virtual_time(main) == pytest.approx(0.6 + 0.5, abs=0.002)

@@ -400,7 +400,7 @@ class RoundServer(ServerRule[P]):
         self._deadlines[fragment] = deadline
         if deadline is not None:
             self._timers[fragment] = asyncio.get_running_loop().call_later(
-                deadline + ON_TIME_S, self._expire, fragment, self.closed[fragment])
+                deadline + ON_TIME_S, self._expire, fragment)
 
     def _disarm(self, fragment: int) -> None:
         timer = self._timers[fragment]
@@ -408,15 +408,17 @@ class RoundServer(ServerRule[P]):
             timer.cancel()
             self._timers[fragment] = None
 
-    def _expire(self, fragment: int, number: int) -> None:
-        self._timers[fragment] = None
-        task = asyncio.create_task(self._close_at_deadline(fragment, number))
+    def _expire(self, fragment: int) -> None:
+        """The deadline fired; its close waits for the lock and is void if the deadline
+        was disarmed or replaced meanwhile (the round closed, or its pushes were all
+        withdrawn and a new first push armed a deadline of its own)."""
+        task = asyncio.create_task(self._close_at_deadline(fragment, self._timers[fragment]))
         self._expiring.add(task)
         task.add_done_callback(self._expiring.discard)
 
-    async def _close_at_deadline(self, fragment: int, number: int) -> None:
+    async def _close_at_deadline(self, fragment: int, armed: object) -> None:
         async with self.store.lock:
-            if self.closed[fragment] == number and self.pending[fragment]:
+            if self._timers[fragment] is armed and self.pending[fragment]:
                 await self._close(fragment)
 
     async def on_pull(self, pull: Pull) -> Reply:
