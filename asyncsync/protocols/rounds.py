@@ -143,8 +143,9 @@ class Cutoff:
                                "a round closes this long after its first push with what "
                                "arrived (0: no deadline)")
     overcommit: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
-                               "over-selection: a round closes with its first k reports of "
-                               "ceil(k (1 + overcommit)) drawn (0: off)")
+                               "over-selection: a round closes with its first k reports: "
+                               "fedavg's k of ceil(k (1 + o)) drawn, else ceil(M / (1 + o)) "
+                               "of its M members (0: off)")
     deadline_quantile: float = option(0.0, lambda v: 0 <= v <= 1, "must be in [0, 1]",
                                       "adaptive deadline: this quantile of recent round "
                                       "durations (0: off)")
@@ -409,9 +410,8 @@ class RoundServer(ServerRule[P]):
             self._timers[fragment] = None
 
     def _expire(self, fragment: int) -> None:
-        """The deadline fired; its close waits for the lock and is void if the deadline
-        was disarmed or replaced meanwhile (the round closed, or its pushes were all
-        withdrawn and a new first push armed a deadline of its own)."""
+        """The deadline fired; its close waits for the lock, void if the deadline was
+        disarmed or replaced meanwhile (the round closed, or its pushes were withdrawn)."""
         task = asyncio.create_task(self._close_at_deadline(fragment, self._timers[fragment]))
         self._expiring.add(task)
         task.add_done_callback(self._expiring.discard)
