@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncsync.hetero.traces import TraceError, csv_rows, number, rank_of
+from asyncsync.hetero.traces import TraceError, content_lines, csv_rows, number, rank_of
 
 SPEED_COLUMNS = ("s_per_sample", "flops_per_s")
 LINK_COLUMNS = ("up_mbps", "down_mbps")
@@ -95,9 +95,7 @@ def load_capacity(path: str | Path) -> list[Capacity]:
 
 def _header_line(path: str | Path) -> int:
     """The line number of a CSV trace's header (its first line that is not a comment)."""
-    text = Path(path).read_text(encoding="utf-8-sig")
-    return next(number for number, line in enumerate(text.splitlines(), start=1)
-                if line.strip() and not line.lstrip().startswith("#"))
+    return content_lines(Path(path).read_text(encoding="utf-8-sig"))[0][0]
 
 
 def assign_rows(rows: list[Capacity], workers: int, seed: int) -> list[Capacity]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import math
 import pickle
+import pickletools
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -41,6 +42,11 @@ MAX_INT_BITS = 64
 integer of over 4,300 digits as text)."""
 SHOWN_CHARS = 40
 """The most characters of a client id or a value an error message shows."""
+MAX_DEPTH = 32
+"""The deepest nesting of containers read (a trace needs 3: a map of clients, each a map
+of lists). Deeper, Python's own recursion through the structure (hashing a tuple key,
+printing a value) can overflow the C stack and kill the process, so the pickle's
+opcodes are scanned for it before anything is built (`_too_deep`)."""
 MAX_INTERVALS = 1_000_000
 """The most online intervals one client's replay may write (a guard against a
 ``finish_time`` far shorter than the horizon)."""
@@ -82,6 +88,52 @@ def _check_plain(value: Any, path: str | Path) -> None:
             stack.extend(item)
 
 
+_BUILDS = frozenset({"EMPTY_LIST", "LIST", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2",
+                     "TUPLE3", "EMPTY_DICT", "DICT"})
+_FILLS = frozenset({"APPEND", "APPENDS", "SETITEM", "SETITEMS"})
+
+
+def _too_deep(data: bytes) -> int | None:
+    """The first nesting depth beyond `MAX_DEPTH` the pickle `data` builds (None: none).
+
+    A dry run of the pickle machine's stack over the opcodes (`pickletools.genops`,
+    iterative: no object is built) that tracks each item's nesting depth: a new container
+    is one deeper than its deepest item, and a filled one at least that. A malformed
+    pickle is left to the unpickler to refuse (None)."""
+    stack: list[int] = []
+    marks: list[int] = []  # where each open mark is on the stack
+    memo: dict[Any, int] = {}
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            name, before = op.name, op.stack_before
+            if name == "MARK":
+                marks.append(len(stack))
+                continue
+            items: list[int] = []
+            fixed = len(before)
+            if pickletools.markobject in before:
+                fixed = before.index(pickletools.markobject)
+                start = marks.pop()
+                items, stack[start:] = stack[start:], []
+            popped = [stack.pop() for _ in range(fixed)][::-1] + items
+            if name in _BUILDS or name in _FILLS:
+                filled = popped[0] if name in _FILLS else 0
+                depth = max(filled, 1 + max(popped[1 if name in _FILLS else 0:], default=0))
+                if depth > MAX_DEPTH:
+                    return depth
+                stack.append(depth)
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                memo[len(memo) if name == "MEMOIZE" else arg] = (popped or stack)[-1]
+                stack.extend(popped)
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                stack.append(memo.get(arg, 0))
+            else:  # DUP copies its item; every other item is no container
+                stack.extend(popped * 2 if name == "DUP" else [0] * len(op.stack_after))
+    except (ValueError, IndexError):
+        return None
+    return None
+
+
 def read_plain_pickle(path: str | Path) -> Any:
     """The plain data a pickle holds (see the module docstring).
 
@@ -92,6 +144,10 @@ def read_plain_pickle(path: str | Path) -> Any:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise TraceError(path, 0, unreadable(path, exc)) from exc
+    depth = _too_deep(data)
+    if depth is not None:
+        raise TraceError(path, 0, f"refused containers nested {depth} deep: no trace needs "
+                                  f"over {MAX_DEPTH}")
     try:
         value = _PlainUnpickler(io.BytesIO(data)).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
@@ -269,13 +325,17 @@ def convert(kind: str, source: str | Path, out: str | Path, horizon_s: float,
             workers: int | None, seed: int) -> str:
     """``asyncsync traces convert``: write `source` (``behave`` or ``capacity``) as a CSV
     trace at `out`; returns what was written."""
-    if kind == "behave":
-        if not 0 < horizon_s < math.inf or (workers is not None and workers < 1):
-            raise TraceError(source, 0, "--horizon-s must be finite and > 0, and "
-                                        "--workers >= 1")
-        count = convert_behave_trace(source, out, horizon_s, workers, seed)
-        return f"{out}: availability of {_count(count, 'worker')} over {horizon_s:g} s"
-    return f"{out}: capacity of {_count(convert_device_capacity(source, out), 'client')}"
+    try:
+        if kind == "behave":
+            if not 0 < horizon_s < math.inf or (workers is not None and workers < 1):
+                raise TraceError(source, 0, "--horizon-s must be finite and > 0, and "
+                                            "--workers >= 1")
+            count = convert_behave_trace(source, out, horizon_s, workers, seed)
+            return f"{out}: availability of {_count(count, 'worker')} over {horizon_s:g} s"
+        return f"{out}: capacity of {_count(convert_device_capacity(source, out), 'client')}"
+    except RecursionError:  # lists nested through the memo, which `_too_deep` cannot see
+        raise TraceError(source, 0, f"refused containers nested over {MAX_DEPTH} deep: no "
+                                    "trace needs them") from None
 
 
 def _count(number: int, noun: str) -> str:

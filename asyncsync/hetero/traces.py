@@ -4,16 +4,25 @@ A trace is a CSV file with a header row naming its columns; blank lines and line
 start with ``#`` (comments, e.g. where the rows came from) are skipped. Every problem is a
 `TraceError` naming the file, the line and what is wrong, so the CLI prints it as one
 ``error:`` line.
+
+**(choice)** One row is one line: lines end at ``\n``, ``\r\n`` or ``\r`` only (as an
+editor numbers them), and a quoted field cannot span lines (a quote left open at the end
+of a line is an error naming it, rather than a row silently joined with the next).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from asyncsync.errors import InputError
+
+SHOWN_CHARS = 40
+"""The most characters of a cell an error message shows (a cell may be megabytes)."""
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 class TraceError(InputError, ValueError):
@@ -46,19 +55,17 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
     except UnicodeDecodeError as exc:
         raise TraceError(path, 0, f"not UTF-8 text (byte {exc.start}): a trace is a CSV "
                                   "file") from None
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1)
-             if line.strip() and not line.lstrip().startswith("#")]
+    lines = content_lines(text)
     if not lines:
         raise TraceError(path, 1, f"empty trace: expected a header ({', '.join(required)})")
-    reader = csv.reader([line for _, line in lines])
-    header = [name.strip() for name in next(reader)]
     head_line = lines[0][0]
+    header = [name.strip() for name in _cells(path, *lines[0])]
     repeated = [name for index, name in enumerate(header) if name in header[:index]]
     if repeated:
-        raise TraceError(path, head_line, f"column {repeated[0]!r} repeats")
+        raise TraceError(path, head_line, f"column {shown(repeated[0])} repeats")
     unknown = [name for name in header if name not in (*required, *optional)]
     if unknown:
-        raise TraceError(path, head_line, f"unknown column {unknown[0]!r} (known: "
+        raise TraceError(path, head_line, f"unknown column {shown(unknown[0])} (known: "
                                           f"{', '.join((*required, *optional))})")
     missing = [name for name in required if name not in header]
     if missing:
@@ -67,11 +74,33 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
     if len(lines) == 1:
         raise TraceError(path, head_line, "no rows after the header: a trace needs at least "
                                           "one")
-    for (number, _), cells in zip(lines[1:], reader, strict=True):
+    for number, line in lines[1:]:
+        cells = _cells(path, number, line)
         if len(cells) != len(header):
             raise TraceError(path, number, f"{len(cells)} fields, the header has "
                                            f"{len(header)}")
         yield number, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
+
+
+def content_lines(text: str) -> list[tuple[int, str]]:
+    """The lines of a trace's text that are neither blank nor comments, with their numbers
+    (counted as an editor counts them: see the module docstring)."""
+    return [(number, line) for number, line in enumerate(_LINE_END.split(text), start=1)
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _cells(path: str | Path, number: int, line: str) -> list[str]:
+    """The fields of line `number` of a trace, read as one CSV row."""
+    try:
+        return next(csv.reader([line], strict=True))
+    except csv.Error as exc:
+        raise TraceError(path, number, f"not a CSV row: {exc}") from None
+
+
+def shown(text: str) -> str:
+    """A cell as an error message quotes it: its repr, cut to `SHOWN_CHARS` characters."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= SHOWN_CHARS else quoted[:SHOWN_CHARS - 3] + "..."
 
 
 def number(path: str | Path, line: int, row: dict[str, str], column: str) -> float:
@@ -80,9 +109,9 @@ def number(path: str | Path, line: int, row: dict[str, str], column: str) -> flo
     try:
         value = float(text)
     except ValueError:
-        raise TraceError(path, line, f"{column} {text!r} is not a number") from None
+        raise TraceError(path, line, f"{column} {shown(text)} is not a number") from None
     if not math.isfinite(value):
-        raise TraceError(path, line, f"{column} {text!r} is not finite")
+        raise TraceError(path, line, f"{column} {shown(text)} is not finite")
     return value
 
 
@@ -93,7 +122,7 @@ def rank_of(path: str | Path, line: int, row: dict[str, str], workers: int | Non
     try:
         rank = int(text)
     except ValueError:
-        raise TraceError(path, line, f"{column} {text!r} is not an integer") from None
+        raise TraceError(path, line, f"{column} {shown(text)} is not an integer") from None
     if rank < 0:
         raise TraceError(path, line, f"{column} {rank} is negative")
     if workers is not None and rank >= workers:

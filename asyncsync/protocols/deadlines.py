@@ -12,6 +12,11 @@ goes. The deadline of a new round is, over the last `window` rounds' durations:
 
 Before `MIN_ROUNDS` durations are known there is no adaptive deadline: rounds wait for
 their reports as without one.
+
+Only a round's first on-time report opens it here: a late report of a round that has left
+the window is ignored (it would come back as a round of duration 0 and push a recent one
+out), and a round whose every report was withdrawn (its workers left) is forgotten, so
+that its next first report opens it afresh, as it restarts a fixed deadline.
 """
 
 from __future__ import annotations
@@ -58,21 +63,30 @@ class RoundDurations:
         self._first: OrderedDict[object, float] = OrderedDict()  # round -> first report
         self._longest: dict[object, float] = {}  # round -> its longest report so far
 
-    def report(self, round_key: object, t: float) -> None:
-        """A report of round `round_key` arrived at time `t` (on time or late)."""
+    def report(self, round_key: object, t: float, late: bool = False) -> None:
+        """A report of round `round_key` arrived at time `t` (`late`: after its round
+        closed; it opens no round)."""
         first = self._first.get(round_key)
         if first is None:
+            if late:
+                return
             self._first[round_key] = t
             self._longest[round_key] = 0.0
-            while len(self._first) > self.window:
+            while len(self._first) > self.window + 1:  # the window and an open round
                 old, _ = self._first.popitem(last=False)
                 self._longest.pop(old, None)
             return
         self._longest[round_key] = max(self._longest[round_key], t - first)
 
+    def forget(self, round_key: object) -> None:
+        """Drop round `round_key`, which holds no report any more (its workers left)."""
+        self._first.pop(round_key, None)
+        self._longest.pop(round_key, None)
+
     def deadline(self) -> float | None:
-        """The deadline for a round opening now (None: too few rounds seen)."""
-        durations = list(self._longest.values())
+        """The deadline for a round opening now, from the last `window` rounds (None: too
+        few rounds seen). An open round (its first report came) is not yet opening."""
+        durations = list(self._longest.values())[-self.window:]
         if len(durations) < MIN_ROUNDS:
             return None
         return quantile(durations, self.q) if self.q else median_plus_mad(durations, self.k)

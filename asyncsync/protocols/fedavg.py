@@ -2,7 +2,8 @@
 
 Local SGD (see `asyncsync.protocols.local_sgd`) with two changes, made by overriding its
 server's hooks: a round's participants are ``m = max(1, round(C * n))`` of the n live
-workers, sampled without replacement (seeded by ``(seed, version)``, so a run is
+workers (**(choice)** ``round`` is Python's, halves to even: C n = 2.5 samples 2 and 3.5
+samples 4), sampled without replacement (seeded by ``(seed, version)``, so a run is
 reproducible), and the deltas are weighted by their sample counts,
 ``w <- w + sum_i (n_i / n) delta_i`` with ``n = sum_i n_i`` over the round's deltas. Workers
 not sampled for a round stay idle until a round includes them. With C = 1 (the default)

@@ -126,10 +126,6 @@ def contributions(pushes: dict[int, Push]) -> Contributions:
     return [(push.worker, push.base_version) for push in pushes.values()]
 
 
-def _fraction(value: float) -> bool:
-    return 0 <= value <= 1
-
-
 def _default(name: str) -> Any:
     """The default of one of `Cutoff`'s options."""
     return next(item.default for item in fields(Cutoff) if item.name == name)
@@ -147,9 +143,10 @@ class Cutoff:
                                "a round closes this long after its first push with what "
                                "arrived (0: no deadline)")
     overcommit: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
-                               "over-selection: a round closes with its first k reports of "
-                               "ceil(k (1 + overcommit)) drawn (0: off)")
-    deadline_quantile: float = option(0.0, _fraction, "must be in [0, 1]",
+                               "over-selection: a round closes with its first k reports: "
+                               "fedavg's k of ceil(k (1 + o)) drawn, else ceil(M / (1 + o)) "
+                               "of its M members (0: off)")
+    deadline_quantile: float = option(0.0, lambda v: 0 <= v <= 1, "must be in [0, 1]",
                                       "adaptive deadline: this quantile of recent round "
                                       "durations (0: off)")
     deadline_mad_k: float = option(0.0, lambda v: 0 <= v < math.inf,
@@ -363,7 +360,7 @@ class RoundServer(ServerRule[P]):
         """Count and drop a push whose round closed without it; its pull is answered."""
         self.late[push.worker] = self.late.get(push.worker, 0) + 1
         if self.durations is not None:
-            self.durations.report((fragment, push.base_version), self.store.now())
+            self.durations.report((fragment, push.base_version), self.store.now(), late=True)
         key = (fragment, push.worker)
         self._answered[key] = max(self._answered.get(key, -1), push.base_version)
         self.store.notify()
@@ -404,7 +401,7 @@ class RoundServer(ServerRule[P]):
         self._deadlines[fragment] = deadline
         if deadline is not None:
             self._timers[fragment] = asyncio.get_running_loop().call_later(
-                deadline + ON_TIME_S, self._expire, fragment, self.closed[fragment])
+                deadline + ON_TIME_S, self._expire, fragment)
 
     def _disarm(self, fragment: int) -> None:
         timer = self._timers[fragment]
@@ -412,15 +409,16 @@ class RoundServer(ServerRule[P]):
             timer.cancel()
             self._timers[fragment] = None
 
-    def _expire(self, fragment: int, number: int) -> None:
-        self._timers[fragment] = None
-        task = asyncio.create_task(self._close_at_deadline(fragment, number))
+    def _expire(self, fragment: int) -> None:
+        """The deadline fired; its close waits for the lock, void if the deadline was
+        disarmed or replaced meanwhile (the round closed, or its pushes were withdrawn)."""
+        task = asyncio.create_task(self._close_at_deadline(fragment, self._timers[fragment]))
         self._expiring.add(task)
         task.add_done_callback(self._expiring.discard)
 
-    async def _close_at_deadline(self, fragment: int, number: int) -> None:
+    async def _close_at_deadline(self, fragment: int, armed: object) -> None:
         async with self.store.lock:
-            if self.closed[fragment] == number and self.pending[fragment]:
+            if self._timers[fragment] is armed and self.pending[fragment]:
                 await self._close(fragment)
 
     async def on_pull(self, pull: Pull) -> Reply:
@@ -439,6 +437,8 @@ class RoundServer(ServerRule[P]):
                 pending.pop(worker, None)
                 if not pending:
                     self._disarm(fragment)
+                    if self.durations is not None:
+                        self.durations.forget((fragment, self.store.version))
             self.left(worker)
             for fragment in range(len(self.bounds)):
                 await self._close_if_complete(fragment)
