@@ -1,0 +1,185 @@
+"""A worker that dies after the run has started, with no worker timeout, gets its rank
+back: a restarted copy (a fresh process: no session secret) takes the rank over. The old
+session ends as after a timeout (the rule sees it leave), its secret is refused with a 403
+that says why, and the run goes on, in process and over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from asyncsync.engine.compute import ThreadedWorkerSeam
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker
+from asyncsync.hetero.compute import StepDelay
+from asyncsync.protocols.base import Forbidden, OutOfStep
+from asyncsync.runlog.metrics import JsonlLog
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import KEY, Kind
+from asyncsync.transport.http_client import HttpTransport
+from asyncsync.transport.http_server import ParameterServer
+from asyncsync.transport.local import LocalTransport
+from asyncsync.transport.status import status_of
+from tests.helpers import CuttableTransport, batches_of, tiny_data, tiny_model
+
+RUN = "takeover"
+LR = 0.5
+STEPS = 6
+
+
+def head(worker: int, secret: str = "", **fields: Any) -> dict[str, Any]:
+    return {"run_id": RUN, "worker": worker, "meta": {}, "session": secret, **fields}
+
+
+def gradient(worker: int, secret: str, seq: int) -> dict[str, Any]:
+    return head(worker, secret, kind="gradient", base_version=0, steps=1, samples=8, seq=seq)
+
+
+async def joined(core: ServerCore, worker: int, secret: str = "") -> str:
+    reply, _ = await core.handle("join", head(worker, secret), None)
+    return str(reply["meta"]["session"])
+
+
+async def test_a_fresh_join_takes_over_and_the_old_push_does_not_count(tmp_path: Path) -> None:
+    """BSP, two workers: worker 1 pushes 4s and dies before the round closes. Its restart
+    takes the rank over; the round closes with worker 0's 1s and the new worker 1's 2s:
+    w - lr * (1 + 2) / 2, by hand, not w - lr * (1 + 4) / 2 nor a mean of three."""
+    events = tmp_path / "events.jsonl"
+    core = build_core(tiny_model(), "bsp", 2, ServerSettings(run_id=RUN, lr=LR,
+                                                             worker_timeout_s=None),
+                      events=JsonlLog(events))
+    numel, start = core.store.numel, core.store.w.clone()
+    try:
+        first, old = await asyncio.gather(joined(core, 0), joined(core, 1))
+        await core.handle("push", gradient(1, old, 1), torch.full((numel,), 4.0))
+        new = await asyncio.wait_for(joined(core, 1), 5)  # no secret: a restarted copy
+        assert new != old and core.workers[1].lost == 1
+        for op, fields in [("push", gradient(1, old, 2)), ("pull", head(1, old, base_version=0)),
+                           ("heartbeat", head(1, old)), ("leave", head(1, old)),
+                           ("join", head(1, old))]:
+            with pytest.raises(Forbidden, match="taken over by a newer join of rank 1"):
+                await core.handle(op, fields, torch.zeros(numel) if op == "push" else None)
+        await asyncio.gather(
+            core.handle("push", gradient(0, first, 1), torch.full((numel,), 1.0)),
+            core.handle("push", gradient(1, new, 1), torch.full((numel,), 2.0)))
+        assert core.store.version == 1
+        assert torch.allclose(core.store.w, start - LR * 1.5)
+    finally:
+        await core.stop()
+        await core.close()
+    logged = [(e[KEY], e.get("worker"), e.get("replaced")) for e in read_jsonl(events)]
+    assert (Kind.WORKER_LOST, 1, True) in logged and (Kind.REJOIN, 1, None) in logged
+
+
+async def test_a_join_with_a_wrong_secret_or_before_the_start_takes_nothing() -> None:
+    """Only a join without a secret, once the run has started, takes a rank over: one
+    carrying another secret is refused (409), and before the start the live session keeps
+    its rank (its connection's close withdraws it, tests/test_s9_sec_barrier.py)."""
+    core = build_core(tiny_model(), "asp", 2, ServerSettings(run_id=RUN, worker_timeout_s=None))
+    try:
+        waiting = asyncio.ensure_future(core.handle("join", head(0), None))
+        await asyncio.sleep(0.05)
+        with pytest.raises(OutOfStep, match="live session"):
+            await core.handle("join", head(0), None)
+        await joined(core, 1)
+        secret = (await waiting)[0]["meta"]["session"]
+        with pytest.raises(OutOfStep, match="does not carry"):
+            await core.handle("join", head(0, "0" * 32), None)
+        assert core.workers[0].session == secret and core.workers[0].lost == 0
+    finally:
+        await core.stop()
+        await core.close()
+
+
+def worker(rank: int, transport: Any, steps: int = STEPS) -> Worker:
+    x, y = tiny_data()
+    return Worker(rank, transport, tiny_model(), batches_of(x, y, rank), "bsp", run_id=RUN,
+                  lr=0.1, batch_size=16, max_steps=steps, heartbeat_s=0.1,
+                  seam=ThreadedWorkerSeam(StepDelay(0.005)))
+
+
+async def until(ready: Any, timeout_s: float = 20.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not ready():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_killed_worker_restarted_in_process_finishes_the_run() -> None:
+    """Worker 1 is cut off mid-run (no leave, no heartbeat: a killed process) with no
+    worker timeout, so BSP waits for it; its restart takes the rank over and both
+    workers finish their steps."""
+    core = build_core(tiny_model(), "bsp", 2, ServerSettings(run_id=RUN, worker_timeout_s=None))
+    victim = CuttableTransport(core)
+    tasks = [asyncio.create_task(worker(0, LocalTransport(core)).run()),
+             asyncio.create_task(worker(1, victim, steps=10**6).run())]
+    try:
+        await until(lambda: core.store.version >= 2)
+        victim.cut = True
+        tasks[1].cancel()
+        await asyncio.gather(tasks[1], return_exceptions=True)
+        stalled = core.store.version
+        restarted = worker(1, LocalTransport(core))
+        finals = await asyncio.wait_for(asyncio.gather(tasks[0], restarted.run()), 30)
+    finally:
+        await core.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await core.close()
+    assert [f["steps"] for f in finals] == [STEPS, STEPS]
+    assert core.store.version > stalled and torch.isfinite(core.store.w).all()
+    assert core.workers[1].lost == 1 and core.workers[1].left
+
+
+async def test_a_killed_worker_restarted_over_http_takes_over_its_rank() -> None:
+    """Over HTTP: worker 1's first session joins, pushes and vanishes (its connections
+    closed, as the kernel closes a killed process's); a restarted worker 1 takes the rank
+    over and the run finishes; the old session's secret then gets a 403."""
+    settings = ServerSettings(run_id=RUN, worker_timeout_s=None)
+    async with ParameterServer(tiny_model(), "bsp", 2, settings) as server:
+        core = server.core
+        survivor = asyncio.create_task(worker(0, HttpTransport(server.url, core.store.numel))
+                                       .run())
+        dead = HttpTransport(server.url, core.store.numel)
+        try:
+            reply, _ = await dead.request("join", head(1))
+            old = reply["meta"]["session"]
+            await until(lambda: core.run.started)
+            await dead.request("push", gradient(1, old, 1), torch.zeros(core.store.numel))
+        finally:
+            await dead.close()
+        restarted = asyncio.create_task(
+            worker(1, HttpTransport(server.url, core.store.numel)).run())
+        stale = HttpTransport(server.url, core.store.numel)
+        try:
+            await until(lambda: core.workers[1].lost == 1)
+            with pytest.raises(Forbidden) as refused:
+                await stale.request("heartbeat", head(1, old))
+        finally:
+            await stale.close()
+        finals = await asyncio.wait_for(asyncio.gather(survivor, restarted), 60)
+        assert [f["steps"] for f in finals] == [STEPS, STEPS]
+        assert core.store.version >= STEPS and torch.isfinite(core.store.w).all()
+    assert status_of(refused.value) == 403 and "taken over" in str(refused.value)
+
+
+async def test_a_live_duplicate_is_told_it_was_taken_over_and_stops() -> None:
+    """Two live workers with rank 1 do not take the rank from each other in turn: the
+    later join wins, and the earlier one's next request ends it with a 403 saying why."""
+    core = build_core(tiny_model(), "bsp", 2, ServerSettings(run_id=RUN, worker_timeout_s=None))
+    tasks = [asyncio.create_task(worker(0, LocalTransport(core), steps=40).run()),
+             asyncio.create_task(worker(1, LocalTransport(core), steps=10**6).run())]
+    try:
+        await until(lambda: core.store.version >= 2)
+        later = asyncio.create_task(worker(1, LocalTransport(core), steps=40).run())
+        with pytest.raises(Forbidden, match="taken over"):
+            await asyncio.wait_for(tasks[1], 20)
+        finals = await asyncio.wait_for(asyncio.gather(tasks[0], later), 30)
+    finally:
+        await core.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await core.close()
+    assert [f["steps"] for f in finals] == [40, 40] and core.workers[1].lost == 1
