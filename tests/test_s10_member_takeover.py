@@ -17,7 +17,7 @@ from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import StepDelay
-from asyncsync.protocols.base import Forbidden, OutOfStep
+from asyncsync.protocols.base import BadRequest, Forbidden, OutOfStep
 from asyncsync.runlog.metrics import JsonlLog
 from asyncsync.runlog.reading import read_jsonl
 from asyncsync.runlog.schema import KEY, Kind
@@ -32,7 +32,7 @@ LR = 0.5
 STEPS = 6
 
 
-def head(worker: int, secret: str = "", **fields: Any) -> dict[str, Any]:
+def head(worker: int, secret: object = "", **fields: Any) -> dict[str, Any]:
     return {"run_id": RUN, "worker": worker, "meta": {}, "session": secret, **fields}
 
 
@@ -91,6 +91,21 @@ async def test_a_join_with_a_wrong_secret_or_before_the_start_takes_nothing() ->
         with pytest.raises(OutOfStep, match="does not carry"):
             await core.handle("join", head(0, "0" * 32), None)
         assert core.workers[0].session == secret and core.workers[0].lost == 0
+    finally:
+        await core.stop()
+        await core.close()
+
+
+@pytest.mark.parametrize("secret", [0, False, [], {}, b""])
+async def test_a_join_whose_secret_is_not_a_string_is_a_400_and_takes_nothing(
+        secret: object) -> None:
+    """A falsy non-string secret is malformed, not "no secret": it takes no rank over."""
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(run_id=RUN, worker_timeout_s=None))
+    try:
+        owner = await joined(core, 0)
+        with pytest.raises(BadRequest, match="'session' must be a str"):
+            await core.handle("join", head(0, secret), None)
+        assert core.workers[0].session == owner and core.workers[0].lost == 0
     finally:
         await core.stop()
         await core.close()

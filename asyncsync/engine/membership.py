@@ -31,6 +31,7 @@ so a leave sent again is refused (403) or finds the rank already out (410).
 from __future__ import annotations
 
 import hmac
+import logging
 import math
 import secrets
 from collections import deque
@@ -41,6 +42,7 @@ from asyncsync.protocols.base import BadRequest, Forbidden, OutOfStep, brief
 from asyncsync.runlog.metrics import STAT_FIELDS
 from asyncsync.wire.frames import NUMBERED_OPS
 
+LOG = logging.getLogger("asyncsync.server")
 MAX_STAT = 2.0**53
 """The largest reported total kept (beyond it a float no longer counts in ones, and the
 status's integer fields would not fit msgpack's 64 bits): larger ones are dropped."""
@@ -129,6 +131,8 @@ class WorkerRecord:
     def takes_over(self, worker: int, secret: object, live: bool, started: bool) -> bool:
         """Whether a join carrying `secret` takes over `worker`'s live session (whose
         secret is refused from then on); refuses one that may not (see the module)."""
+        if secret is not None and not isinstance(secret, str):
+            raise BadRequest(f"field 'session' must be a str, got {brief(secret)}")
         if not live or self.holds(secret):
             return False
         self._refuse_taken_over(worker, secret)
@@ -140,6 +144,9 @@ class WorkerRecord:
                             "does not carry: a join carries it (a worker re-syncing) or none "
                             "(a restarted worker, which takes the rank over)")
         self._taken_over.append(self.session)
+        LOG.warning("worker %d: a join without its session's secret takes the rank over (a "
+                    "restarted worker, or a second one started with rank %d); the old "
+                    "session is refused from now on", worker, worker)
         return True
 
     def open_session(self) -> str:
