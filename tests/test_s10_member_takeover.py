@@ -198,3 +198,21 @@ async def test_a_live_duplicate_is_told_it_was_taken_over_and_stops() -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         await core.close()
     assert [f["steps"] for f in finals] == [40, 40] and core.workers[1].lost == 1
+
+
+async def test_takeovers_in_a_loop_do_not_flood_the_servers_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Each takeover is an event, but its warning line is rate-limited (a token holder
+    could join in a loop): 30 takeovers within a second or two give a line or two."""
+    settings = ServerSettings(run_id=RUN, worker_timeout_s=None)
+    async with ParameterServer(tiny_model(), "asp", 1, settings) as server:
+        transport = HttpTransport(server.url, server.core.store.numel)
+        try:
+            with caplog.at_level("WARNING", logger="asyncsync.server"):
+                for _ in range(31):
+                    await transport.request("join", head(0))
+        finally:
+            await transport.close()
+        assert server.core.workers[0].lost == 30
+    lines = [r for r in caplog.records if "takes the rank over" in r.getMessage()]
+    assert 1 <= len(lines) <= 3, [r.getMessage() for r in lines]

@@ -42,7 +42,9 @@ from asyncsync.protocols.base import BadRequest, Forbidden, OutOfStep, brief
 from asyncsync.runlog.metrics import STAT_FIELDS
 from asyncsync.wire.frames import NUMBERED_OPS
 
-LOG = logging.getLogger("asyncsync.server")
+LOG = logging.getLogger("asyncsync.server.sessions")
+"""Takeovers are logged here (the HTTP server rate-limits its lines: a token holder could
+join in a loop)."""
 MAX_STAT = 2.0**53
 """The largest reported total kept (beyond it a float no longer counts in ones, and the
 status's integer fields would not fit msgpack's 64 bits): larger ones are dropped."""
