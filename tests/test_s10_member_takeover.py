@@ -216,3 +216,36 @@ async def test_takeovers_in_a_loop_do_not_flood_the_servers_log(
         assert server.core.workers[0].lost == 30
     lines = [r for r in caplog.records if "takes the rank over" in r.getMessage()]
     assert 1 <= len(lines) <= 3, [r.getMessage() for r in lines]
+
+
+async def test_a_push_of_the_old_session_still_being_checked_is_refused_after_a_takeover(
+        ) -> None:
+    """A push that passed its session check, and waits while its tensor is checked for
+    NaN/Inf, is refused (403) if its session is taken over meanwhile: the old process's
+    update never lands in the new session's name."""
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(run_id=RUN, lr=LR,
+                                                             worker_timeout_s=None))
+    release, checking = asyncio.Event(), asyncio.Event()
+    compute = core.store.compute
+
+    async def held(fn: Any, *args: Any) -> Any:
+        checking.set()
+        await release.wait()
+        return await compute(fn, *args)
+
+    try:
+        old = await joined(core, 0)
+        start = core.store.w.clone()
+        core.store.compute = held  # type: ignore[method-assign]
+        pushed = asyncio.ensure_future(core.handle(
+            "push", gradient(0, old, 1), torch.ones(core.store.numel)))
+        await checking.wait()
+        core.store.compute = compute  # type: ignore[method-assign]
+        await joined(core, 0)  # a restarted copy takes the rank over
+        release.set()
+        with pytest.raises(Forbidden, match="taken over"):
+            await pushed
+        assert core.store.version == 0 and torch.equal(core.store.w, start)
+    finally:
+        await core.stop()
+        await core.close()

@@ -276,7 +276,7 @@ class ServerCore:
         if "codec" in header and op != "push":
             raise BadRequest(f"only pushes may be compressed, not {op}")
         if op == "query":
-            self.workers[worker].take(worker, op, header.get("seq"))  # (no await between)
+            self.workers[worker].take(worker, op, header.get("seq"), header.get("session"))
             return Reply(meta=await self.rule.on_query(worker, meta))
         base_version = require_count(header, "base_version")
         if op == "pull":
@@ -311,7 +311,7 @@ class ServerCore:
         if not finite:
             self._report_nonfinite(worker)
             raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
-        self.workers[worker].take(worker, op, header.get("seq"))  # (no await between)
+        self.workers[worker].take(worker, op, header.get("seq"), header.get("session"))
         pushed = await self.rule.on_push(push)
         if not then_pull:
             return Reply(meta=pushed)

@@ -163,9 +163,11 @@ class WorkerRecord:
         if op in NUMBERED_OPS:
             self._numbers.get(op, SeqWindow()).check(worker, op, seq)
 
-    def take(self, worker: int, op: str, seq: object) -> None:
-        """`check_seq`, then count `seq` as taken (call with no await before the rule sees
-        the request, so that two copies of it cannot both pass)."""
+    def take(self, worker: int, op: str, seq: object, secret: object) -> None:
+        """`check_session` again (the request may have waited since `identify`: its session
+        taken over or re-synced meanwhile), `check_seq`, then count `seq` as taken. Call
+        with no await before the rule sees the request, so that two copies cannot pass."""
+        self.check_session(worker, secret)
         self.check_seq(worker, op, seq)
         if op in NUMBERED_OPS and isinstance(seq, int):
             self._numbers.setdefault(op, SeqWindow()).take(seq)
