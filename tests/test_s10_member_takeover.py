@@ -18,6 +18,7 @@ from asyncsync.engine.settings import ServerSettings
 from asyncsync.engine.worker import Worker
 from asyncsync.hetero.compute import StepDelay
 from asyncsync.protocols.base import BadRequest, Forbidden, OutOfStep
+from asyncsync.protocols.bsp import BspParams
 from asyncsync.runlog.metrics import JsonlLog
 from asyncsync.runlog.reading import read_jsonl
 from asyncsync.runlog.schema import KEY, Kind
@@ -25,7 +26,15 @@ from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
 from asyncsync.transport.status import status_of
-from tests.helpers import CuttableTransport, batches_of, tiny_data, tiny_model
+from tests.helpers import (
+    CuttableTransport,
+    batches_of,
+    keep_every_commit,
+    ranks,
+    tiny_data,
+    tiny_model,
+)
+from tests.test_membership import CASES
 
 RUN = "takeover"
 LR = 0.5
@@ -208,6 +217,7 @@ async def test_takeovers_in_a_loop_do_not_flood_the_servers_log(
     async with ParameterServer(tiny_model(), "asp", 1, settings) as server:
         transport = HttpTransport(server.url, server.core.store.numel)
         try:
+            await asyncio.sleep(1.1)  # past the last second of earlier tests' lines
             with caplog.at_level("WARNING", logger="asyncsync.server"):
                 for _ in range(31):
                     await transport.request("join", head(0))
@@ -249,3 +259,43 @@ async def test_a_push_of_the_old_session_still_being_checked_is_refused_after_a_
     finally:
         await core.stop()
         await core.close()
+
+
+@pytest.mark.parametrize(("protocol", "params", "delays", "victim", "full"), CASES,
+                         ids=[case[0] + ("-backup" if isinstance(case[1], BspParams) else "")
+                              for case in CASES])
+async def test_every_protocol_goes_on_after_a_takeover_without_a_timeout(
+        protocol: str, params: Any, delays: list[float], victim: int, full: bool) -> None:
+    """No worker timeout: a worker is cut off mid-run and a fresh copy started at once;
+    its takeover lets the protocol go on, and a later commit includes the new copy."""
+    x, y = tiny_data()
+    core = keep_every_commit(build_core(tiny_model(), protocol, len(delays), ServerSettings(
+        run_id=RUN, lr=0.1, worker_timeout_s=None), protocol_params=params))
+
+    def start(rank: int, transport: LocalTransport) -> asyncio.Task[dict[str, Any]]:
+        return asyncio.create_task(Worker(
+            rank, transport, tiny_model(), batches_of(x, y, rank), protocol, run_id=RUN,
+            protocol_params=params, lr=0.1, batch_size=16, heartbeat_s=0.1,
+            seam=ThreadedWorkerSeam(StepDelay(delays[rank]))).run())
+
+    cut = CuttableTransport(core)
+    tasks = [start(rank, cut if rank == victim else LocalTransport(core))
+             for rank in range(len(delays))]
+    try:
+        await until(lambda: core.store.version >= 3)
+        cut.cut = True
+        tasks[victim].cancel()
+        await asyncio.gather(tasks[victim], return_exceptions=True)
+        restarted_at = core.store.version
+        tasks[victim] = start(victim, LocalTransport(core))
+        await until(lambda: any(victim in ranks(c) for c in core.store.commits
+                                if c.version > restarted_at + 1), 30)
+    finally:
+        await core.stop()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        await core.close()
+    assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+    assert core.workers[victim].lost == 1 and torch.isfinite(core.store.w).all()
+    back = [c for c in core.store.commits if c.version > restarted_at + 1 and victim in ranks(c)]
+    if full:  # a full round again: one contribution from each worker
+        assert ranks(back[0]) == set(range(len(delays))), back[0]
