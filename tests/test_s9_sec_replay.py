@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from asyncsync.engine.core import ServerCore, build_core
-from asyncsync.engine.membership import PUSH_WINDOW
+from asyncsync.engine.membership import SEQ_WINDOW
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import BadRequest, OutOfStep, get_protocol
 from asyncsync.transport.http_client import HttpTransport
@@ -108,7 +108,7 @@ async def test_pushes_sent_concurrently_may_arrive_out_of_order_but_each_counts_
         for seq in (1, 2, 3, 5):
             with pytest.raises(OutOfStep, match=f"push {seq} .*already"):
                 await core.handle("push", push(core, secret, seq=seq), vector)
-        await core.handle("push", push(core, secret, seq=5 + PUSH_WINDOW), vector)
+        await core.handle("push", push(core, secret, seq=5 + SEQ_WINDOW), vector)
         with pytest.raises(OutOfStep, match="already"):  # now out of the window: refused
             await core.handle("push", push(core, secret, seq=4), vector)
         assert core.store.version == 5

@@ -10,8 +10,10 @@ the push, the request goes on as a pull with the same base version and meta, and
 reply is the pull's (the push's reply meta under ``meta["push"]``). Barrier protocols,
 whose push is always followed by a pull of the next model, save a request per step.
 
-Each push's number (``seq``) is taken once per session, for every protocol, just before
-the rule sees the push (`membership`): a replayed push is a 409 and changes nothing.
+Each push's and query's number (``seq``) is taken once per session, for every protocol,
+just before the rule sees the request (`membership`): a replay is a 409 and changes
+nothing. A join without a secret, once the run has started, takes its rank's live session
+over (`membership`): the rule sees the old session leave, as after a timeout.
 """
 
 from __future__ import annotations
@@ -144,13 +146,16 @@ class ServerCore:
             await asyncio.sleep(min(1.0, timeout_s / 4))
             now = self.store.now()
             for rank in sorted(self.store.live):
-                record = self.workers[rank]
-                if now - record.last_seen > timeout_s:
-                    record.lost += 1
-                    record.state = "lost"
-                    self.run.log(Kind.WORKER_LOST, flush=True, worker=rank,
-                                 silent_s=round(now - record.last_seen, 3))
-                    await self._drop(rank)
+                if now - self.workers[rank].last_seen > timeout_s:
+                    await self._lose(rank, silent_s=round(now - self.workers[rank].last_seen, 3))
+
+    async def _lose(self, worker: int, **why: object) -> None:
+        """Drop a live worker that is gone: timed out, or taken over by a restarted copy."""
+        record = self.workers[worker]
+        record.lost += 1
+        record.state = "lost"
+        self.run.log(Kind.WORKER_LOST, flush=True, worker=worker, **why)
+        await self._drop(worker)
 
     async def _drop(self, worker: int) -> None:
         """Take `worker` out of the live set and let the rule finish rounds without it
@@ -255,8 +260,8 @@ class ServerCore:
                            "after a timeout): join first")
         if op != "join":
             self.workers[worker].check_session(worker, header.get("session"))
-        if op == "push":  # a replay is refused before its tensor is received
-            self.workers[worker].check_push(worker, header.get("seq"))
+        # (a replay is refused before its tensor is received)
+        self.workers[worker].check_seq(worker, op, header.get("seq"))
         return worker
 
     async def _dispatch(self, op: str, worker: int, header: dict[str, Any],
@@ -271,6 +276,7 @@ class ServerCore:
         if "codec" in header and op != "push":
             raise BadRequest(f"only pushes may be compressed, not {op}")
         if op == "query":
+            self.workers[worker].take(worker, op, header.get("seq"), header.get("session"))
             return Reply(meta=await self.rule.on_query(worker, meta))
         base_version = require_count(header, "base_version")
         if op == "pull":
@@ -305,7 +311,7 @@ class ServerCore:
         if not finite:
             self._report_nonfinite(worker)
             raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
-        self.workers[worker].take_push(worker, header.get("seq"))  # (no await between)
+        self.workers[worker].take(worker, op, header.get("seq"), header.get("session"))
         pushed = await self.rule.on_push(push)
         if not then_pull:
             return Reply(meta=pushed)
@@ -343,10 +349,13 @@ class ServerCore:
                             f"{self.store.numel}: a worker needs its server's model")
 
     async def _join(self, worker: int, secret: object) -> Reply:
-        """First joins wait for everyone (the start barrier); later ones rejoin at once.
-        The reply carries the session's secret (see `membership`)."""
+        """First joins wait for everyone (the start barrier); later ones rejoin at once,
+        taking over the rank's live session when they carry no secret. The reply carries
+        the session's secret (see `membership`)."""
         record = self.workers[worker]
-        session = record.open_session(worker, secret, worker in self.store.live)
+        while record.takes_over(worker, secret, worker in self.store.live, self.run.started):
+            await self._lose(worker, replaced=True)  # (again if another join took it meanwhile)
+        session = record.open_session()
         rejoin = self.run.started
         if rejoin and worker in self.store.live:  # it restarted before being dropped
             await self._drop(worker)

@@ -5,41 +5,93 @@ sign of life, reported totals) and the version each worker last (re)joined at, w
 where the one rule "a push from before this worker rejoined is refused" is enforced.
 
 Sessions: each join answers a fresh secret, and every later request of that rank must
-carry it, so a token holder cannot act as another rank (withdraw its push, make it leave).
-A join for a rank whose session is live is refused unless it carries that session's
-secret (the same worker re-syncing); a new session may take the rank once the old one has
-left or been dropped after its timeout, or, during the start barrier, once the connection
-that carried its join has closed (the transport cancels the join, and the core withdraws it).
+carry it, so a token holder cannot act as another rank within its session (withdraw its
+push, make it leave). A join for a rank whose session is live is refused unless it carries
+that session's secret (the same worker re-syncing), with one exception once the run has
+started: a join that carries no secret (a fresh process: a restarted copy of the worker)
+takes the rank over. The old session ends as if it had timed out (`worker_lost`, with
+``replaced``; the rule sees its leave, then the new session's join), and its secret is
+refused from then on with a 403 that says so (`takes_over`). Before the start a new
+session may take the rank once the old one has left, or once the connection that carried
+its join has closed (the transport cancels the join, and the core withdraws it).
 
-Pushes are numbered: each push of a session may carry ``seq``, an int the sender raises
-with every push (asyncsync's transports number every push from 1). The server takes each
-number once (`WorkerRecord.take_push`), so a push frame sent again (a replay, or a
-duplicate delivery) is refused with a 409 whatever the protocol, before its rule sees it.
-Pushes of a session sent at once may arrive out of order: a number below the highest
-taken is accepted while it is within `PUSH_WINDOW` of it and not yet taken. Once a session
-has sent a numbered push, an unnumbered one is refused (400). A push without a number in
-a session that never numbered one (a hand-built frame) is not checked.
+Pushes and queries are numbered: each may carry ``seq``, an int the sender raises with
+every request of that op in a session (asyncsync's transports number each op's requests
+from 1; `NUMBERED_OPS`). The server takes each number of an op once (`WorkerRecord.take`),
+so a push or query frame sent again (a replay, or a duplicate delivery) is refused with a
+409 whatever the protocol, before its rule sees it (a query may move a rule's state:
+ESync's oracle takes the step time it reports). Requests of a session sent at once may
+arrive out of order: a number below the highest taken is accepted while it is within
+`SEQ_WINDOW` of it and not yet taken. Once a session has sent a numbered request of an
+op, an unnumbered one of that op is refused (400); an op a session never numbered (a
+hand-built frame) is not checked. Leaves need no number: every join gives a new secret,
+so a leave sent again is refused (403) or finds the rank already out (410).
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import math
 import secrets
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncsync.protocols.base import BadRequest, Forbidden, OutOfStep, brief
 from asyncsync.runlog.metrics import STAT_FIELDS
+from asyncsync.wire.frames import NUMBERED_OPS
 
+LOG = logging.getLogger("asyncsync.server.sessions")
+"""Takeovers are logged here (the HTTP server rate-limits its lines: a token holder could
+join in a loop)."""
 MAX_STAT = 2.0**53
 """The largest reported total kept (beyond it a float no longer counts in ones, and the
 status's integer fields would not fit msgpack's 64 bits): larger ones are dropped."""
-PUSH_WINDOW = 64
-"""How far below the highest push number taken a push may still arrive (pushes a worker
+SEQ_WINDOW = 64
+"""How far below the highest number taken a request may still arrive (requests a worker
 sends concurrently, at most a few, may overtake each other); an older one is refused."""
 MAX_SEQ = 2**63 - 1
-"""The largest push number (msgpack's signed 64-bit int)."""
+"""The largest request number (msgpack's signed 64-bit int)."""
+TAKEN_OVER_KEPT = 8
+"""How many taken-over secrets of a rank are remembered, so that their holders are told
+why they are refused (and cannot take the rank back by rejoining)."""
+
+
+@dataclass
+class SeqWindow:
+    """The numbers of one op taken in a session: the highest, and which of the
+    `SEQ_WINDOW` below it (bit i: number ``top - i``)."""
+
+    top: int = 0
+    taken: int = 0
+
+    def check(self, worker: int, op: str, seq: object) -> None:
+        """Refuse `seq` (None: unnumbered) when taken, too old or malformed (see the
+        module)."""
+        if seq is None:
+            if self.top:
+                raise BadRequest(f"worker {worker}: a {op} without 'seq' in a session whose "
+                                 f"{op}s are numbered")
+            return
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 1 <= seq <= MAX_SEQ:
+            raise BadRequest(f"field 'seq' must be an int from 1 to {MAX_SEQ}, got "
+                             f"{brief(seq)}")
+        behind = self.top - seq
+        if behind >= SEQ_WINDOW or (behind >= 0 and self.taken >> behind & 1):
+            raise OutOfStep(f"worker {worker}: {op} {seq} was already received, or is more "
+                            f"than {SEQ_WINDOW} behind {op} {self.top}: a {op} is "
+                            "applied once (a replayed frame is refused)")
+
+    def take(self, seq: int) -> None:
+        """Count `seq` (checked) as taken."""
+        ahead = seq - self.top
+        if ahead > 0:
+            self.taken = (self.taken << ahead | 1 if ahead < SEQ_WINDOW
+                          else 1) & ((1 << SEQ_WINDOW) - 1)
+            self.top = seq
+        else:
+            self.taken |= 1 << -ahead
 
 
 @dataclass
@@ -54,61 +106,71 @@ class WorkerRecord:
     joined_at: int = 0
     state: str = "starting"
     session: str = ""
-    _top_push: int = 0  # the highest push number taken in this session (0: none)
-    _taken_pushes: int = 0  # bit i: push number `_top_push - i` was taken
+    _numbers: dict[str, SeqWindow] = field(default_factory=dict)  # by op, this session's
+    _taken_over: deque[str] = field(default_factory=lambda: deque(maxlen=TAKEN_OVER_KEPT))
     _reported: dict[str, Any] | None = None  # the last totals taken, not yet filtered
     _stats: dict[str, float] = field(default_factory=dict)
 
     def holds(self, secret: object) -> bool:
         """Whether `secret` is this worker's current session secret."""
-        return (bool(self.session) and isinstance(secret, str)
-                and hmac.compare_digest(secret.encode(), self.session.encode()))
+        return bool(self.session) and _same(secret, self.session)
 
     def check_session(self, worker: int, secret: object) -> None:
         """Refuse a request that does not carry this worker's session secret."""
-        if not self.holds(secret):
-            raise Forbidden(f"worker {worker}: missing or wrong session secret (every "
-                            "request after a join carries the secret its reply gave)")
+        if self.holds(secret):
+            return
+        self._refuse_taken_over(worker, secret)
+        raise Forbidden(f"worker {worker}: missing or wrong session secret (every "
+                        "request after a join carries the secret its reply gave)")
 
-    def open_session(self, worker: int, secret: object, live: bool) -> str:
-        """A fresh secret for a join; refused while another session of `worker` is live."""
-        if live and not self.holds(secret):
+    def _refuse_taken_over(self, worker: int, secret: object) -> None:
+        """Refuse, saying why, a request carrying a secret whose session was taken over."""
+        if any(_same(secret, old) for old in self._taken_over):
+            raise Forbidden(f"worker {worker}: this session was taken over by a newer join "
+                            f"of rank {worker} (a restarted copy of this worker, or another "
+                            f"worker started with rank {worker}); this one is out of the run")
+
+    def takes_over(self, worker: int, secret: object, live: bool, started: bool) -> bool:
+        """Whether a join carrying `secret` takes over `worker`'s live session (whose
+        secret is refused from then on); refuses one that may not (see the module)."""
+        if secret is not None and not isinstance(secret, str):
+            raise BadRequest(f"field 'session' must be a str, got {brief(secret)}")
+        if not live or self.holds(secret):
+            return False
+        self._refuse_taken_over(worker, secret)
+        if not started:
             raise OutOfStep(f"worker {worker} has a live session; another may join once it "
-                            "has left or timed out")
+                            "has left or its connection has closed")
+        if secret:
+            raise OutOfStep(f"worker {worker} has a live session, whose secret this join "
+                            "does not carry: a join carries it (a worker re-syncing) or none "
+                            "(a restarted worker, which takes the rank over)")
+        self._taken_over.append(self.session)
+        LOG.warning("worker %d: a join without its session's secret takes the rank over (a "
+                    "restarted worker, or a second one started with rank %d); the old "
+                    "session is refused from now on", worker, worker)
+        return True
+
+    def open_session(self) -> str:
+        """A fresh secret for a join that `takes_over` has let through."""
         self.session = secrets.token_hex(16)
-        self._top_push = self._taken_pushes = 0
+        self._numbers = {}
         return self.session
 
-    def check_push(self, worker: int, seq: object) -> None:
-        """Refuse a push whose number `seq` (None: unnumbered) this session has taken,
-        that is older than `PUSH_WINDOW`, or that is malformed (see the module)."""
-        if seq is None:
-            if self._top_push:
-                raise BadRequest(f"worker {worker}: a push without 'seq' in a session whose "
-                                 "pushes are numbered")
-            return
-        if not isinstance(seq, int) or isinstance(seq, bool) or not 1 <= seq <= MAX_SEQ:
-            raise BadRequest(f"field 'seq' must be an int from 1 to {MAX_SEQ}, got "
-                             f"{brief(seq)}")
-        behind = self._top_push - seq
-        if behind >= PUSH_WINDOW or (behind >= 0 and self._taken_pushes >> behind & 1):
-            raise OutOfStep(f"worker {worker}: push {seq} was already received, or is more "
-                            f"than {PUSH_WINDOW} behind push {self._top_push}: a push is "
-                            "applied once (a replayed frame is refused)")
+    def check_seq(self, worker: int, op: str, seq: object) -> None:
+        """Refuse a numbered op's request whose number `seq` (None: unnumbered) this
+        session has taken, that is older than `SEQ_WINDOW`, or that is malformed."""
+        if op in NUMBERED_OPS:
+            self._numbers.get(op, SeqWindow()).check(worker, op, seq)
 
-    def take_push(self, worker: int, seq: object) -> None:
-        """`check_push`, then count `seq` as taken (call with no await before the rule's
-        `on_push`, so that two copies of a push cannot both pass)."""
-        self.check_push(worker, seq)
-        if not isinstance(seq, int):
-            return
-        ahead = seq - self._top_push
-        if ahead > 0:
-            self._taken_pushes = (self._taken_pushes << ahead | 1 if ahead < PUSH_WINDOW
-                                  else 1) & ((1 << PUSH_WINDOW) - 1)
-            self._top_push = seq
-        else:
-            self._taken_pushes |= 1 << -ahead
+    def take(self, worker: int, op: str, seq: object, secret: object) -> None:
+        """`check_session` again (the request may have waited since `identify`: its session
+        taken over or re-synced meanwhile), `check_seq`, then count `seq` as taken. Call
+        with no await before the rule sees the request, so that two copies cannot pass."""
+        self.check_session(worker, secret)
+        self.check_seq(worker, op, seq)
+        if op in NUMBERED_OPS and isinstance(seq, int):
+            self._numbers.setdefault(op, SeqWindow()).take(seq)
 
     def take_stats(self, stats: object) -> None:
         """Keep the worker's reported totals (a map: every request carries one; filtered
@@ -150,3 +212,8 @@ class WorkerRecord:
             "nonfinite": self.nonfinite,
             "lost": self.lost,
         }
+
+
+def _same(secret: object, expected: str) -> bool:
+    """Whether `secret` is the string `expected` (compared in constant time)."""
+    return isinstance(secret, str) and hmac.compare_digest(secret.encode(), expected.encode())

@@ -56,7 +56,7 @@ it (dropped after a timeout, or restarted), or its request no longer fits the pr
 state (e.g. it raced a membership change)."""
 LOG = logging.getLogger("asyncsync.worker")
 JOIN_WAIT_S = 120.0
-"""How long a join is retried while an earlier session of the rank is still live."""
+"""How long a join is retried while another session of the rank is live (before the start)."""
 
 
 class WorkerContext:

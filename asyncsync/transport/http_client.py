@@ -26,6 +26,7 @@ from asyncsync.transport.gc_tuning import tune_gc
 from asyncsync.transport.status import refusal_from
 from asyncsync.wire.frames import (
     CONTENT_TYPE,
+    NUMBERED_OPS,
     FrameReader,
     Limits,
     ReadAny,
@@ -125,8 +126,9 @@ class HttpTransport:
         self.timeout_s = timeout_s
         self._opened: aiohttp.ClientSession | None = None  # made at the first POST
         self._answered = False  # whether the server has answered an upgrade yet
-        self.pushes = 0
-        """Pushes sent: each carries its number, ``seq`` (see `asyncsync.engine.membership`)."""
+        self.sent = dict.fromkeys(NUMBERED_OPS, 0)
+        """Requests sent of each numbered op: each carries its number, ``seq`` (see
+        `asyncsync.engine.membership`)."""
 
     @property
     def _session(self) -> aiohttp.ClientSession:
@@ -157,13 +159,14 @@ class HttpTransport:
         `timeout_s` (on either channel), raises `ConnectionError`; a 4xx raises the SDK's
         refusal. A leave is retried for `LEAVE_RETRY_S` at most.
 
-        Each push is numbered (``seq``, once per call: a retry of a push never read is
-        the same push). A push whose connection broke before its answer is not resent:
-        it was applied once or not at all, and the worker re-syncs (docs/failure-handling.md).
+        Each push and query is numbered (``seq``, once per call: a retry of a request
+        never read is the same request). A push whose connection broke before its answer
+        is not resent: it was applied once or not at all, and the worker re-syncs
+        (docs/failure-handling.md).
         """
-        if op == "push":
-            self.pushes += 1
-            header = {**header, "seq": self.pushes}
+        if op in NUMBERED_OPS:
+            self.sent[op] += 1
+            header = {**header, "seq": self.sent[op]}
         deadline = now() + (min(LEAVE_RETRY_S, self.connect_timeout_s) if op == "leave"
                              else self.connect_timeout_s)
         backoff = 0.1

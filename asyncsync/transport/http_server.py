@@ -49,6 +49,7 @@ CORE: web.AppKey[ServerCore] = web.AppKey("core")
 INTAKE: web.AppKey[Intake] = web.AppKey("intake")
 HTTP_LOG.addFilter(RepeatFilter())
 HTTP_LOG.addFilter(PeerErrorFilter())
+logging.getLogger("asyncsync.server.sessions").addFilter(RepeatFilter())  # (takeovers)
 
 
 async def handle(request: web.Request) -> web.StreamResponse:

@@ -16,6 +16,7 @@ from asyncsync.engine.core import ServerCore
 from asyncsync.hetero.network import Link, ServerLink, sleep_until
 from asyncsync.transport.status import refusal_from
 from asyncsync.wire.frames import (
+    NUMBERED_OPS,
     PREFIX,
     Limits,
     WireError,
@@ -57,15 +58,16 @@ class LocalTransport:
         self.payload_scale = payload_scale
         self.bytes_up = 0
         self.bytes_down = 0
-        self.pushes = 0
-        """Pushes sent: each carries its number, ``seq`` (see `asyncsync.engine.membership`)."""
+        self.sent = dict.fromkeys(NUMBERED_OPS, 0)
+        """Requests sent of each numbered op: each carries its number, ``seq`` (see
+        `asyncsync.engine.membership`)."""
 
     async def request(
         self, op: str, header: dict[str, Any], vector: torch.Tensor | None = None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
-        if op == "push":
-            self.pushes += 1
-            header = {**header, "seq": self.pushes}
+        if op in NUMBERED_OPS:
+            self.sent[op] += 1
+            header = {**header, "seq": self.sent[op]}
         head = encode_header(header, vector)
         del header  # the caller's only reference (the worker's): the encoding stands for it
         up = len(head) + self.wire_bytes(vector)

@@ -35,6 +35,9 @@ from asyncsync.wire.codecs import payload_bytes
 CONTENT_TYPE = "application/x-asyncsync"
 PREFIX = struct.Struct(">I")
 MAX_HEADER_BYTES = 64 * 1024
+NUMBERED_OPS = frozenset({"push", "query"})
+"""Ops whose requests carry ``seq``, their number in the session (each op counts from 1;
+a replay is refused: `asyncsync.engine.membership`)."""
 CHUNK_BYTES = 1 << 20
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "uint8": torch.uint8}
