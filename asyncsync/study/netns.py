@@ -77,8 +77,12 @@ def tool(name: str) -> str | None:
 
 
 def _run(*args: str) -> str:
+    """Run an ``ip`` or ``tc`` command; its stdout. It runs in a process group of its own:
+    Ctrl-C goes to the terminal's whole group, and a command it killed halfway would fail
+    the run instead of the supervisor interrupting it (and removing what was made)."""
     command = [tool(args[0]) or args[0], *args[1:]]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False,
+                          process_group=0)
     if done.returncode != 0:
         raise NetnsError(f"{' '.join(args)}: {done.stderr.strip() or done.returncode}")
     return done.stdout
