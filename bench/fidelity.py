@@ -7,7 +7,8 @@ within 25 %) and whether the ranking of the protocols by time to target is the s
 
 Per run and mode it also prints what the worker logs show of the exchanges: the median
 time a message spent moving (request time not held at the server) against what the link
-model charges (2 x latency + bytes / bandwidth), and the local steps per push of each
+model charges (`charged_s`: the mean round trip, 2 x latency + jitter, and the bytes at
+the rate), and the local steps per push of each
 worker. Protocols whose rounds end at step boundaries (nbsync: an exchange is adopted at
 the first step boundary after it completes) turn a few milliseconds per message into a
 whole step per round when the exchange is close to a worker's step time; these lines show
@@ -78,10 +79,17 @@ protocol = {{ name = "local_sgd", local_steps = 8 }}
 """
 
 
-def exchanges(logs: Path, run: str, latency_ms: float, mbps: float) -> str:
+def charged_s(link: LinkSpec, nbytes: int, mbps: float) -> float:
+    """What the link model charges a request moving `nbytes` one way at `mbps` (0:
+    unlimited): its mean round trip (each one-way delay is the latency plus a uniform
+    draw in [0, jitter]) and the bytes at the rate."""
+    return link.round_trip_s + (nbytes * 8 / (mbps * 1e6) if mbps else 0.0)
+
+
+def exchanges(logs: Path, run: str, link: LinkSpec) -> str:
     """What the worker logs of `run` under `logs` show of its messages (see the module
     docstring): median moving time of pushes and of pulls, the link model's charge for a
-    push, and each worker's local steps per push."""
+    push on `link` (worker 0's), and each worker's local steps per push."""
     moving: dict[str, list[float]] = {"push": [], "pull": [], "exchange": []}
     per_push: list[str] = []
     pushed = 0
@@ -99,7 +107,7 @@ def exchanges(logs: Path, run: str, latency_ms: float, mbps: float) -> str:
         per_push.append(f"{steps / pushes:.2f}" if pushes else "-")
     if not pushed:
         return "no pushes"
-    model_ms = 2 * latency_ms + (pushed * 8 / (mbps * 1e3) if mbps else 0.0)
+    model_ms = charged_s(link, pushed, link.uplink_mbps) * 1e3
     medians = ", ".join(f"{kind} {statistics.median(times) * 1e3:.1f}"
                         for kind, times in moving.items() if times)
     return (f"message moving ms: {medians} (link model per message {model_ms:.1f}); "
@@ -110,7 +118,7 @@ async def overhead_ms(numel: int, link: LinkSpec, channel: str, repeats: int = 2
     """The software cost of one message on this host, as real paced mode pays it: the
     median real time of a push and of a pull of `numel` floats over HTTP on loopback (on
     `channel`) through the recipe's emulated `link`, less what the link model charges for
-    the request (2 x latency + its bytes / bandwidth), halved (a request is two messages)."""
+    the request (`charged_s`), halved (a request is two messages)."""
     proc, port, done = start_server(numel)
     client = SessionClient(HttpTransport(f"http://127.0.0.1:{port}", numel, link=Link(link),
                                          channel=channel))
@@ -127,8 +135,7 @@ async def overhead_ms(numel: int, link: LinkSpec, channel: str, repeats: int = 2
             else:
                 await client.request("pull", {"worker": 0, "run_id": RUN, "base_version": 0})
                 mbps = link.downlink_mbps
-            charged = 2 * link.latency_ms / 1e3 + (numel * 4 * 8 / (mbps * 1e6) if mbps else 0)
-            extra.append(time.perf_counter() - began - charged)
+            extra.append(time.perf_counter() - began - charged_s(link, numel * 4, mbps))
     finally:
         await client.close()
         done.set()
@@ -176,8 +183,7 @@ def main() -> None:
             recipe = load_recipe(path, [*args.set, *extra, f'clock="{clock}"'], args.only)
             results[clock] = asyncio.run(run_recipe(recipe, Path(tmp) / clock, live=False))
             notes[clock] = {spec.name: exchanges(Path(tmp) / clock, spec.name,
-                                                 spec.network.link(0).latency_ms,
-                                                 spec.network.link(0).uplink_mbps)
+                                                 spec.network.link(0))
                             for spec in recipe.runs}
     print(f"{'run':10} {'compute r/v':>14} {'versions r/v':>16} {'t->0.5 r/v (s)':>18}")
     for real, virtual in zip(results["real"], results["virtual"], strict=True):

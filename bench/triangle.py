@@ -106,14 +106,14 @@ def ways(name: str, extra: list[str]) -> dict[str, tuple[list[str], str]]:
     try:
         netns.preflight(load_recipe(RECIPES / f"{name}.toml",
                                     [*extra, *WAYS["kernel"]]).runs)
-        no_delay = False
-    except ConfigError as exc:
-        if "netem" not in str(exc) or lossy:
-            app = "app pacing cannot drop packets" if lossy else "not run"
-            return {"virtual": ([*extra, *WAYS["virtual"]], ""), "app": ([], app),
-                    "kernel": ([], str(exc))}
-        no_delay = True
+        no_delay, kernel_problem = False, ""
+    except ConfigError as exc:  # without netem, delay (not loss) is dropped for all three
+        no_delay = "netem" in str(exc) and not lossy
+        kernel_problem = "" if no_delay else str(exc)
     for way, settings in WAYS.items():
+        if way == "kernel" and kernel_problem:
+            chosen[way] = ([], kernel_problem)
+            continue
         over = [*extra, *(NO_DELAY if no_delay else []), *settings]
         note = "without delay (no netem)" if no_delay else ""
         if way == "app" and any("server_mbps" in o for o in extra):

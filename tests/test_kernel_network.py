@@ -270,8 +270,8 @@ def test_bsp_run_in_namespaces_after_a_killed_one(tmp_path: Path, delay_ms: floa
                                             str(Path(__file__).parents[1])})
     assert done.returncode == 0, done.stdout + done.stderr
     assert _of(killed.pid) == []  # the next start cleaned the stale set
-    assert [n for n in netns.run_namespaces() if netns.STALE.match(n)
-            and not Path(f"/proc/{netns.STALE.match(n).group(1)}").exists()] == []  # type: ignore[union-attr]
+    assert [n for n in netns.run_namespaces() if (match := netns.STALE.match(n))
+            and netns.started(int(match.group(1))) is None] == []
     assert _host_network() == before  # no veth, bridge, qdisc or route outside
 
     run_dir = next((tmp_path / "logs").glob("kernel/*/bsp"))

@@ -21,6 +21,10 @@ AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 TOKEN_ENV = "ASYNCSYNC_TOKEN"
 """The environment variable that carries a run's secret token to its server and workers."""
 
+SUPERVISOR_ENV = "ASYNCSYNC_SUPERVISOR"
+"""``<pid>-<start>`` of the `asyncsync run` that started a node (`netns.owner`): the node
+stops once that process has ended (killed outright, it could not stop its nodes)."""
+
 
 @dataclass(frozen=True)
 class LaunchEnv:

@@ -10,10 +10,14 @@ CONFIG_NET_SCH_NETEM for those). The node namespaces use CUBIC, a loss-based con
 control, whatever the host's default (the virtual clock's loss model assumes one); it is
 set on their one route, as the host may allow only its default for ``sysctl``.
 
-Every name is ``asyncsync-<tag>-<pid>-<role>`` (namespaces) or ``as<tag>-<role>``
-(interfaces, inside those namespaces), with a random tag per run and the supervisor's pid:
-nothing is created in the host's namespace, `RunNetwork.remove` deletes it all, and
-`clean_stale` removes the set of a supervisor that no longer runs (killed by SIGKILL).
+Every name is ``asyncsync-<tag>-<pid>-<start>-<role>`` (namespaces) or
+``as<tag>-<role>`` (interfaces, inside those namespaces), with a random tag per run and
+the supervisor's pid and start time (`owner`): nothing is created in the host's namespace,
+`RunNetwork.remove` deletes it all, and `clean_stale` removes the set of a supervisor that
+no longer runs (killed by SIGKILL). A pid alone would not tell: the kernel hands a killed
+supervisor's pid to later processes, and one of them would keep its namespaces (and the
+nodes still running there) alive; the pid with the start time names one process per boot
+(and /run/netns, a tmpfs, starts empty at boot).
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ SHAPED_ENV = "ASYNCSYNC_KERNEL_SHAPED"
 a node of a kernel-shaped recipe without it was started by hand, and nothing shapes it."""
 NETNS_DIR = Path("/run/netns")
 PREFIX = "asyncsync-"
-STALE = re.compile(r"^asyncsync-[0-9a-f]{6}-(\d+)-")
+STALE = re.compile(r"^asyncsync-[0-9a-f]{6}-(\d+)-(?:(\d+)-)?[a-z]")
+"""A run's namespace: its supervisor's pid and start time (no start time: named by an
+earlier asyncsync, judged by the pid alone)."""
 ADDRESSES = ipaddress.IPv4Network("198.18.0.0/15")
 CONGESTION_CONTROL = "cubic"
 MAX_WORKERS = 9999
@@ -71,8 +77,12 @@ def tool(name: str) -> str | None:
 
 
 def _run(*args: str) -> str:
+    """Run an ``ip`` or ``tc`` command; its stdout. It runs in a process group of its own:
+    Ctrl-C goes to the terminal's whole group, and a command it killed halfway would fail
+    the run instead of the supervisor interrupting it (and removing what was made)."""
     command = [tool(args[0]) or args[0], *args[1:]]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False,
+                          process_group=0)
     if done.returncode != 0:
         raise NetnsError(f"{' '.join(args)}: {done.stderr.strip() or done.returncode}")
     return done.stdout
@@ -121,7 +131,7 @@ def check_host(netem: bool) -> None:
     problem = missing()
     if problem:
         raise ConfigError(problem)
-    probe = f"{PREFIX}{secrets.token_hex(3)}-{os.getpid()}-probe"
+    probe = f"{PREFIX}{secrets.token_hex(3)}-{owner()}-probe"
     try:
         _try("remove the namespaces of killed runs", CAPABLE_ROOT, clean_stale)
         for step, needs, command in (*PROBES, *([NETEM_PROBE] if netem else [])):
@@ -164,15 +174,33 @@ def run_namespaces() -> list[str]:
     return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(PREFIX))
 
 
-def _alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
+def started(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks after boot (``/proc/<pid>/stat``, field
+    22); None if no process has that pid, or it has exited (a zombie not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after the command's name, from field 3
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def owner() -> str:
+    """``<pid>-<start>`` of this process: whose namespaces a run's are (see `clean_stale`)."""
+    return f"{os.getpid()}-{started(os.getpid())}"
+
+
+def _running(pid: str, start: str | None) -> bool:
+    """Whether the supervisor `pid` that started at `start` (None: any) still runs."""
+    now_started = started(int(pid))
+    return now_started is not None and (start is None or now_started == int(start))
 
 
 def clean_stale() -> list[str]:
     """Remove the namespaces (and the processes, veths, bridge and qdiscs in them) of
-    supervisors that no longer run; returns their names."""
+    supervisors that no longer run, by pid and start time; returns their names."""
     stale = [name for name in run_namespaces()
-             if (match := STALE.match(name)) and not _alive(int(match.group(1)))]
+             if (match := STALE.match(name)) and not _running(*match.groups())]
     for name in stale:
         _delete(name)
     return stale
@@ -243,11 +271,12 @@ class RunNetwork:
         self.network = network
         self.workers = workers
         self.tag = secrets.token_hex(3)
+        self.owner = owner()
         self.created: list[str] = []
 
     def namespace(self, role: str) -> str:
         """The namespace of `role` (``server``, ``w<rank>`` or ``br``)."""
-        return f"{PREFIX}{self.tag}-{os.getpid()}-{role}"
+        return f"{PREFIX}{self.tag}-{self.owner}-{role}"
 
     def address(self, role: str) -> str:
         """The address of node `role` (``server`` or ``w<rank>``)."""

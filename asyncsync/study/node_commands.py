@@ -2,6 +2,7 @@
 ``asyncsync launch`` (ranks and addresses from torchrun's or Slurm's variables, see
 `asyncsync.study.launch`). Each node reads the recipe, picks its run, and serves or works
 until the run ends or a signal (SIGTERM, SIGINT) stops it; a stopped worker leaves the run.
+A node `asyncsync run` started stops as on a signal once that supervisor has ended.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from urllib.parse import urlsplit
 from asyncsync.errors import InputError
 from asyncsync.protocols.base import Refused
 from asyncsync.schema import ConfigError
-from asyncsync.study.launch import TOKEN_ENV, from_environ
-from asyncsync.study.netns import SHAPED_ENV
+from asyncsync.study.launch import SUPERVISOR_ENV, TOKEN_ENV, from_environ
+from asyncsync.study.netns import SHAPED_ENV, started
 from asyncsync.study.recipe import Recipe, load_recipe
 from asyncsync.study.specs import RunSpec
 from asyncsync.transport.status import status_of
@@ -30,6 +31,9 @@ from asyncsync.transport.status import status_of
 class JoinRefused(InputError):
     """The server refused this worker's join: its token, run id or rank; nothing ran."""
 
+
+SUPERVISOR_POLL_S = 1.0
+"""How often a node `asyncsync run` started checks that its supervisor still runs."""
 
 HINTS = {403: ": give every node of the run the same --recipe, --run and --run-id",
          404: ": is this the URL of an asyncsync server?"}
@@ -123,19 +127,40 @@ async def _serve(args: argparse.Namespace, host: str, port: int) -> None:
             _write_port(args.port_file, server.port)
         print(f"asyncsync server for {recipe.name}/{spec.name} ({spec.protocol.name}) at "
               f"{url}", flush=True)
-        _on_signals(lambda: stopping.append(asyncio.ensure_future(server.stop())))
-        await server.wait_finished()
+        watch = _on_signals(lambda: stopping.append(asyncio.ensure_future(server.stop())))
+        try:
+            await server.wait_finished()
+        finally:
+            watch.cancel()
     finally:
         await server.close()
     if record is not None:
         write_summary(record, {**summarize_run(record), **spec.population().facts()})
 
 
-def _on_signals(handler: Callable[[], None]) -> None:
-    """Call `handler` on SIGTERM (what Slurm and Kubernetes send) and SIGINT."""
+def _on_signals(handler: Callable[[], None]) -> asyncio.Task[None]:
+    """Call `handler` on SIGTERM (what Slurm and Kubernetes send) and SIGINT, and once the
+    `asyncsync run` that started this node has ended; returns the task that watches for
+    that (cancel it when the node is done)."""
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, handler)
+    return asyncio.ensure_future(_supervisor_ended(handler))
+
+
+async def _supervisor_ended(handler: Callable[[], None]) -> None:
+    """Call `handler` once the `asyncsync run` that started this node has ended (its pid
+    and start time in `SUPERVISOR_ENV`, as `netns.owner` gives them; a pid alone could
+    be another process's by then); nothing for a node started otherwise, or where
+    ``/proc`` cannot tell (not Linux)."""
+    pid, _, start = os.environ.get(SUPERVISOR_ENV, "").partition("-")
+    if not (pid.isdigit() and start.isdigit()):
+        return
+    while started(int(pid)) == int(start):
+        await asyncio.sleep(SUPERVISOR_POLL_S)
+    print(f"the asyncsync run that started this node (pid {pid}) has ended; stopping",
+          flush=True)
+    handler()
 
 
 def _check_server(url: str) -> None:
@@ -203,7 +228,7 @@ async def _work(args: argparse.Namespace, url: str, rank: int, named: str) -> No
     def cancel() -> None:  # the worker leaves the run on its way out
         run.cancel()
 
-    _on_signals(cancel)
+    watch = _on_signals(cancel)
     try:
         final = await run
     except asyncio.CancelledError:
@@ -213,6 +238,8 @@ async def _work(args: argparse.Namespace, url: str, rank: int, named: str) -> No
         if worker.ctx.joined:
             raise
         raise join_refused(refusal, url, rank) from None
+    finally:
+        watch.cancel()
     print(f"worker {rank} done: {final['steps']} steps, {final['samples']} samples",
           flush=True)
 

@@ -7,7 +7,8 @@ server only; the supervisor keeps it to watch the run, and the workers get the w
 token derived from it (ASYNCSYNC_WORKER_TOKEN), which cannot stop the run. Tokens travel
 through the environment, never on a command line or in the logs. With the recipe's
 ``tls.cert`` the server serves https on loopback (the certificate must name 127.0.0.1).
-The nodes write their logs and console output (``*.log``) into the run's folder. With
+The nodes write their logs and console output (``*.log``) into the run's folder, and stop
+when the supervisor has ended (`SUPERVISOR_ENV`: killed outright, it cannot stop them). With
 ``network.emulation = "kernel"`` the nodes run in network namespaces shaped by tc
 (`asyncsync.study.netns`) and the server listens on its namespace's address only.
 """
@@ -29,8 +30,8 @@ from typing import IO, Any
 from asyncsync.clock import now
 from asyncsync.protocols.base import Refused
 from asyncsync.study.assembly import WORKER_TOKEN_ENV, run_client_tls
-from asyncsync.study.launch import TOKEN_ENV
-from asyncsync.study.netns import SHAPED_ENV, RunNetwork, call_in
+from asyncsync.study.launch import SUPERVISOR_ENV, TOKEN_ENV
+from asyncsync.study.netns import SHAPED_ENV, RunNetwork, call_in, owner
 from asyncsync.study.specs import RunSpec
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.tokens import worker_token
@@ -50,12 +51,15 @@ class _Node:
 
 def node_env(run_token: str, server: bool, shaped: bool = False) -> dict[str, str]:
     """A node's environment: the server gets the run token, a worker the worker token;
-    `shaped`: the node runs in a kernel-shaped run's namespace (`SHAPED_ENV`)."""
+    `shaped`: the node runs in a kernel-shaped run's namespace (`SHAPED_ENV`); every node
+    gets this process's pid and start time (`SUPERVISOR_ENV`: it stops once this process
+    has ended)."""
     env = {key: value for key, value in os.environ.items()
            if key not in (TOKEN_ENV, WORKER_TOKEN_ENV, SHAPED_ENV)}
     if shaped:
         env[SHAPED_ENV] = "1"
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                SUPERVISOR_ENV: owner()})
     if server:
         env[TOKEN_ENV] = run_token
     else:
