@@ -242,7 +242,7 @@ async def test_a_token_holder_cannot_act_as_another_rank() -> None:
         await join_all(core, 2)
         await core.handle("push", push(0, 0, "gradient"), torch.ones(numel))
         honest = SESSIONS[0]
-        forged = {"run_id": RUN, "worker": 0, "meta": {}}
+        forged = {"run_id": RUN, "worker": 0, "meta": {}, "session": "guess"}
         with pytest.raises(OutOfStep, match="live session"):
             await core.handle("join", forged, None)
         for op in ("leave", "heartbeat", "pull", "push"):

@@ -32,6 +32,10 @@ class JoinRefused(InputError):
     """The server refused this worker's join: its token, run id or rank; nothing ran."""
 
 
+class RunRefused(InputError):
+    """The server refused this worker mid-run (e.g. a newer worker took its rank over)."""
+
+
 SUPERVISOR_POLL_S = 1.0
 """How often a node `asyncsync run` started checks that its supervisor still runs."""
 
@@ -206,7 +210,7 @@ def join_refused(refusal: Refused, url: str, rank: int) -> JoinRefused:
 
 async def _work(args: argparse.Namespace, url: str, rank: int, named: str) -> None:
     """Run worker `rank` (`named`: where the rank came from, for errors) until the run
-    ends; a refused first join is a `JoinRefused`, a refusal after it is raised as is."""
+    ends; a refused first join is a `JoinRefused`, a refusal after it a `RunRefused`."""
     from asyncsync.study.assembly import build_worker
 
     recipe = load_recipe(args.recipe)
@@ -236,7 +240,8 @@ async def _work(args: argparse.Namespace, url: str, rank: int, named: str) -> No
         return
     except Refused as refusal:
         if worker.ctx.joined:
-            raise
+            raise RunRefused(f"the server at {url} refused worker {rank} mid-run "
+                             f"({status_of(refusal)}: {refusal.reason})") from None
         raise join_refused(refusal, url, rank) from None
     finally:
         watch.cancel()
