@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from asyncsync.errors import InputError
-from asyncsync.results.comparison import is_baseline
+from asyncsync.results.comparison import baseline_choices, is_baseline
 from asyncsync.results.layout import make_console
 from asyncsync.results.report import output_folder, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
-from asyncsync.runlog.reading import label, unswept_name
+from asyncsync.runlog.reading import unswept_name
 from asyncsync.schema import ConfigError
 from asyncsync.study.launch import DEFAULT_PORT, TOKEN_ENV
 from asyncsync.tracking import export_runs, parse_track, unique_specs
@@ -270,13 +270,12 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         problem = pool_problem(run_dirs, summaries)
         if problem:
             raise LogError(problem)
-        names = {s["run"] for s in summaries} | {label(s) for s in summaries}
         first = unswept_name(summaries[0]["run"], summaries[0].get("sweep") or {})
         baseline = args.baseline or recipe_baseline(run_dirs[0]) or first
         if not any(is_baseline(s, baseline) for s in summaries):
             if args.baseline:
                 raise ConfigError(f"--baseline {baseline}: no such run; runs are "
-                                  f"{', '.join(sorted(names))}")
+                                  f"{baseline_choices(summaries)}")
             notes.append(f"the recipe's baseline {baseline} is not among these runs: "
                          f"speedups against {first}")
             baseline = first

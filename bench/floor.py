@@ -152,7 +152,8 @@ def serve(layer: str, numel: int, port: Any, window: Any, cpu: Any) -> None:
                                  settings)
             await ps.start()
             port.value = ps.port
-            closers.append(ps.close)
+            closers += [ps.stop, ps.close]  # the client is done: end the run, so close()
+            # has no joined worker to warn of
         for mark in window[:2]:  # timed exchanges begin, then end
             while not mark.is_set():
                 await asyncio.sleep(0.005)
@@ -285,7 +286,8 @@ def report(nbytes: int, rows: dict[str, list[float]], cpu: dict[str, list[float]
     cpu_ms = {layer: 1000 * statistics.median(per_round) for layer, per_round in cpu.items()}
     for table in (medians, cpu_ms):  # the copies row adds adoption to the rule row
         table["copies"] += table["rule"]
-    print(f"\n{nbytes / MB:.2f} MB each way: median ms per exchange")
+    size = f"{nbytes / MB:.2f} MB" if nbytes >= MB // 100 else f"{nbytes / 1000:g} kB"
+    print(f"\n{size} each way: median ms per exchange")
     print(f"{'layer':>9} {'wall':>7} {'adds':>6} {'share':>6} {'cpu':>7} {'adds':>6} {'share':>6}")
     previous = previous_cpu = 0.0
     for layer in (*LAYERS, "copies"):

@@ -171,7 +171,8 @@ def run_protocol(protocol: str, seconds: float) -> list[dict[str, Any]]:
     return totals
 
 
-def report(protocol: str, totals: list[dict[str, Any]]) -> None:
+def report(protocol: str, totals: list[dict[str, Any]]) -> float:
+    """Print one protocol's figures; returns its mean compute proportion."""
     proportions = [t["compute_s"] / t["wall_s"] for t in totals if t["wall_s"] > 0]
     steps = max(1, sum(t["steps"] for t in totals))
     print(f"{protocol}: compute proportion {statistics.mean(proportions):.3f} (per worker: "
@@ -182,6 +183,7 @@ def report(protocol: str, totals: list[dict[str, Any]]) -> None:
         exposed = sum(t[f"{name}_exposed_ms"] for t in totals) / steps
         print(f"  {label}: {copies} copies; per step {copy:.3f} ms copying, "
               f"{copy - exposed:.3f} ms hidden, {exposed:.3f} ms exposed")
+    return float(statistics.mean(proportions))
 
 
 def main() -> None:
@@ -193,9 +195,11 @@ def main() -> None:
                  "False here: nothing was measured.")
     print(f"GPU: {torch.cuda.get_device_name(0)}; {WORKERS} workers, {MODEL}, batch {BATCH}, "
           f"{LINK_MBPS:g} Mbit/s links, {args.seconds:g} s per protocol")
-    for protocol in PROTOCOLS:
-        report(protocol, run_protocol(protocol, args.seconds))
-    print("target: nbsync's compute proportion >= 0.9")
+    proportion = {protocol: report(protocol, run_protocol(protocol, args.seconds))
+                  for protocol in PROTOCOLS}
+    print(f"nbsync / bsp compute proportion, this run: "
+          f"{proportion['nbsync'] / proportion['bsp']:.2f}x; "
+          "target: nbsync's compute proportion >= 0.9")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ not fit in memory here; the server cannot tell the difference: each has its own 
 connection, session and rank). All connections come from one address, so the server
 admits that many from one peer (a real deployment has one address per machine). Each
 pushes a gradient and pulls the model in a loop, under asp semantics on the server's side
-(the benchmark sink accepts every push). Prints pushes/s the server sustains, errors,
-the server's event-loop lag, and its garbage collections (count, longest in CPU time).
+(the benchmark sink accepts every push); rank 0 only reads the instrumentation, so N
+workers are N - 1 pushing. Prints pushes/s the server sustains (one push and its pull
+count once) and its ratio to the first worker count's in the same run, errors, the
+server's event-loop lag, and its garbage collections (count, longest in CPU time).
 """
 
 from __future__ import annotations
@@ -105,13 +107,18 @@ def main() -> None:
                         help="how the workers' requests travel (default: the stream)")
     args = parser.parse_args()
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'workers':>7} {'pushes/s':>9} {'errors':>6} {'lag p50 ms':>10} "
+    first = args.workers[0]
+    print(f"{'workers':>7} {'pushes/s':>9} {f'x {first}':>7} {'errors':>6} {'lag p50 ms':>10} "
           f"{'lag p99 ms':>10} {'GCs':>5} {'GC max ms':>9}")
+    reference = None
     for workers in args.workers:
         rate, errors, lag = asyncio.run(measure(workers, args.seconds, args.channel))
-        print(f"{workers:>7} {rate:>9.0f} {errors:>6} {lag['p50_ms']:>10.1f} "
-              f"{lag['p99_ms']:>10.1f} {lag['gc_count']:>5.0f} {lag['gc_max_ms']:>9.1f}",
-              flush=True)
+        reference = reference or rate
+        print(f"{workers:>7} {rate:>9.0f} {rate / reference:>7.2f} {errors:>6} "
+              f"{lag['p50_ms']:>10.1f} {lag['p99_ms']:>10.1f} {lag['gc_count']:>5.0f} "
+              f"{lag['gc_max_ms']:>9.1f}", flush=True)
+    print(f"pushes/s: push + pull pairs per second, all workers (rank 0 only reads the "
+          f"instrumentation); x {first}: ratio to the {first}-worker row of this run")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

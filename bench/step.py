@@ -127,7 +127,8 @@ def main() -> None:
     final = next(r for r in reversed(records) if r.get(KEY) == Kind.FINAL)
     steps = step_spans(records)[args.skip:]
     if not steps:
-        sys.exit(f"only {final['steps']} steps: too few to skip {args.skip}")
+        sys.exit(f"only {final['steps']} steps in {args.seconds:g} s: too few to skip "
+                 f"{args.skip}; give more --seconds or a smaller --skip")
     compute, wall = mean_ms(steps, "compute"), mean_ms(steps, "cycle")
     exchange = wall - compute
     gloo = 1000 * (gloo_before + gloo_after) / 2

@@ -65,7 +65,7 @@ def noted_server(seconds: float, port: Any, out: str) -> None:
     note_calls(frame_stream._Receiver, "read_into", marks, "tensor wanted", None)
     note_calls(wire.FrameReader, "tensor", marks, None, "tensor read")
     note_calls(core.ServerCore, "handle", marks, None, "handled")
-    note_calls(frame_stream, "_answer_next", marks, None, "reply written")
+    note_calls(frame_stream, "_answer_next", marks, None, "reply drained")
     serve(seconds, port)
     Path(out).write_text(json.dumps(marks))
 
@@ -97,7 +97,7 @@ def spans(marks: Marks, first: str, last: str) -> list[dict[str, list[float]]]:
 
 def pushes(worker: Marks, server: Marks) -> list[dict[str, float]]:
     """Each push with a tensor both ways, as times from the worker's request start."""
-    handled = [s for s in spans(server, "op read", "reply written") if "tensor read" in s]
+    handled = [s for s in spans(server, "op read", "reply drained") if "tensor read" in s]
     rows = []
     for request in spans(worker, "start", "returned"):
         start, end = request["start"][0], request["returned"][0]
@@ -113,7 +113,7 @@ def pushes(worker: Marks, server: Marks) -> list[dict[str, float]]:
                "server: first bytes in": server_bytes[0][1]}
         row |= {f"server: {label}": match[label][0] for label in
                 ("op read", "frame head read", "tensor wanted", "tensor read", "handled",
-                 "reply written")}
+                 "reply drained")}
         row |= {"worker: first reply bytes in": reply_bytes[0],
                 "worker: reply head read": request["reply head read"][0],
                 "worker: last reply bytes in": reply_bytes[-1], "worker: request returned": end}
@@ -138,10 +138,13 @@ def main() -> None:
     def median(label: str) -> float:
         return statistics.median(row[label] for row in rows)
 
+    whole = median("worker: request returned")
     print(f"one bsp push of the cnn (0.55 MB each way), medians of {len(rows)} pushes, "
-          "ms from the worker's request start:")
+          "ms from the worker's request start, and as a share of the whole request:")
     for label in sorted(rows[0], key=median):
-        print(f"  {median(label):6.3f}  {label}")
+        print(f"  {median(label):6.3f}  {median(label) / whole:5.0%}  {label}")
+    print("each point's median is taken on its own, so two points close in time may "
+          "print in either order")
 
 
 if __name__ == "__main__":

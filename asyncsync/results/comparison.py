@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from asyncsync.runlog.reading import label, sweep_suffix
+from asyncsync.runlog.reading import label, sweep_suffix, unswept_name
 
 
 def speedup(summary: dict[str, Any], base: dict[str, Any] | None) -> tuple[float | None, bool]:
@@ -67,6 +67,15 @@ def is_baseline(summary: dict[str, Any], baseline: str) -> bool:
     point: each sweep point is compared with its own baseline."""
     suffix = sweep_suffix(summary.get("sweep") or {})
     return baseline + suffix in (summary.get("run"), label(summary))
+
+
+def baseline_choices(summaries: list[dict[str, Any]]) -> str:
+    """The names `is_baseline` takes for these runs (name and recipe/name, without a sweep
+    point), for a message refusing another."""
+    bare = [{**s, "run": unswept_name(s["run"], s.get("sweep") or {})} for s in summaries]
+    swept = any(s.get("sweep") for s in summaries)
+    return ", ".join(sorted({s["run"] for s in bare} | {label(s) for s in bare})) + (
+        " (each sweep point is compared with the baseline's run at the same point)" * swept)
 
 
 def groups(summaries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

@@ -285,7 +285,8 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
     """Time to target, speedup and compute proportion against the swept value, one line per
     run of the recipe, with the 95% interval over repeats as error bars. A speedup over a
     baseline that never reached the target is a lower bound (the table's ``>=``): a ``^``
-    instead of a dot."""
+    instead of a dot. A point over only k of a run's n repeats (the others did not reach
+    the target, or failed) is labelled ``k/n``, as the table's cell is."""
     plt = pyplot()
     runs = groups(summaries)
     key = next(iter(runs[0][0]["sweep"]))
@@ -294,7 +295,8 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
     # other values (lists, tables, words) stand side by side in the recipe's order
     shown = list(dict.fromkeys(json.dumps(s["sweep"][key]) for s in summaries))
     bases = {sweep_suffix(g[0]["sweep"]): g for g in runs if is_baseline(g[0], baseline)}
-    lines: dict[str, list[tuple[float, tuple[list[float], list[float], list[float]]]]] = {}
+    lines: dict[str, list[tuple[float, tuple[list[float], list[float], list[float]],
+                                int]]] = {}
     bounded: set[tuple[str, float]] = set()  # (run, swept value) whose speedup is a bound
     for group in runs:
         first = group[0]
@@ -308,18 +310,21 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
         lines.setdefault(name, []).append((value, (
             [s["time_to_target_s"] for s in done if s.get("time_to_target_s") is not None],
             speedups, [s["compute_proportion"] for s in done
-                       if s.get("compute_proportion") is not None])))
+                       if s.get("compute_proportion") is not None]), len(group)))
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     titles = ("time to target (s)", f"speedup vs {baseline}", "compute proportion")
     for name, points in lines.items():
         points.sort(key=lambda point: point[0])
         for panel, (ax, title) in enumerate(zip(axes, titles, strict=True)):
             xs, ys, errors = [], [], []
-            for value, panels in points:  # a point without a value breaks the line
+            for value, panels, repeats in points:  # a point without a value breaks the line
                 mean, half = interval(panels[panel]) if panels[panel] else (math.nan, None)
                 xs.append(value)
                 ys.append(mean)
                 errors.append(half or 0.0)
+                if 0 < len(panels[panel]) < repeats:  # as the table's (k/n)
+                    ax.annotate(f"{len(panels[panel])}/{repeats}", (value, mean),
+                                xytext=(4, 4), textcoords="offset points", fontsize="small")
             speedup = panel == 1
             drawn = ax.errorbar(xs, ys, yerr=errors, marker="none" if speedup else "o",
                                 capsize=3, label=name)
@@ -334,7 +339,7 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
             ax.set_title(title)
             ax.set_xlabel(key)
             if integer:
-                ax.set_xticks(sorted({v for v, _ in points}))
+                ax.set_xticks(sorted({v for v, *_ in points}))
             elif not numeric:
                 ax.set_xticks(range(len(shown)), shown, fontsize="small")
             ax.grid(alpha=0.3)

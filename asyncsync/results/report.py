@@ -217,6 +217,11 @@ IDENTITY = ("recipe", "run", "repeat", "seed", "protocol", "workers", "clock", "
 RAW = ("bytes_up", "bytes_down", "max_staleness", "eval_slipped")
 """summary.json fields table.csv keeps after the columns."""
 
+PART_OF_REPEATS = ("(k/n): over the k of n repeats that have the figure; a time to target "
+                   "or a speedup only where the repeat reached the target, so over all n "
+                   "the times would be longer")
+"""The legend of a figure over part of a run's repeats (`_mean_text`'s ``(k/n)``)."""
+
 SLIP_MARK = "*"
 """Marks a run whose evaluations slipped (see `summarize_run`)."""
 
@@ -314,6 +319,9 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     if len(aims) > 1:
         legend.append(f"the runs' targets differ ({', '.join(f'{t:g}' for t in aims)}): "
                       "each time is to its own run's target")
+    if any(cell.endswith("/" + str(count) + ")") for (_, _, cells, _), count
+           in zip(rows, map(len, groups(summaries)), strict=True) for cell in cells or []):
+        legend.append(PART_OF_REPEATS)
     fewest = min(len(g) for g in groups(summaries))
     if 1 < fewest < WIDE_BELOW:
         legend.append(f"with {fewest} repeats the 95% intervals are very wide (Student's t "

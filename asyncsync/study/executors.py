@@ -198,9 +198,10 @@ def slurm_executor(folder: Path, options: SlurmOptions, name: str) -> Any:
     slurm: dict[str, Any] = {"slurm_partition": options.partition} if options.partition else {}
     if options.array_parallelism:
         slurm["slurm_array_parallelism"] = options.array_parallelism
+    if options.gpus:  # no GPU request at all otherwise: clusters without GPUs may refuse one
+        slurm["gpus_per_node"] = options.gpus
     executor.update_parameters(name=name, timeout_min=options.time_min,
-                               cpus_per_task=options.cpus, gpus_per_node=options.gpus,
-                               **slurm)
+                               cpus_per_task=options.cpus, **slurm)
     return executor
 
 

@@ -275,8 +275,11 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
         step_s = await calibration(slot.spec, study.dashboard)
         calibrated.append(repr(step_s) if step_s else "")
     executor = slurm_executor(study.root / ".submitit", options, study.recipe.name)
-    problem = shared_problem(study.root) if executor.cluster == "slurm" else None
-    if problem:
+    if executor.cluster != "slurm":
+        console.print(f"[yellow]warning:[/yellow] no Slurm on this machine (srun is not on "
+                      f"the PATH): submitit runs the {len(todo)} tasks here, as local "
+                      "processes", highlight=False, soft_wrap=True)
+    elif problem := shared_problem(study.root):
         console.print(f"[yellow]warning:[/yellow] {problem}; the log root must be on a "
                       "filesystem the compute nodes share (--logs)", highlight=False,
                       soft_wrap=True)

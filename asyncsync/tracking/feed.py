@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from asyncsync.results.report import summarize_run
 from asyncsync.results.studies import LogError
+from asyncsync.runlog.reading import run_name
 from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind, upgrade
 from asyncsync.tracking.base import Point, RunInfo, Tracker, flatten
 
@@ -84,6 +85,10 @@ class _Worker:
 def run_info(run_dir: Path) -> RunInfo:
     """What trackers are told about the run in `run_dir`, from its recipe.json.
 
+    A swept run of a study written before 2026-11-27 goes by its name of now
+    (`asyncsync.runlog.reading.run_name`), in its id too: the study exported before and
+    after a ``--resume``, which renames its folders, is one set of tracked runs.
+
     Raises:
         LogError: recipe.json is missing or not a run's resolved recipe.
     """
@@ -91,13 +96,17 @@ def run_info(run_dir: Path) -> RunInfo:
     try:
         recipe = json.loads(recipe_file.read_text())
         spec = recipe["runs"][0]
-        name = spec["name"]
+        written = spec["name"]
+        name = run_name(written, dict(spec.get("sweep") or {}))
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise LogError(f"{run_dir}: not a run's log directory (recipe.json: "
                        f"{type(exc).__name__}: {exc})") from None
-    config = {k: v for k, v in flatten(spec).items() if k not in SECRET_KEYS}
+    config = {k: v for k, v in flatten({**spec, "name": name}).items()
+              if k not in SECRET_KEYS}
+    folder = (name + run_dir.name[len(written):] if run_dir.name.startswith(written)
+              else run_dir.name)  # the repeat's ending kept
     return RunInfo(
-        run_id=f"{recipe['name']}/{run_dir.parent.name}/{run_dir.name}",
+        run_id=f"{recipe['name']}/{run_dir.parent.name}/{folder}",
         recipe=recipe["name"], stamp=run_dir.parent.name, name=name,
         repeat=int(recipe.get("repeat", 0)), seed=int(spec.get("seed", 0)),
         clock=spec.get("clock", "real"), start_wall=recipe_file.stat().st_mtime,
