@@ -221,10 +221,11 @@ class BatchedModel:
             return x, y, None
         if not self.pads:
             raise ValueError("rows of unequal batches need a model that mixes no samples")
-        first = batches[0][0]
+        first, first_y = batches[0]
+        # built where the batches are (a source may hand them on the device), moved once
         x = first.new_zeros((n, width, *first.shape[1:]))
-        y = torch.zeros((n, width), dtype=batches[0][1].dtype)
-        weight = torch.zeros((n, width))
+        y = first_y.new_zeros((n, width))
+        weight = torch.zeros((n, width), device=first.device)
         for i, (bx, by) in enumerate(batches):
             x[i, : len(by)] = bx
             y[i, : len(by)] = by
