@@ -23,10 +23,10 @@ Run: ``.venv/bin/python bench/gpu_virtual.py [--device auto|cpu|cuda] [--json OU
 ``--only steps,study,resnet,population`` picks sections; ``--models``, ``--sizes``,
 ``--resnet-sizes`` and ``--rounds`` bound them. The defaults take about 5 minutes on one
 H100/H200. On 2 CPU cores (which skip the study and the resnet18 run unless named with
-``--only``) they take about a quarter of an hour: resnet18's 8-worker row alone is
-3 x 8 steps of about 11 s one by one and 14 s batched (docs/gpu.md), some 10 minutes;
-``--models mlp,cnn`` leaves resnet18 out (a few minutes, mostly the population's two
-capped runs).
+``--only``) resnet18's 8-worker row is 3 x 8 steps of each path, 1.5-11 s a step one by
+one and 5-14 s batched (docs/gpu.md; the shared host's load decides), some 3 to 10
+minutes; ``--models mlp,cnn`` leaves resnet18 out (a few minutes, mostly the population's
+two capped runs).
 """
 
 from __future__ import annotations

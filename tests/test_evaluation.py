@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asyncsync.engine.core import build_core
-from asyncsync.engine.evaluation import make_evaluator
+from asyncsync.engine.evaluation import evaluated_rows, make_evaluator
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.study.assembly import server_settings
 from asyncsync.study.specs import EvalSpec, RunSpec
@@ -50,14 +50,21 @@ def a_trained_vector() -> torch.Tensor:
     return holder.flat.clone()
 
 
+def capped(x: torch.Tensor, y: torch.Tensor, samples: int | None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples an evaluation capped at `samples` scores (`evaluated_rows`' subset)."""
+    rows = evaluated_rows(len(y), samples)
+    return (x, y) if rows is None else (x[rows], y[rows])
+
+
 @pytest.mark.parametrize(("samples", "batch_size"), [(None, 7), (20, 1000), (13, 4)])
-def test_the_evaluator_scores_the_first_samples_in_eval_mode(samples: int | None,
-                                                             batch_size: int) -> None:
+def test_the_evaluator_scores_its_samples_in_eval_mode(samples: int | None,
+                                                       batch_size: int) -> None:
     x, y = split()
     vector = a_trained_vector()
     evaluate = make_evaluator(bn_mlp(), x, y, "cpu", samples, batch_size)
     accuracy, loss = evaluate(vector)
-    want_accuracy, want_loss = by_hand(bn_mlp(), vector, x[:samples], y[:samples])
+    want_accuracy, want_loss = by_hand(bn_mlp(), vector, *capped(x, y, samples))
     assert accuracy == want_accuracy
     assert loss == pytest.approx(want_loss, rel=1e-5)
 
@@ -88,7 +95,7 @@ def test_the_recipe_caps_the_evaluated_samples_of_the_server() -> None:
     vector = a_trained_vector()
     evaluator = core.run.evaluator
     assert evaluator is not None
-    assert evaluator(vector)[0] == by_hand(bn_mlp(), vector, x[:20], y[:20])[0]
+    assert evaluator(vector)[0] == by_hand(bn_mlp(), vector, *capped(x, y, 20))[0]
 
 
 def test_the_default_evaluates_the_whole_split_on_the_cpu() -> None:

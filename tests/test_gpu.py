@@ -6,6 +6,7 @@ Skipped, with the reason shown, where CUDA is absent; on a GPU host run
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,3 +283,44 @@ def test_a_cuda_recipe_evaluates_on_its_device() -> None:
 
     assert server_settings(RunSpec(device="cuda"), "run", None).eval_device == "cuda"
     assert server_settings(RunSpec(device="auto"), "run", None).eval_device == "cuda"
+
+
+def _syncs(fn: Any) -> int:
+    """How many times `fn()` made the host wait for the device (torch's sync debug mode)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in said)
+
+
+def test_an_evaluation_waits_for_the_gpu_as_often_with_ten_batches_as_with_one() -> None:
+    """It waited twice a batch (a loss and a count read back one at a time)."""
+    x, y = images(500)
+    model = bn_cnn()
+    vector = torch.nn.utils.parameters_to_vector(
+        [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())])
+    one_batch = make_evaluator(bn_cnn(), x, y, DEVICE, batch_size=500)
+    ten_batches = make_evaluator(bn_cnn(), x, y, DEVICE, batch_size=50)
+    one_batch(vector)  # warm-up: cuDNN's first calls at each batch shape
+    ten_batches(vector)
+    assert _syncs(lambda: ten_batches(vector)) == _syncs(lambda: one_batch(vector))
+    assert ten_batches(vector)[0] == one_batch(vector)[0]
+
+
+@pytest.mark.parametrize("split_on", ["cpu", DEVICE])
+def test_a_capped_evaluation_on_the_gpu_scores_the_cpus_subset(split_on: str) -> None:
+    """eval.samples' seeded subset is the same rows whatever device the split is on."""
+    x, y = images(512)
+    model = bn_cnn()
+    vector = torch.nn.utils.parameters_to_vector(
+        [*model.parameters(), *(b for b in model.buffers() if b.is_floating_point())])
+    on_cpu = make_evaluator(bn_cnn(), x, y, "cpu", samples=100)(vector)
+    on_gpu = make_evaluator(bn_cnn(), x.to(split_on), y.to(split_on), DEVICE,
+                            samples=100)(vector)
+    assert on_gpu[0] == on_cpu[0]
+    assert on_gpu[1] == pytest.approx(on_cpu[1], rel=1e-4)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from asyncsync.engine.evaluation import make_evaluator
+from asyncsync.engine.evaluation import evaluated_rows, make_evaluator
 
 INPUTS = torch.full((10, 2), 10.0)
 TARGETS = torch.tensor([0, 1] * 5)
@@ -30,4 +30,7 @@ def test_a_split_smaller_than_the_batch_and_a_cap() -> None:
     whole = make_evaluator(torch.nn.Linear(1, 2), inputs, targets, batch_size=1000)
     assert whole(vector)[0] == pytest.approx(4 / 5)
     capped = make_evaluator(torch.nn.Linear(1, 2), inputs, targets, samples=4, batch_size=3)
-    assert capped(vector)[0] == 1.0
+    rows = evaluated_rows(5, 4)
+    assert rows is not None and len(rows) == 4
+    right = [True, True, True, True, False]  # by hand, as above
+    assert capped(vector)[0] == pytest.approx(sum(right[i] for i in rows.tolist()) / 4)

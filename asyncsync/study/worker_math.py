@@ -6,10 +6,11 @@ measured slower than the steps one after another (see docs/gpu.md and
 ``bench/gpu_virtual.py``). ``on`` batches wherever the model can be batched; ``off`` never
 does. A run that would batch (``on``, or ``auto`` on CUDA from `AUTO_MIN_WORKERS` workers)
 but whose model fails the batched probe says so once in the log (a warning, unless the
-model is the timing stand-in, which never batches); ``auto``'s own choice of one by one
-is not logged. summary.json records the path and why (`WorkerMath.facts`), and
-``worker_math_fallback`` where the log warned, so a study's line for the run says it too
-(a child process's log is not shown).
+model is the timing stand-in, which never batches). ``auto``'s own choice of one by one
+(on a CPU, or under `AUTO_MIN_WORKERS` workers on a GPU) is said once too, with its
+reason, at INFO: it is the expected path, not a failure. summary.json records the path
+and why (`WorkerMath.facts`), and ``worker_math_fallback`` where the log warned, so a
+study's line for the run says it too (a child process's log is not shown).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
     if asked == "auto":
         refusal = auto_refusal(device.type, spec.workers)
         if refusal is not None:
+            LOG.info("compute.batched = 'auto': the workers' steps run one by one: %s",
+                     refusal)
             return WorkerMath(ONE_BY_ONE, f"auto: {refusal}", str(device))
     reason: str | None = "the timing model computes its gradient in closed form"
     if spec.model.name != TIMING_MODEL:

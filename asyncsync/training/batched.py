@@ -5,7 +5,10 @@ Each row of a ``(workers, numel)`` tensor is one worker's flat vector, laid out 
 (BatchNorm statistics). `BatchedModel.gradients` runs every row's forward at once, through
 ``torch.func.functional_call`` on one template module under ``vmap``, then one backward of
 the summed losses (`torch.autograd.grad`): each row's loss depends on its own parameters
-alone, so the gradient of the sum, row by row, is each row's gradient. Each row keeps its
+alone, so the gradient of the sum, row by row, is each row's gradient. Each parameter is a
+leaf of its own (a view of its columns of the rows), and the gradients are concatenated
+once: one leaf for all the columns made autograd fill and add a whole gradient per
+parameter tensor (resnet18: 62 of them, 4.4x the call's time on a CPU). Each row keeps its
 own parameters, buffers and batch. The running statistics a row's forward updates are
 written back into that row, as the module would.
 
@@ -187,8 +190,11 @@ class BatchedModel:
         Returns the gradients ``(n, num_params)`` and the losses ``(n,)``.
         """
         n = len(rows)
-        leaf = rows[:, : self.num_params].detach().requires_grad_(True)
-        params = self._split(leaf, self.params, 0)
+        # a leaf per parameter (a view of its columns), not one leaf of all the columns
+        # split into views: each view's backward would fill and add a whole (n, num_params)
+        # gradient (the mlp, 8 rows on a CPU: 35 of 87 ms a call)
+        params = {name: leaf.detach().requires_grad_(True) for name, leaf in
+                  self._split(rows, self.params, 0).items()}
         buffers = {name: t.clone() for name, t in
                    self._split(rows, self.buffers, self.num_params).items()}
         buffers.update(counters)
@@ -196,7 +202,9 @@ class BatchedModel:
                                                                     y.shape[1]):
             losses = (self._plain(params, buffers, x, y) if weight is None
                       else self._masked(params, buffers, x, y, weight))
-            (flat,) = torch.autograd.grad(losses.sum(), leaf)
+            grads = torch.autograd.grad(losses.sum(), list(params.values()),
+                                        allow_unused=True, materialize_grads=True)
+        flat = torch.cat([g.reshape(n, -1) for g in grads], dim=1)
         with torch.no_grad():
             for columns in self.frozen:
                 flat[:, columns] = 0.0
@@ -221,10 +229,11 @@ class BatchedModel:
             return x, y, None
         if not self.pads:
             raise ValueError("rows of unequal batches need a model that mixes no samples")
-        first = batches[0][0]
+        first, first_y = batches[0]
+        # built where the batches are (a source may hand them on the device), moved once
         x = first.new_zeros((n, width, *first.shape[1:]))
-        y = torch.zeros((n, width), dtype=batches[0][1].dtype)
-        weight = torch.zeros((n, width))
+        y = first_y.new_zeros((n, width))
+        weight = torch.zeros((n, width), device=first.device)
         for i, (bx, by) in enumerate(batches):
             x[i, : len(by)] = bx
             y[i, : len(by)] = by
