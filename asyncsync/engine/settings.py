@@ -16,7 +16,8 @@ class ServerSettings:
         lr, momentum, weight_decay: the server optimizer (applied to gradient pushes).
         eval_interval_s: seconds between evaluations of the global model.
         eval_device: where the global model is evaluated (the run's compute device).
-        eval_samples: evaluate on the first this many held-out samples (None: all).
+        eval_samples: evaluate on this many held-out samples, a fixed seeded subset
+            (`asyncsync.engine.evaluation.evaluated_rows`; None: all).
         eval_batch: samples per evaluation batch.
         time_s: the run's budget (None: until stopped).
         target_accuracy: the time-to-accuracy threshold; stop_at_target: end the run there.

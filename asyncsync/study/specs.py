@@ -97,7 +97,8 @@ class EvalSpec:
                                "seconds between evaluations of the global model")
     samples: int | None = option(
         None, lambda v: v is None or v > 0, "must be > 0",
-        "evaluate on the first this many test samples (default: the whole split); the "
+        "evaluate on this many test samples, a random subset drawn with a fixed seed "
+        "(the same samples in every run of a study; default: the whole split); the "
         "global model is evaluated on the run's device")
     batch_size: int = option(1000, _positive, "must be > 0", "samples per evaluation batch")
 
