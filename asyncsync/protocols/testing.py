@@ -7,6 +7,15 @@ calls `on_leave` and wakes waiters). `FakeContext` implements the `Context` port
 model is a flat vector that each local step moves by `step` (a function of the model).
 Both are SDK-only, so a rule or a loop can be tested without the engine, a transport or
 a model; `asyncsync.study.simulation.run_virtual` runs whole protocols in virtual time.
+
+The kit refuses what the engine refuses, with the same refusal classes: a push of a kind
+the rule does not accept, of the wrong length (`ServerRule.tensor_numel`), with NaN or Inf,
+claiming more than ``steps x max_batch`` samples or based on a version ahead of the
+store's (`FakeContext.push`); a commit whose result is non-finite (`FakeStore.commit`).
+Its lock puts the rule's state back when a `Refused` leaves it, as the engine's does. A
+``gradient(copy=False)`` is one vector, overwritten by every computation, as the
+trainer's is. A rule that writes into ``store.w`` in place, which the engine does not
+catch, fails here with an `AssertionError`.
 """
 
 from __future__ import annotations
@@ -14,15 +23,52 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
 
-from asyncsync.protocols.base import ServerRule
-from asyncsync.protocols.messages import NotInRun, Pull, Push, Reply, RunStopped
+from asyncsync.protocols.base import ServerRule, all_finite, unchanged_if_refused
+from asyncsync.protocols.messages import (
+    BadRequest,
+    NotInRun,
+    OutOfStep,
+    Pull,
+    Push,
+    Reply,
+    RunStopped,
+    Unacceptable,
+    brief,
+)
 from asyncsync.protocols.ports import Context, Contributions, LiveSet, StepResult, Store
 
 T = TypeVar("T")
+NONFINITE_RESULT = "the update would make the global model non-finite; refused, unchanged"
+
+
+class RuleLock(asyncio.Lock):
+    """A lock that puts `rule`'s state back when a `Refused` leaves it (as the engine's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rule: ServerRule[Any] | None = None
+        self._guards: list[Any] = []
+
+    async def __aenter__(self) -> None:
+        await super().__aenter__()
+        guard = None if self.rule is None else unchanged_if_refused(self.rule)
+        if guard is not None:
+            guard.__enter__()
+        self._guards.append(guard)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        guard = self._guards.pop()
+        try:
+            if guard is not None:
+                guard.__exit__(kind, exc, traceback)
+        finally:
+            await super().__aexit__(kind, exc, traceback)
 
 
 @dataclass(frozen=True)
@@ -37,7 +83,8 @@ class FakeStore:
     """The `Store` port in memory: commits are kept in `commits`, time is `clock`.
 
     `apply_gradient` is plain SGD with rate `lr` on the leading `num_params` elements (the
-    rest are buffers, which the gradient's slots replace).
+    rest are buffers, which the gradient's slots replace). The lock keeps the state of the
+    rule named by `keep_state_of` (`FakeContext`, `join` and `leave` name theirs).
     """
 
     def __init__(self, vector: torch.Tensor, workers: int, lr: float = 1.0,
@@ -48,12 +95,24 @@ class FakeStore:
         self.version = 0
         self.workers = workers
         self.lr = lr
-        self.lock = asyncio.Lock()
+        self._lock = RuleLock()
+        self.lock: asyncio.Lock = self._lock
         self.clock = 0.0
         self.stopping = False
         self.commits: list[Commit] = []
         self._live = LiveSet(range(workers) if live is None else live)
         self._changed = asyncio.Event()
+        self._published = (vector, vector.clone())
+
+    def keep_state_of(self, rule: ServerRule[Any]) -> None:
+        """Make a `Refused` raised under the lock put `rule`'s state back."""
+        self._lock.rule = rule
+
+    def _check_untouched(self) -> None:
+        published, copy = self._published  # (a test may set `w` itself, as a resume does)
+        if self.w is published and not torch.equal(self.w, copy):
+            raise AssertionError("the rule wrote into store.w in place: the engine may still "
+                                 "be sending it to a reader; make a new tensor and commit it")
 
     @property
     def live(self) -> Set[int]:
@@ -67,6 +126,7 @@ class FakeStore:
         return self.clock
 
     def current(self) -> Reply:
+        self._check_untouched()
         return Reply(vector=self.w, version=self.version)
 
     async def compute(self, fn: Callable[..., T], *args: Any) -> T:
@@ -79,7 +139,11 @@ class FakeStore:
         self.commit(new, contributions)
 
     def commit(self, vector: torch.Tensor, contributions: Contributions) -> None:
+        self._check_untouched()
+        if vector is not self.w and not all_finite(vector):
+            raise Unacceptable(NONFINITE_RESULT)
         self.w = vector
+        self._published = (vector, vector.clone())
         self.version += 1
         self.commits.append(Commit(self.version, list(contributions)))
         self.notify()
@@ -98,12 +162,14 @@ class FakeStore:
 
     async def join(self, rule: ServerRule[Any], worker: int) -> None:
         """`worker` (re)joins a running run, as the engine admits it."""
+        self.keep_state_of(rule)
         self._live.add(worker)
         await rule.on_join(worker)
         self.notify()
 
     async def leave(self, rule: ServerRule[Any], worker: int) -> None:
         """`worker` leaves or is lost, as the engine drops it."""
+        self.keep_state_of(rule)
         self._live.discard(worker)
         if not self.stopping:
             await rule.on_leave(worker)
@@ -128,8 +194,9 @@ class FakeContext:
     ``lr * grad_fn(local)`` and takes `step_s` seconds of the store's clock. A computation
     whose steps would pass `max_steps` raises `RunStopped` before any of them, as the
     engine's context does. `shard_size` is the size the context reports for the worker's
-    data shard (None: unknown). Pushes go to the rule's `on_push` and are recorded in
-    `pushed`; pulls and queries go to the rule.
+    data shard (None: unknown). Pushes are checked as the engine checks them (`max_batch`
+    as its setting), go to the rule's `on_push` and are recorded in `pushed`; pulls and
+    queries go to the rule.
     """
 
     store: FakeStore
@@ -137,6 +204,7 @@ class FakeContext:
     rank: int = 0
     max_steps: int = 100
     batch_size: int = 16
+    max_batch: int = 65536
     shard_size: int | None = None
     lr: float = 0.1
     step_s: float = 0.001
@@ -147,11 +215,14 @@ class FakeContext:
     local: torch.Tensor = field(init=False)
     workers: int = field(init=False)
     numel: int = field(init=False)
+    _grad: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.local = self.store.w.clone()
         self.workers = self.store.workers
         self.numel = self.store.numel
+        self._grad = torch.zeros_like(self.local)
+        self.store.keep_state_of(self.rule)
 
     def _check_budget(self, count: int) -> None:
         if self.done + count > self.max_steps:
@@ -166,14 +237,15 @@ class FakeContext:
             grad += correction
         if proximal is not None:
             grad += proximal[1] * (self.local - proximal[0])
+        self._grad.copy_(grad)  # the trainer's gradient storage, rewritten every step
         return grad
 
     async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
                        ) -> tuple[StepResult, torch.Tensor]:
         self._check_budget(1)
-        grad = self._step(None, None)  # always a new tensor
+        grad = self._step(None, None)
         return StepResult(float(self.local.norm()), batch_size or self.batch_size,
-                          self.step_s), grad
+                          self.step_s), grad if copy else self._grad
 
     async def steps(self, count: int = 1, batch_size: int | None = None,
                     proximal: tuple[torch.Tensor, float] | None = None,
@@ -212,8 +284,30 @@ class FakeContext:
                    base_version: int | None = None) -> dict[str, Any]:
         base = self.version if base_version is None else base_version
         push = Push(self.rank, base, kind, vector.clone(), steps, samples, dict(meta or {}))
+        self._check_push(push)
         self.pushed.append(push)
         return await self.rule.on_push(push)
+
+    def _check_push(self, push: Push) -> None:
+        """Refuse `push` as the engine would, before the rule sees it."""
+        if push.kind not in self.rule.push_kinds:
+            accepted = ", ".join(sorted(self.rule.push_kinds))
+            raise BadRequest(f"push kind {brief(push.kind)} not accepted (accepts: {accepted})")
+        numel = self.rule.tensor_numel("push", push.meta)
+        if numel is None:
+            raise BadRequest("this push may carry no tensor")
+        if push.vector.shape != (numel,):
+            raise Unacceptable(f"wrong shape {list(push.vector.shape)}: expected [{numel}]")
+        if min(push.steps, push.samples) < 0:
+            raise BadRequest("field 'steps' and 'samples' must be >= 0")
+        if push.samples > push.steps * self.max_batch:
+            raise Unacceptable(f"{push.samples} samples in {push.steps} steps: more than "
+                               f"max_batch = {self.max_batch} per step")
+        if push.base_version > self.store.version:
+            raise OutOfStep(f"base version {push.base_version} is ahead of the server's "
+                            f"{self.store.version}")
+        if not all_finite(push.vector):
+            raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
 
     async def pull(self, meta: dict[str, Any] | None = None, base_version: int | None = None
                    ) -> tuple[torch.Tensor, int, dict[str, Any]]:
