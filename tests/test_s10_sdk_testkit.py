@@ -103,3 +103,17 @@ async def test_a_rule_writing_into_the_global_model_fails_the_test() -> None:
     rule = InPlace(None, store)
     with pytest.raises(AssertionError, match="in place"):
         await PushOnce(None).run(FakeContext(store, rule))
+
+
+class Unlocked(Counting):
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        new = await self.store.compute(torch.add, self.store.w, push.vector)
+        self.store.commit(new, [(push.worker, push.base_version)])  # lost-update race
+        return {}
+
+
+async def test_a_commit_outside_the_lock_fails_the_test() -> None:
+    store = FakeStore(torch.zeros(3), workers=1)
+    with pytest.raises(AssertionError, match=r"store\.lock"):
+        await PushOnce(None).run(FakeContext(store, Unlocked(None, store)))
+    assert store.version == 0

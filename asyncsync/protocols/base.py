@@ -271,9 +271,30 @@ def discover() -> dict[str, Protocol]:
 
 def get_protocol(name: str) -> Protocol:
     """Look a protocol up by name, with the known names in the error (the package's
-    modules are scanned only for a name not yet registered: a run asks once per worker)."""
+    modules are scanned only for a name not yet registered: a run asks once per worker).
+
+    A name ``module:attribute`` (say ``k_of_n:KOFN``) imports `module` (from the working
+    directory, then the installed packages, as ``module:callable`` models are) and returns
+    its `Protocol` `attribute`: a protocol outside this package, usable in a recipe.
+    """
+    if ":" in name:
+        return _imported(name)
     try:
         return PROTOCOLS[name] if name in PROTOCOLS else discover()[name]
     except KeyError:
         known = ", ".join(sorted(PROTOCOLS))
-        raise ValueError(f"unknown protocol {name!r}; known: {known}") from None
+        raise ValueError(f"unknown protocol {name!r}; known: {known}, or "
+                         "'module:PROTOCOL' for a Protocol defined in your own module") from None
+
+
+def _imported(name: str) -> Protocol:
+    """The `Protocol` that ``module:attribute`` names (a module is imported once)."""
+    module_name, _, attr = name.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"protocol {name!r} cannot be imported ({exc}); a module is looked "
+                         "up in the working directory, then in the installed packages") from None
+    if not isinstance(found, Protocol):
+        raise ValueError(f"protocol {name!r} is a {type(found).__name__}, not a Protocol")
+    return found

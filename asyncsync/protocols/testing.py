@@ -14,8 +14,9 @@ claiming more than ``steps x max_batch`` samples or based on a version ahead of 
 store's (`FakeContext.push`); a commit whose result is non-finite (`FakeStore.commit`).
 Its lock puts the rule's state back when a `Refused` leaves it, as the engine's does. A
 ``gradient(copy=False)`` is one vector, overwritten by every computation, as the
-trainer's is. A rule that writes into ``store.w`` in place, which the engine does not
-catch, fails here with an `AssertionError`.
+trainer's is. Two mistakes the engine does not catch fail here with an `AssertionError`:
+a rule that writes into ``store.w`` in place, and one that commits without holding
+``store.lock``.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ class FakeStore:
         """Make a `Refused` raised under the lock put `rule`'s state back."""
         self._lock.rule = rule
 
+    def _check_locked(self) -> None:
+        if not self.lock.locked():
+            raise AssertionError("a commit outside `async with store.lock`: two pushes "
+                                 "could read the same model and one update be lost")
+
     def _check_untouched(self) -> None:
         published, copy = self._published  # (a test may set `w` itself, as a resume does)
         if self.w is published and not torch.equal(self.w, copy):
@@ -133,12 +139,14 @@ class FakeStore:
         return fn(*args)
 
     async def apply_gradient(self, gradient: torch.Tensor, contributions: Contributions) -> None:
+        self._check_locked()
         n = self.num_params
         new = gradient.clone()
         new[:n] = self.w[:n] - self.lr * gradient[:n]
         self.commit(new, contributions)
 
     def commit(self, vector: torch.Tensor, contributions: Contributions) -> None:
+        self._check_locked()
         self._check_untouched()
         if vector is not self.w and not all_finite(vector):
             raise Unacceptable(NONFINITE_RESULT)
