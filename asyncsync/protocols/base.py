@@ -44,7 +44,7 @@ import importlib
 import math
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic
@@ -71,7 +71,7 @@ from asyncsync.protocols.messages import (
     require_count,
 )
 from asyncsync.protocols.ports import Context, StepResult, Store
-from asyncsync.schema import check_fields, option
+from asyncsync.schema import check_fields, from_mapping, option
 from asyncsync.training.optim import FlatSGD
 
 __all__ = [
@@ -245,6 +245,21 @@ class Protocol:
         if not (isinstance(kinds, frozenset) and all(isinstance(k, str) for k in kinds)):
             raise TypeError(f"Protocol {self.name!r}: {self.server.__name__}.push_kinds must "
                             f"be a frozenset of the push kinds it accepts, got {kinds!r}")
+
+
+    def make_params(self, given: Any = None) -> Any:
+        """The parameters a run of this protocol uses: its defaults for None, `given` when
+        it is an instance of `params`, or `params` built from a mapping of option names
+        (`ValueError` naming a bad key); anything else is a `ValueError` naming both."""
+        if given is None:
+            return self.params()
+        if isinstance(given, self.params):
+            return given
+        if isinstance(given, Mapping):
+            return from_mapping(self.params, given, "protocol_params")
+        raise ValueError(f"protocol_params: protocol {self.name!r} takes a "
+                        f"{self.params.__name__} (or a dict of its options), got "
+                        f"{type(given).__name__}")
 
 
 PROTOCOLS: dict[str, Protocol] = {}
