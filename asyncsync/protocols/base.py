@@ -13,8 +13,9 @@ A protocol is two halves in one module, written against this file and `ports.py`
   interleave, through its `Context` port; a request raises `RunStopped` once the run ends.
 
 Refusals are exceptions (`BadRequest`, `OutOfStep`, ...), never status numbers: the
-transport maps them to its own codes, and a worker whose request was refused as
-`OutOfStep` or `NotInRun` rejoins and restarts its loop.
+transport maps them to its own codes. A worker whose request was refused as `OutOfStep` or
+`NotInRun` rejoins and restarts its loop; as `Unacceptable`, re-syncs the same way without
+limit; as `BadRequest`, ends with it.
 
 Ownership of vectors: a `Push.vector` belongs to the rule once `on_push` has it, and
 vectors a worker gets from `pull` belong to the loop; either may keep them as long as it
