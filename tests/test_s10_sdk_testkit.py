@@ -117,3 +117,13 @@ async def test_a_commit_outside_the_lock_fails_the_test() -> None:
     with pytest.raises(AssertionError, match=r"store\.lock"):
         await PushOnce(None).run(FakeContext(store, Unlocked(None, store)))
     assert store.version == 0
+
+
+async def test_an_adopted_vector_is_copied_at_the_next_computation_as_the_engine_does() -> None:
+    ctx = kit()[2]
+    pulled = torch.full((3,), 2.0)
+    await ctx.adopt(pulled, 0)
+    pulled.add_(1.0)  # a loop must not write into it (but through compute) before then
+    assert torch.equal(await ctx.snapshot(), torch.full((3,), 3.0))
+    pulled.add_(1.0)  # now the local model is its own copy
+    assert torch.equal(await ctx.snapshot(), torch.full((3,), 3.0))

@@ -14,7 +14,9 @@ claiming more than ``steps x max_batch`` samples or based on a version ahead of 
 store's (`FakeContext.push`); a commit whose result is non-finite (`FakeStore.commit`).
 Its lock puts the rule's state back when a `Refused` leaves it, as the engine's does. A
 ``gradient(copy=False)`` is one vector, overwritten by every computation, as the
-trainer's is. Two mistakes the engine does not catch fail here with an `AssertionError`:
+trainer's is, and `adopt` copies its vector only at the next computation, as the
+engine's does (writing into an adopted vector before then changes the local model). Two
+mistakes the engine does not catch fail here with an `AssertionError`:
 a rule that writes into ``store.w`` in place, and one that commits without holding
 ``store.lock``.
 """
@@ -224,6 +226,7 @@ class FakeContext:
     workers: int = field(init=False)
     numel: int = field(init=False)
     _grad: torch.Tensor = field(init=False, repr=False)
+    _adopted: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.local = self.store.w.clone()
@@ -231,6 +234,11 @@ class FakeContext:
         self.numel = self.store.numel
         self._grad = torch.zeros_like(self.local)
         self.store.keep_state_of(self.rule)
+
+    def _settle(self) -> None:
+        """Load an adopted vector, as the engine does before its next computation."""
+        if self._adopted is not None:
+            self.local, self._adopted = self._adopted.clone(), None
 
     def _check_budget(self, count: int) -> None:
         if self.done + count > self.max_steps:
@@ -250,6 +258,7 @@ class FakeContext:
 
     async def gradient(self, batch_size: int | None = None, *, copy: bool = True,
                        ) -> tuple[StepResult, torch.Tensor]:
+        self._settle()
         self._check_budget(1)
         grad = self._step(None, None)
         return StepResult(float(self.local.norm()), batch_size or self.batch_size,
@@ -259,32 +268,38 @@ class FakeContext:
                     proximal: tuple[torch.Tensor, float] | None = None,
                     correction: torch.Tensor | None = None) -> StepResult:
         size = batch_size or self.batch_size
+        self._settle()
         self._check_budget(count)
         for _ in range(count):
             self.local = self.local - self.lr * self._step(correction, proximal)
         return StepResult(float(self.local.norm()), count * size, count * self.step_s)
 
     async def snapshot(self) -> torch.Tensor:
+        self._settle()
         return self.local.clone()
 
     async def delta_since(self, anchor: torch.Tensor, start: int = 0,
                           stop: int | None = None) -> torch.Tensor:
+        self._settle()
         return (self.local - anchor)[start:stop]
 
     async def delta_and_snapshot(self, anchor: torch.Tensor) -> tuple[torch.Tensor,
                                                                       torch.Tensor]:
+        self._settle()
         return self.local - anchor, self.local.clone()
 
     async def mix_toward(self, target: torch.Tensor, weight: float, start: int = 0,
                          stop: int | None = None) -> None:
+        self._settle()
         part = self.local[start:stop]
         part.mul_(1 - weight).add_(weight * target)
 
     async def adopt(self, vector: torch.Tensor, version: int) -> None:
-        self.local = vector.clone()
+        self._adopted = vector
         self.version = version
 
     async def compute(self, fn: Callable[..., T], *args: Any) -> T:
+        self._settle()
         return fn(*args)
 
     async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
