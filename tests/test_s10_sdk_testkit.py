@@ -127,3 +127,14 @@ async def test_an_adopted_vector_is_copied_at_the_next_computation_as_the_engine
     assert torch.equal(await ctx.snapshot(), torch.full((3,), 3.0))
     pulled.add_(1.0)  # now the local model is its own copy
     assert torch.equal(await ctx.snapshot(), torch.full((3,), 3.0))
+
+
+async def test_a_push_from_before_its_worker_rejoined_is_out_of_step() -> None:
+    store, rule, ctx = kit(workers=2)
+    await ctx.push("delta", torch.ones(3), 1, 16)  # version 1
+    await store.leave(rule, 0)
+    await store.join(rule, 0)  # rejoins at version 1
+    with pytest.raises(OutOfStep, match="rejoined at version 1"):
+        await ctx.push("delta", torch.ones(3), 1, 16, base_version=0)
+    await ctx.push("delta", torch.ones(3), 1, 16, base_version=1)
+    assert store.version == 2

@@ -10,8 +10,8 @@ a model; `asyncsync.study.simulation.run_virtual` runs whole protocols in virtua
 
 The kit refuses what the engine refuses, with the same refusal classes: a push of a kind
 the rule does not accept, of the wrong length (`ServerRule.tensor_numel`), with NaN or Inf,
-claiming more than ``steps x max_batch`` samples or based on a version ahead of the
-store's (`FakeContext.push`); a commit whose result is non-finite (`FakeStore.commit`).
+claiming more than ``steps x max_batch`` samples, based on a version ahead of the store's
+or computed before its worker last rejoined (`FakeContext.push`); a commit whose result is non-finite (`FakeStore.commit`).
 Its lock puts the rule's state back when a `Refused` leaves it, as the engine's does. A
 ``gradient(copy=False)`` is one vector, overwritten by every computation, as the
 trainer's is, and `adopt` copies its vector only at the next computation, as the
@@ -103,6 +103,8 @@ class FakeStore:
         self.clock = 0.0
         self.stopping = False
         self.commits: list[Commit] = []
+        self.joined_at: dict[int, int] = {}
+        """The version each worker that `join` admitted (re)joined at."""
         self._live = LiveSet(range(workers) if live is None else live)
         self._changed = asyncio.Event()
         self._published = (vector, vector.clone())
@@ -174,6 +176,7 @@ class FakeStore:
         """`worker` (re)joins a running run, as the engine admits it."""
         self.keep_state_of(rule)
         self._live.add(worker)
+        self.joined_at[worker] = self.version
         await rule.on_join(worker)
         self.notify()
 
@@ -329,6 +332,10 @@ class FakeContext:
         if push.base_version > self.store.version:
             raise OutOfStep(f"base version {push.base_version} is ahead of the server's "
                             f"{self.store.version}")
+        joined = self.store.joined_at.get(push.worker, 0)
+        if push.base_version < joined:
+            raise OutOfStep(f"update based on version {push.base_version}, before worker "
+                            f"{push.worker} rejoined at version {joined}")
         if not all_finite(push.vector):
             raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
 
