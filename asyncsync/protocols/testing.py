@@ -11,7 +11,8 @@ a model; `asyncsync.study.simulation.run_virtual` runs whole protocols in virtua
 The kit refuses what the engine refuses, with the same refusal classes: a push of a kind
 the rule does not accept, of the wrong length (`ServerRule.tensor_numel`), with NaN or Inf,
 claiming more than ``steps x max_batch`` samples, based on a version ahead of the store's
-or computed before its worker last rejoined (`FakeContext.push`); a commit whose result is non-finite (`FakeStore.commit`).
+or computed before its worker last rejoined (`FakeContext.push`); a commit whose result
+is non-finite (`FakeStore.commit`).
 Its lock puts the rule's state back when a `Refused` leaves it, as the engine's does. A
 ``gradient(copy=False)`` is one vector, overwritten by every computation, as the
 trainer's is, and `adopt` copies its vector only at the next computation, as the
