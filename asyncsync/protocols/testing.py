@@ -4,22 +4,21 @@
 does (`join` adds a rank to ``live`` and calls the rule's `on_join`; `leave` removes it,
 calls `on_leave` and wakes waiters). `FakeContext` implements the `Context` port over a
 `FakeStore` and its rule: its pushes and pulls go straight to the rule, and its local
-model is a flat vector that each local step moves by `step` (a function of the model).
-Both are SDK-only, so a rule or a loop can be tested without the engine, a transport or
-a model; `asyncsync.study.simulation.run_virtual` runs whole protocols in virtual time.
+model is a flat vector that each local step moves by ``lr * grad_fn(local)``. Both are
+SDK-only, so a rule or a loop can be tested without the engine, a transport or a model;
+`asyncsync.study.simulation.run_virtual` runs whole protocols in virtual time.
 
 The kit refuses what the engine refuses, with the same refusal classes: a push of a kind
 the rule does not accept, of the wrong length (`ServerRule.tensor_numel`), with NaN or Inf,
 claiming more than ``steps x max_batch`` samples, based on a version ahead of the store's
 or computed before its worker last rejoined (`FakeContext.push`); a commit whose result
-is non-finite (`FakeStore.commit`).
-Its lock puts the rule's state back when a `Refused` leaves it, as the engine's does. A
-``gradient(copy=False)`` is one vector, overwritten by every computation, as the
-trainer's is, and `adopt` copies its vector only at the next computation, as the
-engine's does (writing into an adopted vector before then changes the local model). Two
-mistakes the engine does not catch fail here with an `AssertionError`:
-a rule that writes into ``store.w`` in place, and one that commits without holding
-``store.lock``.
+is non-finite (`FakeStore.commit`). Its lock puts the rule's state back when a `Refused`
+leaves it, as the engine's does. A ``gradient(copy=False)`` is one vector, overwritten by
+every computation, as the trainer's is; `adopt` copies its vector only at the next
+computation, as the engine's does (a write into the adopted vector before then changes
+the local model). Two mistakes fail a kit test with an `AssertionError`: a rule that
+writes into ``store.w`` in place (which the engine cannot see), and one that commits
+without holding ``store.lock``.
 """
 
 from __future__ import annotations
