@@ -138,3 +138,15 @@ async def test_a_push_from_before_its_worker_rejoined_is_out_of_step() -> None:
         await ctx.push("delta", torch.ones(3), 1, 16, base_version=0)
     await ctx.push("delta", torch.ones(3), 1, 16, base_version=1)
     assert store.version == 2
+
+
+class TensorInMeta(Counting):
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        await super().on_push(push)
+        return {"seen": {"count": self.seen}}  # a tensor: msgpack cannot carry it
+
+
+async def test_a_reply_meta_the_wire_cannot_carry_fails_the_test() -> None:
+    store = FakeStore(torch.zeros(3), workers=1)
+    with pytest.raises(TypeError, match=r"on_push: reply meta 'seen.count' is a Tensor"):
+        await PushOnce(None).run(FakeContext(store, TensorInMeta(None, store)))

@@ -194,6 +194,31 @@ class FakeStore:
         self.notify()
 
 
+PLAIN = (str, int, float, bool, bytes, type(None))
+"""What a reply's meta may hold at its leaves (the wire is msgpack, not pickle)."""
+
+
+def wire_meta(hook: str, meta: Any) -> dict[str, Any]:
+    """`meta` if the engine can send it: a dict with str keys of `PLAIN` values, lists and
+    dicts of them; else a `TypeError` naming the hook and the key (the engine fails the
+    reply after the rule has changed the model)."""
+    if not isinstance(meta, dict):
+        raise TypeError(f"{hook} returned a {type(meta).__name__}, not a dict of reply meta")
+    pending: list[tuple[str, Any]] = [(key, value) for key, value in meta.items()]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, dict):
+            if not all(isinstance(key, str) for key in value):
+                raise TypeError(f"{hook}: reply meta {path!r} has a key that is not a str")
+            pending.extend((f"{path}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list | tuple):
+            pending.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        elif not isinstance(value, PLAIN):
+            raise TypeError(f"{hook}: reply meta {path!r} is a {type(value).__name__}; the "
+                            "wire carries str, int, float, bool, bytes, None, lists and dicts")
+    return meta
+
+
 def _toward_zero(local: torch.Tensor) -> torch.Tensor:
     """The default loss's gradient: ``|w|^2 / 2`` has gradient w."""
     return local
@@ -312,7 +337,7 @@ class FakeContext:
         push = Push(self.rank, base, kind, vector.clone(), steps, samples, dict(meta or {}))
         self._check_push(push)
         self.pushed.append(push)
-        return await self.rule.on_push(push)
+        return wire_meta("on_push", await self.rule.on_push(push))
 
     def _check_push(self, push: Push) -> None:
         """Refuse `push` as the engine would, before the rule sees it."""
@@ -345,7 +370,7 @@ class FakeContext:
         reply = await self.rule.on_pull(Pull(self.rank, base, dict(meta or {})))
         if reply.vector is None or reply.version is None:
             raise RuntimeError("the rule answered a pull without a model")
-        return reply.vector.clone(), reply.version, reply.meta
+        return reply.vector.clone(), reply.version, wire_meta("on_pull", reply.meta)
 
     async def push_and_pull(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
                              meta: dict[str, Any] | None = None,
@@ -356,7 +381,7 @@ class FakeContext:
         return pulled, version, {**pull_meta, "push": pushed}
 
     async def query(self, meta: dict[str, Any]) -> dict[str, Any]:
-        return await self.rule.on_query(self.rank, meta)
+        return wire_meta("on_query", await self.rule.on_query(self.rank, meta))
 
 
 def checked_store(store: FakeStore) -> Store:
