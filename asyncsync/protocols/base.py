@@ -41,6 +41,7 @@ calls `register`; `get_protocol` discovers the modules on first use.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import pkgutil
@@ -214,6 +215,18 @@ class WorkerLoop(ABC, Generic[P]):
         """Interleave local computation and communication through `ctx`."""
 
 
+def options(params: type[Any]) -> list[str]:
+    """The option names of parameter dataclass `params` (its fields set when it is made)."""
+    return [item.name for item in dataclasses.fields(params) if item.init]
+
+
+def carries_options(given: Any, params: type[Any]) -> bool:
+    """Whether `given` is a dataclass instance with every option of `params`."""
+    return (dataclasses.is_dataclass(given) and not isinstance(given, type)
+            and dataclasses.is_dataclass(params)
+            and all(hasattr(given, name) for name in options(params)))
+
+
 @dataclass(frozen=True)
 class Protocol:
     """A named protocol: its parameter dataclass and its two halves.
@@ -248,19 +261,29 @@ class Protocol:
                             f"be a frozenset of the push kinds it accepts, got {kinds!r}")
 
 
-    def make_params(self, given: Any = None) -> Any:
+    def make_params(self, given: Any = None, workers: int | None = None) -> Any:
         """The parameters a run of this protocol uses: its defaults for None, `given` when
-        it is an instance of `params`, or `params` built from a mapping of option names
-        (`ValueError` naming a bad key); anything else is a `ValueError` naming both."""
+        it is an instance of `params`, or `params` built from a mapping of option names or
+        from another dataclass that has every option (a base class of `params`, say);
+        with `workers`, judged against the run's size (the parameters' `check_workers`,
+        if they have one). A `ValueError` names a bad key, or both classes when `given` is
+        another protocol's parameters."""
         if given is None:
-            return self.params()
-        if isinstance(given, self.params):
-            return given
-        if isinstance(given, Mapping):
-            return from_mapping(self.params, given, "protocol_params")
-        raise ValueError(f"protocol_params: protocol {self.name!r} takes a "
-                        f"{self.params.__name__} (or a dict of its options), got "
-                        f"{type(given).__name__}")
+            params = self.params()
+        elif isinstance(given, self.params):
+            params = given
+        elif isinstance(given, Mapping):
+            params = from_mapping(self.params, given, "protocol_params")
+        elif carries_options(given, self.params):  # e.g. a base class's instance
+            params = self.params(**{name: getattr(given, name) for name in options(self.params)})
+        else:
+            raise ValueError(f"protocol_params: protocol {self.name!r} takes a "
+                             f"{self.params.__name__} (or a dict of its options), got "
+                             f"{type(given).__name__}")
+        check = getattr(params, "check_workers", None)
+        if workers is not None and callable(check):
+            check(workers)
+        return params
 
 
 PROTOCOLS: dict[str, Protocol] = {}
