@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from asyncsync.protocols.base import (
     WorkerLoop,
 )
 from asyncsync.protocols.ports import Context
-from asyncsync.protocols.testing import FakeContext, FakeStore
+from asyncsync.protocols.testing import FakeContext, FakeStore, LoopWentOn
 
 
 class Counting(ServerRule[Any]):
@@ -150,3 +151,21 @@ async def test_a_reply_meta_the_wire_cannot_carry_fails_the_test() -> None:
     store = FakeStore(torch.zeros(3), workers=1)
     with pytest.raises(TypeError, match=r"on_push: reply meta 'seen.count' is a Tensor"):
         await PushOnce(None).run(FakeContext(store, TensorInMeta(None, store)))
+
+
+class Swallowing(WorkerLoop[Any]):
+    async def run(self, ctx: Context) -> None:
+        while True:
+            try:
+                result = await ctx.steps(4)
+                await ctx.push("delta", torch.ones(3), 4, result.samples)
+            except Exception:  # swallows RunStopped: in a run, its worker would never end
+                continue
+
+
+async def test_a_loop_that_goes_on_after_run_stopped_fails_instead_of_spinning() -> None:
+    store, _, ctx = kit()
+    ctx.max_steps = 8
+    with pytest.raises(LoopWentOn, match="went on after RunStopped"):
+        await asyncio.wait_for(Swallowing(None).run(ctx), timeout=10)
+    assert store.version == 2 and ctx.done == 8

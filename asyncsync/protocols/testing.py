@@ -18,7 +18,8 @@ every computation, as the trainer's is; `adopt` copies its vector only at the ne
 computation, as the engine's does (a write into the adopted vector before then changes
 the local model). Two mistakes fail a kit test with an `AssertionError`: a rule that
 writes into ``store.w`` in place (which the engine cannot see), and one that commits
-without holding ``store.lock``.
+without holding ``store.lock``; a loop that swallows `RunStopped` and goes on fails with
+`LoopWentOn` (in a run its worker would never end).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ from asyncsync.protocols.messages import (
 from asyncsync.protocols.ports import Context, Contributions, LiveSet, StepResult, Store
 
 T = TypeVar("T")
+
+
+class LoopWentOn(BaseException):
+    """A worker loop made a request after `RunStopped` (a `BaseException`, like
+    `asyncio.CancelledError`, so that the loop's own ``except Exception`` lets it through)."""
+
 NONFINITE_RESULT = "the update would make the global model non-finite; refused, unchanged"
 
 
@@ -255,6 +262,7 @@ class FakeContext:
     numel: int = field(init=False)
     _grad: torch.Tensor = field(init=False, repr=False)
     _adopted: torch.Tensor | None = field(init=False, default=None, repr=False)
+    _stopped: bool = field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
         self.local = self.store.w.clone()
@@ -269,8 +277,17 @@ class FakeContext:
             self.local, self._adopted = self._adopted.clone(), None
 
     def _check_budget(self, count: int) -> None:
+        self._check_going()
         if self.done + count > self.max_steps:
+            self._stopped = True
             raise RunStopped
+
+    def _check_going(self) -> None:
+        """Fail a loop that swallowed `RunStopped` and went on (in a run it would never
+        end): with a `BaseException`, which no ``except Exception`` swallows again."""
+        if self._stopped:
+            raise LoopWentOn("the loop went on after RunStopped (a bare `except Exception` "
+                             "swallows it): in a run its worker would never end")
 
     def _step(self, correction: torch.Tensor | None,
               proximal: tuple[torch.Tensor, float] | None) -> torch.Tensor:
@@ -333,6 +350,7 @@ class FakeContext:
     async def push(self, kind: str, vector: torch.Tensor, steps: int, samples: int,
                    meta: dict[str, Any] | None = None,
                    base_version: int | None = None) -> dict[str, Any]:
+        self._check_going()
         base = self.version if base_version is None else base_version
         push = Push(self.rank, base, kind, vector.clone(), steps, samples, dict(meta or {}))
         self._check_push(push)
@@ -366,6 +384,7 @@ class FakeContext:
 
     async def pull(self, meta: dict[str, Any] | None = None, base_version: int | None = None
                    ) -> tuple[torch.Tensor, int, dict[str, Any]]:
+        self._check_going()
         base = self.version if base_version is None else base_version
         reply = await self.rule.on_pull(Pull(self.rank, base, dict(meta or {})))
         if reply.vector is None or reply.version is None:
