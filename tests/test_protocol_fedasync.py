@@ -27,7 +27,9 @@ def implied_weight(before: torch.Tensor, after: torch.Tensor, model: torch.Tenso
 ])
 async def test_mixing_weight_is_alpha_times_s_of_own_staleness(
         fn: str, a: float, b: int, expected: list[float]) -> None:
-    params = FedAsyncParams(alpha=0.6, staleness_fn=fn, a=a, b=b)
+    constants: dict[str, Any] = {"constant": {}, "polynomial": {"a": a},
+                                 "hinge": {"hinge_a": a, "b": b}}[fn]
+    params = FedAsyncParams(alpha=0.6, staleness_fn=fn, **constants)
     gen = torch.Generator().manual_seed(4)
     store = ParameterStore(torch.randn(64, dtype=torch.float64, generator=gen), 2,
                            FlatSGD(0.1))
@@ -79,7 +81,8 @@ async def test_proximal_term_keeps_local_models_near_the_global_one(
 
 def test_bad_params_name_the_parameter() -> None:
     cases: list[tuple[str, Any]] = [("alpha", 0.0), ("alpha", 1.5), ("staleness_fn", "linear"),
-                                    ("a", -1.0), ("b", -1), ("local_steps", 0), ("rho", -0.1)]
+                                    ("a", -1.0), ("b", -1), ("hinge_a", -1.0),
+                                    ("local_steps", 0), ("rho", -0.1)]
     for key, value in cases:
         with pytest.raises(ValueError, match=rf"^{key}:"):
             FedAsyncParams(**{key: value})

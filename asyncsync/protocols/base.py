@@ -13,8 +13,9 @@ A protocol is two halves in one module, written against this file and `ports.py`
   interleave, through its `Context` port; a request raises `RunStopped` once the run ends.
 
 Refusals are exceptions (`BadRequest`, `OutOfStep`, ...), never status numbers: the
-transport maps them to its own codes, and a worker whose request was refused as
-`OutOfStep` or `NotInRun` rejoins and restarts its loop.
+transport maps them to its own codes. A worker whose request was refused as `OutOfStep` or
+`NotInRun` rejoins and restarts its loop; as `Unacceptable`, re-syncs the same way without
+limit; as `BadRequest`, ends with it.
 
 Ownership of vectors: a `Push.vector` belongs to the rule once `on_push` has it, and
 vectors a worker gets from `pull` belong to the loop; either may keep them as long as it
@@ -40,11 +41,12 @@ calls `register`; `get_protocol` discovers the modules on first use.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic
@@ -71,7 +73,7 @@ from asyncsync.protocols.messages import (
     require_count,
 )
 from asyncsync.protocols.ports import Context, StepResult, Store
-from asyncsync.schema import check_fields, option
+from asyncsync.schema import check_fields, from_mapping, option
 from asyncsync.training.optim import FlatSGD
 
 __all__ = [
@@ -213,6 +215,18 @@ class WorkerLoop(ABC, Generic[P]):
         """Interleave local computation and communication through `ctx`."""
 
 
+def options(params: type[Any]) -> list[str]:
+    """The option names of parameter dataclass `params` (its fields set when it is made)."""
+    return [item.name for item in dataclasses.fields(params) if item.init]
+
+
+def carries_options(given: Any, params: type[Any]) -> bool:
+    """Whether `given` is a dataclass instance with every option of `params`."""
+    return (dataclasses.is_dataclass(given) and not isinstance(given, type)
+            and dataclasses.is_dataclass(params)
+            and all(hasattr(given, name) for name in options(params)))
+
+
 @dataclass(frozen=True)
 class Protocol:
     """A named protocol: its parameter dataclass and its two halves.
@@ -247,6 +261,31 @@ class Protocol:
                             f"be a frozenset of the push kinds it accepts, got {kinds!r}")
 
 
+    def make_params(self, given: Any = None, workers: int | None = None) -> Any:
+        """The parameters a run of this protocol uses: its defaults for None, `given` when
+        it is an instance of `params`, or `params` built from a mapping of option names or
+        from another dataclass that has every option (a base class of `params`, say);
+        with `workers`, judged against the run's size (the parameters' `check_workers`,
+        if they have one). A `ValueError` names a bad key, or both classes when `given` is
+        another protocol's parameters."""
+        if given is None:
+            params = self.params()
+        elif isinstance(given, self.params):
+            params = given
+        elif isinstance(given, Mapping):
+            params = from_mapping(self.params, given, "protocol_params")
+        elif carries_options(given, self.params):  # e.g. a base class's instance
+            params = self.params(**{name: getattr(given, name) for name in options(self.params)})
+        else:
+            raise ValueError(f"protocol_params: protocol {self.name!r} takes a "
+                             f"{self.params.__name__} (or a dict of its options), got "
+                             f"{type(given).__name__}")
+        check = getattr(params, "check_workers", None)
+        if workers is not None and callable(check):
+            check(workers)
+        return params
+
+
 PROTOCOLS: dict[str, Protocol] = {}
 SDK_MODULES = frozenset({"base", "messages", "ports", "rounds", "overlap", "server_optim",
                          "staleness"})
@@ -271,9 +310,30 @@ def discover() -> dict[str, Protocol]:
 
 def get_protocol(name: str) -> Protocol:
     """Look a protocol up by name, with the known names in the error (the package's
-    modules are scanned only for a name not yet registered: a run asks once per worker)."""
+    modules are scanned only for a name not yet registered: a run asks once per worker).
+
+    A name ``module:attribute`` (say ``k_of_n:KOFN``) imports `module` (from the working
+    directory, then the installed packages, as ``module:callable`` models are) and returns
+    its `Protocol` `attribute`: a protocol outside this package, usable in a recipe.
+    """
+    if ":" in name:
+        return _imported(name)
     try:
         return PROTOCOLS[name] if name in PROTOCOLS else discover()[name]
     except KeyError:
         known = ", ".join(sorted(PROTOCOLS))
-        raise ValueError(f"unknown protocol {name!r}; known: {known}") from None
+        raise ValueError(f"unknown protocol {name!r}; known: {known}, or "
+                         "'module:PROTOCOL' for a Protocol defined in your own module") from None
+
+
+def _imported(name: str) -> Protocol:
+    """The `Protocol` that ``module:attribute`` names (a module is imported once)."""
+    module_name, _, attr = name.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"protocol {name!r} cannot be imported ({exc}); a module is looked "
+                         "up in the working directory, then in the installed packages") from None
+    if not isinstance(found, Protocol):
+        raise ValueError(f"protocol {name!r} is a {type(found).__name__}, not a Protocol")
+    return found
