@@ -34,7 +34,8 @@ def test_a_gradient_step_on_the_server_leaves_a_frozen_layer_as_it_is() -> None:
 
     async def two_steps() -> None:
         for _ in range(2):
-            await core.store.apply_gradient(gradient.clone(), [(0, core.store.version)])
+            async with core.store.lock:
+                await core.store.apply_gradient(gradient.clone(), [(0, core.store.version)])
 
     asyncio.run(two_steps())
     w = core.store.w

@@ -59,7 +59,7 @@ def test_staleness_constants_of_another_function_are_refused(params: Any) -> Non
         params(b=10)
     with pytest.raises(ValueError, match=r"^b: .*'constant'"):
         params(staleness_fn="constant", b=10)
-    params(staleness_fn="hinge", a=2.0, b=10)
+    params(staleness_fn="hinge", hinge_a=2.0, b=10)
     params(a=2.0)
 
 

@@ -437,7 +437,7 @@ def build_core(model: nn.Module, protocol: str | Protocol, workers: int,
         raise ValueError(f"settings must be a ServerSettings (ServerSettings(lr=...) makes "
                          f"one), got a {type(settings).__name__}")
     proto = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
-    params = proto.params() if protocol_params is None else protocol_params
+    params = proto.make_params(protocol_params, workers)
     settings = settings or ServerSettings()
     flat = FlatModule(copy.deepcopy(model), torch.device("cpu"))
     if not flat.num_params:

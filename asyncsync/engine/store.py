@@ -164,6 +164,7 @@ class ParameterStore:
         return await self.seam.math(fn, *args)
 
     async def apply_gradient(self, gradient: torch.Tensor, contributions: Contributions) -> None:
+        self._check_locked()
         n = self.num_params
 
         def step() -> tuple[torch.Tensor, torch.Tensor | None, bool]:
@@ -183,9 +184,16 @@ class ParameterStore:
         self._publish(new, contributions)
 
     def commit(self, vector: torch.Tensor, contributions: Contributions) -> None:
+        self._check_locked()
         if vector is not self.w and not all_finite(vector):
             raise Unacceptable(NONFINITE_RESULT)
         self._publish(vector, contributions)
+
+    def _check_locked(self) -> None:
+        """Refuse a change made without ``lock``: two updates could read the same model."""
+        if not self._lock.locked():
+            raise RuntimeError("a rule committed without holding store.lock: two updates "
+                               "could read the same model and one of them be lost")
 
     def _publish(self, vector: torch.Tensor, contributions: Contributions) -> None:
         for _, base in contributions:

@@ -295,8 +295,7 @@ class Worker:
         self.heartbeat_s, self.max_rejoins, self.rank = heartbeat_s, max_rejoins, rank
         self._ran = False  # a Worker runs once
         self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
-        self.protocol_params = (self.protocol.params() if protocol_params is None
-                                else protocol_params)
+        self.protocol_params = self.protocol.make_params(protocol_params)
         if callable(batches):
             source = batches
         elif self.protocol.resizes_batches:
