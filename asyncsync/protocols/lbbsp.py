@@ -98,6 +98,13 @@ class LbbspParams:
         """The batch bounds of one worker when the global batch is `total`."""
         return self.min_batch, self.max_batch or total
 
+    def largest_batch(self, workers: int, default: int) -> int:
+        """The largest batch the server may assign one of `workers` workers whose default
+        batch size is `default`: X (``global_batch``, else the workers' first batches),
+        capped by ``max_batch``. A run must accept steps this large."""
+        total = self.global_batch or workers * self.first_batch(default)
+        return min(total, self.max_batch) if self.max_batch else total
+
     def first_batch(self, default: int) -> int:
         """The batch a worker uses before any assignment: `default`, within the bounds."""
         size = max(default, self.min_batch)
