@@ -1,10 +1,11 @@
-"""The delta arithmetic of WBSP and NBSync, and WBSP's waiting set, by hand.
+"""The delta arithmetic of WBSP, NBSync and ESync, and WBSP's waiting set, by hand.
 
 WBSP: ``w <- w + delta / N`` on arrival into a working model, published as a version only
 on the slowest worker's push; a push's reply offers a pull exactly when a version newer
 than the pusher's base exists; the slowest is the highest moving average of seconds per
 step (``rate_smoothing`` on the newest gap). NBSync's async server mode: ``w += delta / n``
-on arrival, n the live workers then, one version per delta.
+on arrival, n the live workers then, one version per delta. ESync (and NBSync's sync mode):
+``w <- w + mean_i delta_i`` once per round.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from asyncsync.protocols.base import Push
+from asyncsync.protocols.esync import EsyncParams, EsyncServer
 from asyncsync.protocols.nbsync import NbsyncParams, NbsyncServer
 from asyncsync.protocols.testing import FakeStore
 from asyncsync.protocols.wbsp import WbspParams, WbspServer
@@ -84,3 +86,12 @@ async def test_nbsync_sync_mode_adds_the_mean_delta_once_per_round() -> None:
     assert store.version == 0  # waits for the other worker's delta of this round
     await rule.on_push(Push(1, 0, "delta", delta(6.0), 1, 16))
     assert store.version == 1 and torch.allclose(store.w, delta(1.0 + (2.0 + 6.0) / 2))
+
+
+async def test_esync_round_adds_the_mean_delta_with_global_rate_one() -> None:
+    store = FakeStore(torch.full((4,), 2.0), 3)
+    rule = EsyncServer(EsyncParams(), store)
+    for worker, value in enumerate([1.0, 2.0, 6.0]):  # 9 local steps, 2, 1: any counts
+        await rule.on_push(Push(worker, 0, "delta", delta(value), [9, 2, 1][worker], 16))
+    assert store.version == 1 and torch.allclose(store.w, delta(2.0 + 3.0))
+    assert [r.steps for r in rule.history] == [{0: 9, 1: 2, 2: 1}]
