@@ -15,9 +15,13 @@ live worker are in, ``w <- w + mean_i delta_i``, version += 1, and everyone adop
 workers thus do more local steps per round and nobody waits long at the barrier.
 
 Choices: eps is relative to the querying worker's own step time (``eps = 0.5`` means half a
-step of slack). The oracle keeps time on the server's clock: a step ends when the worker's
-query arrives, so worker clocks need not agree. Until every live worker has reported a
-step time the slowest is unknown, and nobody is ready.
+step of slack). A worker therefore stops after the first k steps with ``(1 + eps) c_i >
+c_s - k c_i`` and waits less than ``(1 + eps) c_i`` at the barrier; when the slowest's step
+is a whole multiple m of its own and 0 < eps < 1, it makes m - 1 steps and waits one of its
+own steps (the m-th would end exactly with the slowest's, without the slack). The oracle
+keeps time on the server's clock: a step ends when the worker's query arrives, so worker
+clocks need not agree. Until every live worker has reported a step time the slowest is
+unknown, and nobody is ready.
 
 Reference: Z. Li, H. Zhou, T. Zhou, H. Yu, Z. Xu, G. Sun, "ESync: Accelerating Intra-Domain
 Federated Learning in Heterogeneous Data Centers", IEEE Transactions on Services Computing,

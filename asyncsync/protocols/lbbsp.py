@@ -11,7 +11,8 @@ starting its loop asks for its size with a query (none before the first assignme
 compute time of the batch in ``meta["compute_s"]`` and the samples the batch really held;
 a batch may be smaller than assigned (a source at the end of its data), never larger, and
 counts by its real samples. The protocol resizes batches, so a worker needs a callable
-batch source (an iterable's fixed batches cannot follow the assignment).
+batch source (an iterable's fixed batches cannot follow the assignment), and the run must
+accept steps of up to `LbbspParams.largest_batch` samples (the engine's ``max_batch``).
 
 Batch sizing, per barrier:
 
