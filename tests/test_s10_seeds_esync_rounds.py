@@ -10,8 +10,11 @@ from that closed form, not from the oracle.
 from __future__ import annotations
 
 import pytest
+import torch
 
+from asyncsync.protocols.base import Push
 from asyncsync.protocols.esync import EsyncParams, EsyncServer
+from asyncsync.protocols.testing import FakeStore
 from tests.helpers import STEP_S, run_local
 
 STEP_MS = [1, 3, 10]
@@ -48,3 +51,34 @@ async def test_fast_workers_fill_the_slowest_step_and_arrive_together(eps: float
     for commit in core.store.commits:
         assert sorted(w for w, _ in commit.contributions) == [0, 1, 2]
     assert all(f["steps"] > 0 for f in finals)
+
+
+async def test_nobody_is_ready_before_the_slowest_has_started_its_step() -> None:
+    """After a round closes, the slowest (10 s steps) starts only at 19.25 (its model came
+    late: a slow link). Time left until it finishes is 19.25 + 10 - t, so worker 0 (1 s
+    steps, slack 0.5 s) is ready from t = 28 on, the first t with 1.5 > 29.25 - t. The
+    oracle counted the slowest's step from the round's close (10), made worker 0 ready at
+    t = 19, and it then waited 10 s at the barrier."""
+    store = FakeStore(torch.zeros(4), 2)
+    rule = EsyncServer(EsyncParams(eps=0.5), store)
+
+    async def query(worker: int, at: float, k: int, step_s: float) -> bool:
+        store.clock = at
+        meta: dict[str, float] = {"k": k, "c": step_s} if k else {"k": 0}
+        return bool((await rule.on_query(worker, meta))["sync"])
+
+    assert not await query(0, 0.0, 0, 1.0) and not await query(1, 0.0, 0, 10.0)
+    assert not await query(0, 1.0, 1, 1.0)  # the slowest's step time is not known yet
+    assert await query(1, 10.0, 1, 10.0)  # the slowest: ready when its step ends
+    assert await query(0, 10.0, 10, 1.0)  # the slowest is at the barrier
+    for worker in range(2):
+        await rule.on_push(Push(worker, 0, "delta", torch.ones(4), 1, 16))
+    assert store.version == 1
+    assert not await query(0, 10.0, 0, 1.0)
+    ready_at = []
+    for t in range(11, 31):
+        if t == 20:
+            assert not await query(1, 19.25, 0, 10.0)
+        if await query(0, float(t), t - 10, 1.0):
+            ready_at.append(t)
+    assert ready_at[0] == 28, ready_at
