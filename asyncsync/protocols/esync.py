@@ -15,9 +15,15 @@ live worker are in, ``w <- w + mean_i delta_i``, version += 1, and everyone adop
 workers thus do more local steps per round and nobody waits long at the barrier.
 
 Choices: eps is relative to the querying worker's own step time (``eps = 0.5`` means half a
-step of slack). The oracle keeps time on the server's clock: a step ends when the worker's
-query arrives, so worker clocks need not agree. Until every live worker has reported a
-step time the slowest is unknown, and nobody is ready.
+step of slack). A worker therefore stops after the first k steps with ``(1 + eps) c_i >
+c_s - k c_i`` and waits less than ``(1 + eps) c_i`` at the barrier; when the slowest's step
+is a whole multiple m of its own and 0 < eps < 1, it makes m - 1 steps and waits one of its
+own steps (the m-th would end exactly with the slowest's, without the slack). The oracle
+keeps time on the server's clock: a step ends when the worker's query arrives, so worker
+clocks need not agree. Until every live worker has reported a step time the slowest is
+unknown, and nobody is ready; after a round closes, nobody is ready until the slowest has
+started its next step (its query of ``k = 0`` arrived: its new model may come late, over
+a slow link), as in the authors' state server.
 
 Reference: Z. Li, H. Zhou, T. Zhou, H. Yu, Z. Xu, G. Sun, "ESync: Accelerating Intra-Domain
 Federated Learning in Heterogeneous Data Centers", IEEE Transactions on Services Computing,
@@ -46,6 +52,9 @@ from asyncsync.protocols.base import (
 )
 from asyncsync.protocols.ports import Context, Store
 from asyncsync.protocols.rounds import RoundServer
+
+NOT_STARTED = math.inf
+"""The start of a step not begun yet: the time left until it ends is unbounded."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,9 @@ class EsyncServer(RoundServer[EsyncParams]):
         self.history: deque[EsyncRound] = deque(maxlen=wide_history(store.workers))
         workers = store.workers
         self._step_s: list[float | None] = [None] * workers
-        self._step_began: list[float | None] = [None] * workers  # None: at the barrier
+        # when each worker's current step began; None: at the barrier; NOT_STARTED: it
+        # has not started its first step since the last round closed
+        self._step_began: list[float | None] = [None] * workers
         self._arrived: dict[int, float] = {}
 
     async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
@@ -135,14 +146,14 @@ class EsyncServer(RoundServer[EsyncParams]):
         return current + mean
 
     async def close_round(self, fragment: int, pushes: dict[int, Push]) -> None:
-        """Commit the round, record it, restart every worker's step clock."""
+        """Commit the round, record it; no worker has started a step of the next round."""
         await super().close_round(fragment, pushes)
         now = self.store.now()
         self.history.append(EsyncRound(
             self.store.version, {worker: push.steps for worker, push in pushes.items()},
             {worker: now - self._arrived[worker] for worker in pushes}))
         self._arrived = {}
-        self._step_began = [now] * self.store.workers
+        self._step_began = [NOT_STARTED] * self.store.workers
 
 
 class EsyncWorker(WorkerLoop[EsyncParams]):

@@ -11,7 +11,8 @@ starting its loop asks for its size with a query (none before the first assignme
 compute time of the batch in ``meta["compute_s"]`` and the samples the batch really held;
 a batch may be smaller than assigned (a source at the end of its data), never larger, and
 counts by its real samples. The protocol resizes batches, so a worker needs a callable
-batch source (an iterable's fixed batches cannot follow the assignment).
+batch source (an iterable's fixed batches cannot follow the assignment), and the run must
+accept steps of up to `LbbspParams.largest_batch` samples (the engine's ``max_batch``).
 
 Batch sizing, per barrier:
 
@@ -97,6 +98,13 @@ class LbbspParams:
     def bounds(self, total: int) -> tuple[int, int]:
         """The batch bounds of one worker when the global batch is `total`."""
         return self.min_batch, self.max_batch or total
+
+    def largest_batch(self, workers: int, default: int) -> int:
+        """The largest batch the server may assign one of `workers` workers whose default
+        batch size is `default`: X (``global_batch``, else the workers' first batches),
+        capped by ``max_batch``. A run must accept steps this large."""
+        total = self.global_batch or workers * self.first_batch(default)
+        return min(total, self.max_batch) if self.max_batch else total
 
     def first_batch(self, default: int) -> int:
         """The batch a worker uses before any assignment: `default`, within the bounds."""
