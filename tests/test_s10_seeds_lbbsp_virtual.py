@@ -80,8 +80,6 @@ def test_static_slowdowns_settle_at_equal_finish_times(tmp_path: Path) -> None:
     check_balanced(steps)
 
 
-@pytest.mark.xfail(strict=True, reason="needs asyncsync/study/assembly.py to accept "
-                   "LbbspParams.largest_batch (see the s10 seeds report)")
 def test_a_global_batch_above_workers_times_batch_size_is_accepted(tmp_path: Path) -> None:
     """global_batch = 112 with batch_size 16: the engine's max_batch was 3 x 16 = 48, so
     the balanced 64-sample step was refused and the worker re-synced, again and again."""

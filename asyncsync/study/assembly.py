@@ -132,7 +132,18 @@ def server_settings(spec: RunSpec, run_id: str, log_dir: Path | None) -> ServerS
         worker_timeout_s=spec.fault.worker_timeout_s if spec.clock == "real" else None,
         checkpoint_path=checkpoint_file(log_dir) if spec.fault.checkpoint_s and log_dir
         else None, checkpoint_s=spec.fault.checkpoint_s or 10.0,
-        max_batch=spec.data.batch_size * spec.workers)  # LB-BSP may give one worker all
+        max_batch=largest_batch(spec))
+
+
+def largest_batch(spec: RunSpec) -> int:
+    """The most samples one step of `spec`'s run may claim: all the workers' batches, or
+    more where the protocol assigns batch sizes (LB-BSP's optional ``largest_batch`` hook
+    on its params, as ``check_workers`` is)."""
+    default = spec.data.batch_size * spec.workers
+    largest = getattr(spec.protocol.params, "largest_batch", None)
+    if not callable(largest):
+        return default
+    return max(default, int(largest(spec.workers, spec.data.batch_size)))
 
 
 def batch_sources(spec: RunSpec, data: Dataset) -> Callable[[int], BatchSource]:
