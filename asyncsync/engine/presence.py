@@ -34,6 +34,12 @@ class Presence:
         self.times = times
         self.metrics = metrics
 
+    def away_at_start(self) -> bool:
+        """Whether the worker is offline at the run's start: its first join then says so
+        (``away``: it is left out of the run, round 0 included) and it goes straight to
+        its absence, without a session."""
+        return self.times is not None and not self.times.online_at(SLACK_S)
+
     def watch(self) -> list[asyncio.Task[None]]:
         """A task that ends when the trace takes the worker offline (none without a
         trace, or while it never goes offline)."""
