@@ -118,3 +118,13 @@ async def test_away_is_a_bool_and_only_for_a_first_join(tmp_path: Path) -> None:
         await core.handle("join", head(3, sessions[3], away=True), None)
     assert 3 in core.store.live and core.store.version == 0  # nothing changed
     await finish(core)
+
+
+async def test_round_0_first_drawn_at_a_rejoin_keeps_its_overcommit() -> None:
+    """Round 0 is drawn at a rejoin, its first asking: k = round(0.5 x 6) = 3 of the 6
+    live, ceil(3 x 1.5) = 5 drawn, and the first 3 reports close it."""
+    core, sessions = await started(
+        FedAvgParams(local_steps=1, fraction=0.5, overcommit=0.5, seed=5), {1, 4, 6})
+    await core.handle("join", head(4, sessions[4]), None)  # before any other request
+    assert len(core.rule.round) == 5 and core.rule.quorum(0) == 3  # type: ignore[attr-defined]
+    await finish(core)

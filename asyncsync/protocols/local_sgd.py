@@ -129,9 +129,10 @@ class LocalSgdServer(ServerOptimizerState, RoundServer):
             self.round = self.participants(self.store.version, self.store.live)
 
     def joined(self, worker: int) -> None:
+        members = self.members()  # (draws round 0 if it is not drawn yet)
         wanted = self.wanted  # (a draw sets it; this one may not be taken)
         drawn = self.participants(self.store.version, self.store.live)
-        if worker not in self.round and self.members() <= drawn:
+        if worker not in self.round and members <= drawn:
             self.round = drawn
         else:
             self.wanted = wanted
