@@ -121,16 +121,17 @@ def gradient(worker: int, version: int, value: float) -> Push:
     return Push(worker, version, "gradient", torch.full((4,), value), 1, 16)
 
 
-async def test_barrier_withdraws_a_lost_workers_push_and_waits_for_a_rejoined_one() -> None:
+async def test_barrier_keeps_a_lost_workers_arrived_push_and_waits_for_a_rejoined_one(
+) -> None:
     store = live_store(torch.zeros(4), 3)
     rule = BspServer(NoParams(), store)
     await rule.on_push(gradient(0, 0, 1.0))
     await rule.on_push(gradient(1, 0, 10.0))
-    await leave(rule, 1)  # its gradient is withdrawn; the round still waits for worker 2
+    await leave(rule, 1)  # its gradient arrived: it counts; the round waits for worker 2
     assert store.version == 0
     await rule.on_push(gradient(2, 0, 3.0))
-    assert store.version == 1 and ranks(store.commits[-1]) == {0, 2}
-    assert torch.equal(store.w, torch.full((4,), -2.0))  # the mean of 1 and 3, lr 1
+    assert store.version == 1 and ranks(store.commits[-1]) == {0, 1, 2}
+    assert torch.allclose(store.w, torch.full((4,), -14 / 3))  # the mean of 1, 10, 3, lr 1
 
     await rule.on_push(gradient(0, 1, 1.0))
     await leave(rule, 2)  # the round now has every live worker's gradient: it closes
@@ -264,15 +265,15 @@ async def test_lbbsp_splits_the_global_batch_among_the_live_workers() -> None:
     assert store.version == 2 and sum(rule.batches.values()) == 60
 
 
-async def test_round_server_closes_without_a_lost_worker_and_counts_a_rejoined_one() -> None:
+async def test_round_server_counts_a_lost_workers_arrived_delta_and_a_rejoined_one() -> None:
     store = live_store(torch.zeros(4), 3)
     rule = DilocoServer(DilocoParams(outer_momentum=0.0, outer_lr=1.0), store)
     await rule.on_push(gradient(0, 0, 1.0))
     await rule.on_push(gradient(2, 0, 9.0))
-    await leave(rule, 2)
+    await leave(rule, 2)  # its delta arrived before it left: it counts
     await rule.on_push(gradient(1, 0, 3.0))
-    assert store.version == 1 and ranks(store.commits[-1]) == {0, 1}
-    assert torch.equal(store.w, torch.full((4,), 2.0))  # w + mean delta (outer lr 1)
+    assert store.version == 1 and ranks(store.commits[-1]) == {0, 1, 2}
+    assert torch.allclose(store.w, torch.full((4,), 13 / 3))  # w + mean(1, 9, 3), outer lr 1
     await join(rule, 2)
     await rule.on_push(gradient(2, 1, 1.0))
     assert store.version == 1  # the round waits for workers 0 and 1 as well

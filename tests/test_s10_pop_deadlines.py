@@ -1,6 +1,6 @@
 """The adaptive deadline follows the durations of the rounds in its window only: a very
 late report of a round that has left the window, or a round whose only report was
-withdrawn, does not bend it. Expected deadlines are the quantiles of hand-made durations."""
+withdrawn (its worker rejoined, to report anew), does not bend it. Expected deadlines are the quantiles of hand-made durations."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_a_late_report_of_a_round_out_of_the_window_is_no_round_of_duration_zero
 
 def test_a_round_whose_only_report_was_withdrawn_restarts_its_duration() -> None:
     """Window 3, quantile 0.25; rounds 0..2 last 1, 2, 3 s. Round 3's first report is
-    withdrawn (its worker leaves) and worker 1 reports 0.5 s later: the deadline is
+    withdrawn (its worker leaves and rejoins) and worker 1 reports 0.5 s later: the deadline is
     quantile([1, 2, 3], 0.25) = 1.5 from that report (the withdrawn report had opened
     round 3 as a duration of 0, which pushed round 0 out: 1.0). Worker 2's late report
     0.5 s after the close makes round 3 last 2 s from worker 1's report (not 2.5 s from the
@@ -66,7 +66,9 @@ def test_a_round_whose_only_report_was_withdrawn_restarts_its_duration() -> None
         await push_at(rule, store, t, 0, 3)
         await asyncio.sleep(0.1)
         store.live.discard(0)
-        await rule.on_leave(0)
+        await rule.on_leave(0)  # (its report, which arrived, still counts)
+        store.live.add(0)
+        await rule.on_join(0)  # back: its report is withdrawn, it will report anew
         await push_at(rule, store, t + 0.5, 1, 3)
         while store.version == 3:
             await asyncio.sleep(0.01)
@@ -85,9 +87,10 @@ def test_a_round_whose_only_report_was_withdrawn_restarts_its_duration() -> None
 
 def test_a_deadline_that_fired_for_a_withdrawn_report_does_not_close_the_next_attempt(
         ) -> None:
-    """Worker 0 reports at 0 (deadline 0.5 s) and leaves at 0.45, while the store's lock
-    is busy until 0.6; worker 1 reports at 0.46. The timer fires at 0.5 and its close
-    waits for the lock behind the leave and the report. Worker 1's report is the round's
+    """Worker 0 reports at 0 (deadline 0.5 s), leaves at 0.3 and rejoins at 0.45, while
+    the store's lock is busy until 0.6, which withdraws its report; worker 1 reports at
+    0.46. The timer fires at 0.5 and its close waits for the lock behind the rejoin and
+    the report. Worker 1's report is the round's
     new first one: its round closes 0.5 s after it, at 1.1 (the stale close took it at
     0.6)."""
     params = BspParams(deadline_s=0.5)
@@ -95,16 +98,19 @@ def test_a_deadline_that_fired_for_a_withdrawn_report_does_not_close_the_next_at
     async def main() -> float:
         rule, store = bsp_rule(3, params, torch.zeros(4))
         await rule.on_push(gradient(0, 0, torch.ones(4)))
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.3)
+        store.live.discard(0)
+        await rule.on_leave(0)
+        await asyncio.sleep(0.1)
         await store.lock.acquire()  # the store is busy from 0.4 to 0.6
         await asyncio.sleep(0.05)
-        store.live.discard(0)
-        leave = asyncio.create_task(rule.on_leave(0))
+        store.live.add(0)
+        rejoin = asyncio.create_task(rule.on_join(0))
         await asyncio.sleep(0.01)
         push = asyncio.create_task(rule.on_push(gradient(1, 0, torch.ones(4))))
         await asyncio.sleep(0.14)
         store.lock.release()
-        await asyncio.gather(leave, push)
+        await asyncio.gather(rejoin, push)
         while store.version == 0:
             await asyncio.sleep(0.001)
         return store.now()

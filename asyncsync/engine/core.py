@@ -62,8 +62,6 @@ from asyncsync.training.trainer import FlatModule
 from asyncsync.wire.codecs import COMPRESSED_KINDS, decode
 
 LOG = logging.getLogger("asyncsync.server")
-NONFINITE_WARN_AT = frozenset({3, 10, 100, 1000})
-"""Counts of refused non-finite pushes at which the server warns about a worker."""
 OPS = ("join", "push", "pull", "query", "heartbeat", "leave", "status", "stop")
 
 
@@ -269,7 +267,7 @@ class ServerCore:
                         finite: bool | None) -> Reply:
         if op == "join":
             self._check_fit(header)
-            return await self._join(worker, header.get("session"))
+            return await self._join(worker, header.get("session"), header.get("away", False))
         if op == "leave":
             await self._leave(worker)
             return Reply()
@@ -309,7 +307,8 @@ class ServerCore:
         if finite is None:
             finite = await self.store.compute(all_finite, vector)
         if not finite:
-            self._report_nonfinite(worker)
+            count = self.workers[worker].count_nonfinite(worker)
+            self.run.log(Kind.NONFINITE_PUSH, worker=worker, count=count)
             raise Unacceptable("non-finite values (NaN or Inf) in the pushed tensor")
         self.workers[worker].take(worker, op, header.get("seq"), header.get("session"))
         pushed = await self.rule.on_push(push)
@@ -327,15 +326,6 @@ class ServerCore:
             raise BadRequest("this push may carry no tensor")
         return await self.store.compute(decode, codec, payload, numel)
 
-    def _report_nonfinite(self, worker: int) -> None:
-        """Count a refused NaN/Inf push; warn when a worker keeps sending them."""
-        record = self.workers[worker]
-        record.nonfinite += 1
-        self.run.log(Kind.NONFINITE_PUSH, worker=worker, count=record.nonfinite)
-        if record.nonfinite in NONFINITE_WARN_AT:
-            LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
-                        "training has probably diverged", worker, record.nonfinite)
-
     def _check_fit(self, header: dict[str, Any]) -> None:
         """Refuse a join whose worker says (optional fields ``protocol``, ``numel``) that it
         runs another protocol, or a model of another size, than this server."""
@@ -348,11 +338,13 @@ class ServerCore:
             raise Forbidden(f"the worker's model has {brief(numel)} values, the server's "
                             f"{self.store.numel}: a worker needs its server's model")
 
-    async def _join(self, worker: int, secret: object) -> Reply:
+    async def _join(self, worker: int, secret: object, away: object) -> Reply:
         """First joins wait for everyone (the start barrier); later ones rejoin at once,
         taking over the rank's live session when they carry no secret. The reply carries
-        the session's secret (see `membership`)."""
+        the session's secret (see `membership`). A first join `away` (its worker offline
+        at the start) counts for the barrier but leaves the worker out of the run."""
         record = self.workers[worker]
+        away = record.check_away(worker, away, self.run.started)
         while record.takes_over(worker, secret, worker in self.store.live, self.run.started):
             await self._lose(worker, replaced=True)  # (again if another join took it meanwhile)
         session = record.open_session()
@@ -362,7 +354,10 @@ class ServerCore:
         self._joined += not record.joined
         record.joined, record.left = True, False
         record.joined_at = self.store.version
-        self.store.live.add(worker)
+        if away:
+            record.left, record.state = True, "left"
+        else:
+            self.store.live.add(worker)
         if rejoin:
             await self.rule.on_join(worker)
             record.joined_at = self.store.version  # a round may have closed meanwhile

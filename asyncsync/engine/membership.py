@@ -53,6 +53,8 @@ SEQ_WINDOW = 64
 sends concurrently, at most a few, may overtake each other); an older one is refused."""
 MAX_SEQ = 2**63 - 1
 """The largest request number (msgpack's signed 64-bit int)."""
+NONFINITE_WARN_AT = frozenset({3, 10, 100, 1000})
+"""Counts of refused non-finite pushes at which the server warns about a worker."""
 TAKEN_OVER_KEPT = 8
 """How many taken-over secrets of a rank are remembered, so that their holders are told
 why they are refused (and cannot take the rank back by rejoining)."""
@@ -188,6 +190,28 @@ class WorkerRecord:
                            and not isinstance(v, bool) and -MAX_STAT <= v <= MAX_STAT}
             self._reported = None
         return self._stats
+
+    def count_nonfinite(self, worker: int) -> int:
+        """Count a refused NaN/Inf push (returns the count); warn when a worker keeps
+        sending them."""
+        self.nonfinite += 1
+        if self.nonfinite in NONFINITE_WARN_AT:
+            LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
+                        "training has probably diverged", worker, self.nonfinite)
+        return self.nonfinite
+
+    @staticmethod
+    def check_away(worker: int, away: object, started: bool) -> bool:
+        """A join's ``away`` field (default false): true on a first join, at the run's
+        start, from a worker offline then (its availability trace), which counts for the
+        start barrier and downloads the model but is not in the run until it rejoins (no
+        round, round 0 included, is drawn from it or waits for it)."""
+        if not isinstance(away, bool):
+            raise BadRequest(f"field 'away' must be a bool, got {brief(away)}")
+        if away and started:
+            raise BadRequest(f"worker {worker}: field 'away' is for a first join, before the "
+                             "run starts; a worker rejoins when it is online")
+        return away
 
     def check_base(self, worker: int, base_version: int) -> None:
         """Refuse an update computed before this worker last (re)joined."""

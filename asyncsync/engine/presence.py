@@ -33,6 +33,20 @@ class Presence:
     def __init__(self, times: OnlineTimes | None, metrics: WorkerMetrics) -> None:
         self.times = times
         self.metrics = metrics
+        self._away = times is not None and not times.online_at(SLACK_S)  # at the start
+
+    def join_fields(self) -> dict[str, bool]:
+        """Fields of the worker's join: ``away`` on its first, when it is offline at the
+        run's start (the server leaves it out of the run, round 0 included)."""
+        return {"away": True} if self._away else {}
+
+    async def session(self, run: Callable[[], Awaitable[None]]) -> None:
+        """Run a session (`run`); but raise `WentOffline` at once, without one, the first
+        time when the worker is offline at the run's start (it joined away)."""
+        if self._away:
+            self._away = False
+            raise WentOffline
+        await run()
 
     def watch(self) -> list[asyncio.Task[None]]:
         """A task that ends when the trace takes the worker offline (none without a

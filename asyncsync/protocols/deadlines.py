@@ -15,7 +15,7 @@ their reports as without one.
 
 Only a round's first on-time report opens it here: a late report of a round that has left
 the window is ignored (it would come back as a round of duration 0 and push a recent one
-out), and a round whose every report was withdrawn (its workers left) is forgotten, so
+out), and a round whose every report was withdrawn (its workers rejoined) is forgotten, so
 that its next first report opens it afresh, as it restarts a fixed deadline.
 """
 

@@ -17,8 +17,9 @@ to FedOpt's server rate, 1e-2, with the adaptive ones, whose step is about ``out
 parameter whatever the delta's size (at 0.7 they diverge on small models).
 
 The barrier is the SDK's `RoundServer` (per fragment: Streaming DiLoCo splits the model);
-a lost worker's delta of an open round is withdrawn and the round closes with the
-others', and a rejoined worker takes part in the open round from the model it joined with.
+a lost worker's delta of an open round counts if it arrived before it left (else the
+round closes with the others'), and a rejoined worker takes part in the open round from
+the model it joined with (a delta of it that the round held is replaced by its new one).
 The outer optimizer's momentum is part of the server's checkpoint.
 
 **(choice)** Workers push the delta ``w_i - w`` and the server negates the mean: the same

@@ -17,8 +17,10 @@ round draws ``ceil(m (1 + o))`` workers and closes with the first m deltas
 left to draw, and a round closes with its first ``ceil(m / (1 + o))``, as local SGD's);
 deadlines, fixed or adaptive, close it with what arrived.
 
-Membership is local SGD's: a lost participant's delta is withdrawn and the round closes
-with the others' (it is drawn again if no participant is left); a rejoined worker joins
+Membership is local SGD's: round 0 is drawn when it opens, from the workers in the run
+then (not those offline at the start); a participant's delta that arrived counts though
+it then leaves, one in progress is lost and the round closes with the others' (it is
+drawn again if no participant is left and no delta arrived); a rejoined worker joins
 the open round when C = 1, otherwise it waits until a round samples it.
 
 **Local epochs.** By default each participant runs H steps (``local_steps``) of the batch

@@ -15,8 +15,8 @@ come from a shard of known size (`Context.shard_size`) sends it with its delta (
 ``shard``), as the paper's clients hold ``n_i`` samples.
 
 Rounds and membership are local SGD's (`asyncsync.protocols.local_sgd`): every live worker
-takes part in every round, a lost worker's delta is withdrawn and the round closes with
-the others', a rejoined worker joins the open round.
+takes part in every round, a lost worker's delta counts if it arrived before it left
+(else the round closes with the others'), a rejoined worker joins the open round.
 
 Choices where the paper is open or does not fit:
 

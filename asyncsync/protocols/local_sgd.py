@@ -72,10 +72,12 @@ class LocalSgdParams(ServerOptimizerOptions, Cutoff):
 class LocalSgdServer(ServerOptimizerState, RoundServer):
     """One round per version: the last live participant's delta closes it.
 
-    Each round's participants are drawn when it opens from the live workers (before the
-    run starts: from all of them); the round waits for those still live. A lost
-    participant's delta is withdrawn and the round closes with the others'; if no
-    participant is left, the round is drawn again from the live workers. When a worker
+    Each round's participants are drawn when it opens from the live workers; round 0
+    opens when first asked for (a pull, a push, a leave or a rejoin, all after the run's
+    start), so it is drawn from the workers live then, not from those that joined away
+    (offline at the start). The round waits for those still live. A participant's delta
+    that arrived counts though it then leaves; if no participant is left live and no
+    delta arrived, the round is drawn again from the live workers. When a worker
     rejoins, the open round is drawn again from the live workers if that keeps every
     participant still live (always so when every live worker trains in every round, as in
     local SGD: the rejoined worker then joins the open round); otherwise the rejoined
@@ -93,7 +95,18 @@ class LocalSgdServer(ServerOptimizerState, RoundServer):
     def __init__(self, params: ServerOptimizerOptions, store: Store) -> None:
         super().__init__(params, store)
         self.optimizer = params.make_server_optimizer()
-        self.round = self.participants(0, range(store.workers))
+        self._round: frozenset[int] | None = None  # (round 0: drawn when it opens)
+
+    @property
+    def round(self) -> frozenset[int]:
+        """The participants of the open round (round 0 drawn at the first asking)."""
+        if self._round is None:
+            self._round = self.participants(self.store.version, self.store.live)
+        return self._round
+
+    @round.setter
+    def round(self, drawn: frozenset[int]) -> None:
+        self._round = drawn
 
     def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
         """The workers, among `candidates`, that train in the round starting from `version`:
@@ -112,13 +125,14 @@ class LocalSgdServer(ServerOptimizerState, RoundServer):
         self.weight(push)  # refuse a delta that cannot be weighted
 
     def left(self, worker: int) -> None:
-        if not self.members():
+        if not self.members() and not self.pending[0]:
             self.round = self.participants(self.store.version, self.store.live)
 
     def joined(self, worker: int) -> None:
+        members = self.members()  # (draws round 0 if it is not drawn yet)
         wanted = self.wanted  # (a draw sets it; this one may not be taken)
         drawn = self.participants(self.store.version, self.store.live)
-        if worker not in self.round and self.members() <= drawn:
+        if worker not in self.round and members <= drawn:
             self.round = drawn
         else:
             self.wanted = wanted

@@ -17,9 +17,10 @@ rounds (Streaming DiLoCo); most protocols have one fragment, the whole vector.
 - A round whose result the store refuses as non-finite (finite pushes can still add up
   to an overflow) is discarded: the model stays as it was and is published as the
   round's version, so its workers go on; the round's record says so (`refused`).
-- A worker that leaves or is lost has its pushes of open rounds withdrawn, and rounds
-  whose remaining members have all pushed close at once (not once the run is stopping);
-  a worker that (re)joins is a member of the open rounds, which then wait for it.
+- A push that arrived counts though its worker then leaves or is lost; rounds holding
+  every live member's push then close at once (not once the run is stopping). A worker
+  that (re)joins is a member of the open rounds, which wait for it; a push of it that
+  they hold is withdrawn (it pushes anew), and a round left with none starts afresh.
 
 Backup workers and deadlines (J. Chen, X. Pan, R. Monga, S. Bengio, R. Jozefowicz,
 "Revisiting Distributed Synchronous SGD", arXiv:1604.00981, 2016): a protocol whose
@@ -273,8 +274,9 @@ class RoundServer(ServerRule[P]):
         return self.store.live
 
     def quorum(self, fragment: int) -> int:
-        """How many of the open round's members' pushes close it."""
-        members = len(self.members(fragment))
+        """How many pushes close the open round of M members: those of `members`, and
+        those no longer members whose push arrived (it counts)."""
+        members = len(self.members(fragment) | self.pending[fragment].keys())
         if self.cutoff.overcommit:
             wanted = self.wanted or math.ceil(members / (1 + self.cutoff.overcommit))
             return max(1, min(wanted, members))
@@ -367,10 +369,8 @@ class RoundServer(ServerRule[P]):
         return {"fragment": fragment, "late": True}
 
     async def _close_if_complete(self, fragment: int) -> None:
-        pushes, members = self.pending[fragment], self.members(fragment)
-        quorum = self.quorum(fragment)
-        # counting the members among the pushes is O(N): only once there can be enough
-        if pushes and len(pushes) >= quorum and len(pushes.keys() & members) >= quorum:
+        pushes = self.pending[fragment]
+        if pushes and len(pushes) >= self.quorum(fragment):
             await self._close(fragment)
 
     async def _close(self, fragment: int) -> None:
@@ -432,19 +432,19 @@ class RoundServer(ServerRule[P]):
                      vector=vector, version=self.store.version)
 
     async def on_leave(self, worker: int) -> None:
+        """Keep the worker's arrived pushes; close the rounds they now complete."""
         async with self.store.lock:
-            for fragment, pending in enumerate(self.pending):
-                pending.pop(worker, None)
-                if not pending:
-                    self._disarm(fragment)
-                    if self.durations is not None:
-                        self.durations.forget((fragment, self.store.version))
             self.left(worker)
             for fragment in range(len(self.bounds)):
                 await self._close_if_complete(fragment)
 
     async def on_join(self, worker: int) -> None:
+        """Withdraw the worker's pushes that open rounds hold (it pushes anew)."""
         async with self.store.lock:
-            for fragment in range(len(self.bounds)):
+            for fragment, pending in enumerate(self.pending):
                 self._answered.pop((fragment, worker), None)
+                if pending.pop(worker, None) is not None and not pending:
+                    self._disarm(fragment)
+                    if self.durations is not None:
+                        self.durations.forget((fragment, self.store.version))
             self.joined(worker)

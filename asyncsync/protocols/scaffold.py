@@ -25,7 +25,9 @@ Choices where the paper is open or does not fit:
   workers, deadlines), their latest ``c_i`` stay in the mean, and a late member's
   ``c_i+`` replaces its previous one though its delta is dropped, so that ``c`` does not
   lean toward the workers that arrive in time (the bias SCAFFOLD removes). A lost
-  worker's ``c_i`` leaves the mean with it; a rejoined one's counts from its next push.
+  worker's ``c_i`` leaves the mean with it, but a delta of it that arrived before it
+  left counts, with its ``c_i+``, in its round; a rejoined one's counts from its next
+  push.
   The latest ``c_i`` cost the server one model-sized vector per live worker; they are
   not checkpointed (a resumed server's ``c`` is rebuilt from the next rounds' pushes).
 - **(choice)** A worker whose loop (re)starts takes ``c_i = c``: its first round runs
@@ -85,7 +87,8 @@ class ScaffoldServer(LocalSgdServer):
     """Local SGD's rounds, with the server's control variate ``c`` beside the model.
 
     A worker's control variate push (kind ``control``) must come before its delta in each
-    round; a lost worker's is withdrawn with its delta. ``c`` and the server optimizer's
+    round; a lost worker's is withdrawn, unless its delta arrived. ``c`` and the server
+    optimizer's
     state are the rule's checkpoint state.
 
     Attributes:
@@ -125,7 +128,8 @@ class ScaffoldServer(LocalSgdServer):
         super().take(push)
 
     def left(self, worker: int) -> None:
-        self.controls.pop(worker, None)
+        if worker not in self.pending[0]:  # (an arrived delta counts with its c_i+)
+            self.controls.pop(worker, None)
         self.latest.pop(worker, None)
         super().left(worker)
 
@@ -143,6 +147,8 @@ class ScaffoldServer(LocalSgdServer):
         self.control = average([self.latest[push.worker] for push in pushes]
                                + [control for worker, control in self.latest.items()
                                   if worker not in arrived and worker in self.store.live])
+        for gone in arrived - self.store.live:  # (its delta counted; it left meanwhile)
+            del self.latest[gone]
         return super().aggregate(w, pushes)
 
     async def on_pull(self, pull: Pull) -> Reply:
