@@ -140,13 +140,15 @@ def test_a_deadline_closes_the_round_with_what_arrived() -> None:
     assert [t for t, _ in seen] == pytest.approx([1.49, 1.5, 3.5])
 
 
-def test_a_deadline_restarts_when_the_only_pusher_leaves() -> None:
+def test_a_deadline_restarts_when_the_only_pusher_rejoins() -> None:
     async def main() -> tuple[float, int]:
         rule, store = bsp_rule(3, BspParams(deadline_s=0.5), torch.zeros(4))
         await rule.on_push(gradient(0, 0, torch.ones(4)))
         await asyncio.sleep(0.2)
         store.live.discard(0)
-        await rule.on_leave(0)  # its gradient is withdrawn: the round has none left
+        await rule.on_leave(0)  # its gradient arrived: it still counts
+        store.live.add(0)
+        await rule.on_join(0)  # back: its gradient is withdrawn (it pushes anew): none left
         await asyncio.sleep(0.2)
         await rule.on_push(gradient(1, 0, torch.ones(4)))  # a new first push: deadline 0.9
         await asyncio.sleep(0.2)

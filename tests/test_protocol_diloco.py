@@ -338,20 +338,20 @@ async def test_a_push_of_another_version_is_refused() -> None:
     assert store.version == 0 and not rule.pending[0]
 
 
-async def test_a_lost_workers_delta_is_withdrawn_and_the_round_closes_without_it() -> None:
+async def test_a_lost_workers_arrived_delta_counts_in_its_round() -> None:
     store = make_store(torch.zeros(2), 3)
     rule = DilocoServer(DilocoParams(outer_lr=1.0, outer_momentum=0.0), store)
     await rule.on_push(Push(2, 0, "delta", torch.full((2,), 100.0), 5, 80))
     await rule.on_push(Push(0, 0, "delta", torch.full((2,), 1.0), 5, 80))
-    await store.leave(rule, 2)  # worker 2 is lost: its delta is withdrawn
-    assert store.version == 0 and sorted(rule.pending[0]) == [0]
+    await store.leave(rule, 2)  # worker 2 is lost after its delta arrived: it counts
+    assert store.version == 0 and sorted(rule.pending[0]) == [0, 2]
     await rule.on_push(Push(1, 0, "delta", torch.full((2,), 3.0), 5, 80))
-    # the round closed with the deltas of the two live workers only
-    assert store.version == 1 and torch.equal(store.w, torch.full((2,), 2.0))
-    assert sorted(store.commits[-1].contributions) == [(0, 0), (1, 0)]
+    # the round closed with the three deltas: w + mean(100, 1, 3)
+    assert store.version == 1 and torch.allclose(store.w, torch.full((2,), 104 / 3))
+    assert sorted(store.commits[-1].contributions) == [(0, 0), (1, 0), (2, 0)]
     await outer_round(rule, [torch.full((2,), 2.0), torch.full((2,), 4.0)])
-    assert sorted(store.commits[-1].contributions) == [(0, 1), (1, 1)]
-    assert torch.equal(store.w, torch.full((2,), 5.0))
+    assert sorted(store.commits[-1].contributions) == [(0, 1), (1, 1)]  # worker 2 is gone
+    assert torch.allclose(store.w, torch.full((2,), 104 / 3 + 3))
 
 
 async def test_worker_pushes_its_delta_and_adopts_the_answer() -> None:

@@ -173,19 +173,20 @@ async def test_the_round_takes_both_pushes_and_c_becomes_their_mean() -> None:
     assert torch.equal(rule.state_dict()["control"], torch.full((3,), 4.0))
 
 
-async def test_a_lost_workers_control_variate_leaves_with_it() -> None:
+async def test_a_lost_workers_control_variate_leaves_with_it_after_its_round() -> None:
     rule = scaffold_rule(3)
     for worker, value in [(0, 1.0), (2, 100.0)]:
         await rule.on_push(control(worker, 0, value))
         await rule.on_push(delta(worker, 0, value))
     await rule.on_push(control(1, 0, 3.0))
     rule.store.live.discard(2)
-    await rule.on_leave(2)
+    await rule.on_leave(2)  # its delta and c_i+ arrived before it left: they count
     assert rule.store.version == 0
     await rule.on_push(delta(1, 0, 3.0))
-    assert rule.store.version == 1 and ranks(rule.store.commits[-1]) == {0, 1}
-    assert torch.equal(rule.control, torch.full((3,), 2.0))
-    assert torch.equal(rule.store.w, torch.full((3,), 2.0))
+    assert rule.store.version == 1 and ranks(rule.store.commits[-1]) == {0, 1, 2}
+    assert torch.allclose(rule.control, torch.full((3,), 104 / 3))  # mean of 1, 100, 3
+    assert torch.allclose(rule.store.w, torch.full((3,), 104 / 3))
+    assert 2 not in rule.latest  # gone: its c_i is out of later rounds' mean
     # a rejoined worker takes part again; a control variate it pushed before is forgotten
     rule.store.live.add(2)
     await rule.on_join(2)

@@ -1,6 +1,7 @@
 """The adaptive deadline follows the durations of the rounds in its window only: a very
 late report of a round that has left the window, or a round whose only report was
-withdrawn (its worker rejoined, to report anew), does not bend it. Expected deadlines are the quantiles of hand-made durations."""
+withdrawn (its worker rejoined, to report anew), does not bend it. Expected deadlines are
+the quantiles of hand-made durations."""
 
 from __future__ import annotations
 

@@ -360,10 +360,9 @@ class Worker:
             self.seam.start()
             while True:
                 try:
-                    await self._session()
+                    await self.presence.session(self._session)
                 except WentOffline:
-                    await self.presence.absence(
-                        lambda: self.ctx._request("leave", {}, None, None))
+                    await self.presence.absence(lambda: self.ctx._request("leave", {}, None, None))
                     await self._join()
                 except Unacceptable as exc:  # e.g. others' deltas made the result overflow
                     refused += 1
@@ -403,7 +402,8 @@ class Worker:
         while True:
             try:
                 reply, vector = await self.ctx._request(  # the server checks they fit
-                    "join", {"protocol": self.protocol.name, "numel": self.ctx.numel}, None, None)
+                    "join", {"protocol": self.protocol.name, "numel": self.ctx.numel,
+                             **self.presence.join_fields()}, None, None)
                 break
             except OutOfStep:
                 if waited >= JOIN_WAIT_S:

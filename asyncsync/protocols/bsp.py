@@ -4,8 +4,8 @@ Worker: compute a gradient on its batch at the current global version, push it, 
 next version. Server: wait for the gradients of every live worker at the current version,
 then ``w <- opt_step(w, mean_i g_i)``, version += 1, and release the pulls. Every version
 therefore aggregates one gradient per worker in the run, all computed at that version.
-The barrier is the SDK's `RoundServer`; a lost worker's gradient of the open round is
-withdrawn and the step is taken with the others', and a rejoined worker computes its
+The barrier is the SDK's `RoundServer`; a lost worker's gradient of the open round counts
+if it arrived (else the step is taken with the others'), and a rejoined worker computes its
 gradient at the version it joined and the barrier waits for it.
 
 Backup workers and a deadline (both off by default; `rounds.Cutoff`): with

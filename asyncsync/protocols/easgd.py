@@ -28,7 +28,7 @@ Choices where the paper is open:
   times it; float buffers (e.g. BatchNorm statistics) take part in the exchange like
   parameters. Between exchanges the worker runs plain local SGD (EASGD, not EAMSGD).
 - Membership: in ``easgd`` the round is the SDK's `RoundServer` (a lost worker's
-  difference is withdrawn and the center moves with the others'; a rejoined worker starts
+  difference counts if it arrived, else the center moves with the others'; a rejoined worker starts
   from the center it joined with and the open round waits for it); in ``easgd_async``
   nothing waits, so a lost worker just stops contributing. A worker (re)joining adopts
   the center once, as every protocol's worker does at its join.

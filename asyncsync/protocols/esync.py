@@ -81,8 +81,8 @@ class EsyncServer(RoundServer[EsyncParams]):
     """The state oracle and the synchronous barrier of deltas, over the live workers.
 
     A lost worker's step time and step clock are forgotten, so the oracle picks the
-    slowest among the others, and its delta of the open round is withdrawn: the round
-    closes with the others' deltas. A rejoined worker has no step time until it reports
+    slowest among the others; its delta of the open round counts if it arrived, else the
+    round closes with the others' deltas. A rejoined worker has no step time until it reports
     one, so nobody is ready before its first local step; the round waits for its delta.
 
     Attributes:

@@ -30,8 +30,8 @@ X is ``global_batch``, or when that is 0 the sum of the workers' first batches (
 default batch size, clamped to the bounds). It is split among the live workers (within the
 bounds: fewer workers may not be able to hold all of X).
 
-Membership: a lost worker's gradient of the open round is withdrawn and the step is taken
-with the others' (their samples make that round's global batch); the next assignment
+Membership: a lost worker's gradient of the open round counts if it arrived, else the step
+is taken with the others' (their samples make that round's global batch); the next assignment
 splits X among the live workers. A rejoined worker is measured afresh: for the open round
 it gets an equal share of X, and the round waits for its gradient.
 

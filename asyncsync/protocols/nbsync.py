@@ -52,8 +52,8 @@ class NbsyncParams:
 class NbsyncServer(RoundServer[NbsyncParams]):
     """Rounds of one delta per live worker (or every delta on arrival, in async mode).
 
-    Sync mode: a lost worker's delta of the open round is withdrawn and the round closes
-    with the others'; a rejoined worker's first delta, based on the version it joined at,
+    Sync mode: a lost worker's delta of the open round counts if it arrived, else the round
+    closes with the others'; a rejoined worker's first delta, based on the version it joined at,
     belongs to the open round, which waits for it. Async mode: a delta counts ``1/n`` with
     n the live workers when it arrives; nobody waits for anybody.
     """

@@ -50,8 +50,8 @@ class OverlapLocalSgdParams:
 class OverlapLocalSgdServer(RoundServer[OverlapLocalSgdParams]):
     """A barrier per round: the new anchor is the mean of the live workers' pushed models.
 
-    Lost and rejoining workers are handled by `RoundServer`: a lost worker's model is
-    withdrawn from the open round, and a rejoined worker's first model (pulled toward the
+    Lost and rejoining workers are handled by `RoundServer`: a lost worker's model counts
+    in the open round if it arrived, and a rejoined worker's first model (pulled toward the
     global model it joined with) belongs to the open round.
     """
 

@@ -12,7 +12,7 @@ keeps ``w_p`` as its copy. Server: DiLoCo's outer Nesterov step on ``-mean_i d_i
 the buffers' mean), per fragment and with momentum per fragment, when the deltas of every
 live worker for a fragment's round are in; every such round is a version.
 
-Membership (see `RoundServer`): a lost worker's deltas are withdrawn from the open rounds.
+Membership (see `RoundServer`): a lost worker's deltas that arrived count in the open rounds.
 A worker starting its loop asks the server where the schedule stands (a query): it sets
 its step counter to the push step of the latest exchange that has completed, so that its
 next exchange of each fragment is the one the others are in; a rejoined worker thus takes
