@@ -33,6 +33,8 @@ def recipe(tmp_path: Path, body: str, protocol: str = "bsp") -> Path:
      "network.compression: fedasync pushes only model, which travel as float32"),
     ("[defaults.compute]\nprofile = { name = \"periodic\", worker = 4 }", "bsp",
      "compute.profile.worker: 4 is not a rank of this run's 4 workers (0..3)"),
+    ("[defaults.network]\nerror_feedback = false", "bsp",
+     "error_feedback is only used with a lossy compression (compression is 'none')"),
 ])
 def test_an_ignored_key_is_refused(tmp_path: Path, body: str, protocol: str,
                                    message: str) -> None:
@@ -46,6 +48,7 @@ def test_an_ignored_key_is_refused(tmp_path: Path, body: str, protocol: str,
     ("[defaults.compute]\ndevice = \"t4\"\nefficiency = 0.5", "bsp"),
     ("[defaults.network]\ncompression = \"int8\"", "nbsync"),
     ("[defaults.compute]\nprofile = { name = \"periodic\", worker = 3 }", "bsp"),
+    ("[defaults.network]\ncompression = \"float16\"\nerror_feedback = false", "bsp"),
 ])
 def test_the_same_keys_where_they_apply_are_accepted(tmp_path: Path, body: str,
                                                      protocol: str) -> None:
