@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from asyncsync.hetero.traces import TraceError, unreadable
+from asyncsync.hetero.traces import TraceError, content_lines, number, rank_of, unreadable
 from asyncsync.schema import check_fields, from_mapping, option
 
 
@@ -167,6 +167,11 @@ class RecipeProfile(ComputeProfile):
     def for_rank(cls, params: Any, rank: int, workers: int, seed: int) -> ComputeProfile:
         """The profile of worker `rank` of `workers` in a run seeded `seed`."""
 
+    @classmethod
+    def check_ranks(cls, params: Any, workers: int) -> None:
+        """Raise a ValueError naming the key where `params` name a rank that a run of
+        `workers` lacks (a setting that would be ignored unseen)."""
+
 
 def register_profile(name: str) -> Callable[[P], P]:
     """Make a `RecipeProfile` class nameable as ``compute.profile = { name = ... }``."""
@@ -201,11 +206,19 @@ class StepDelay(RecipeProfile):
     @classmethod
     def for_rank(cls, params: StepDelayParams, rank: int, workers: int,
                  seed: int) -> StepDelay:
+        cls.check_ranks(params, workers)
         seconds = params.seconds
         delay = (seconds[rank] if rank < len(seconds) else 0.0) if isinstance(seconds, list) \
             else seconds
         selected = params.ranks == "all" or (rank % 2 == 1) == (params.ranks == "odd")
         return cls(delay if selected else 0.0)
+
+    @classmethod
+    def check_ranks(cls, params: StepDelayParams, workers: int) -> None:
+        if isinstance(params.seconds, list) and len(params.seconds) > workers:
+            raise ValueError(f"profile.seconds: {len(params.seconds)} entries for {workers} "
+                             f"workers: entries past worker {workers - 1} would be ignored "
+                             "(give at most one per worker; missing ones are 0)")
 
     def __init__(self, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds >= 0):
@@ -253,7 +266,14 @@ class PeriodicStraggler(RecipeProfile):
     @classmethod
     def for_rank(cls, params: PeriodicParams, rank: int, workers: int,
                  seed: int) -> PeriodicStraggler:
+        cls.check_ranks(params, workers)
         return cls(params.worker, params.factor, params.duration_s, params.period_s, rank)
+
+    @classmethod
+    def check_ranks(cls, params: PeriodicParams, workers: int) -> None:
+        if params.worker >= workers:
+            raise ValueError(f"profile.worker: {params.worker} is not a rank of this run's "
+                             f"{workers} workers (0..{workers - 1}): it would never straggle")
 
     def __init__(self, worker: int, slow: float, duration_s: float, period_s: float,
                  rank: int) -> None:
@@ -301,10 +321,17 @@ class TraceSlowdown(RecipeProfile):
     @classmethod
     def for_rank(cls, params: TraceParams, rank: int, workers: int,
                  seed: int) -> TraceSlowdown:
-        return cls(params.path, rank)
+        return cls(params.path, rank, workers)
 
-    def __init__(self, path: str | Path, rank: int) -> None:
-        self.points = read_trace(path).get(rank, [])
+    @classmethod
+    def check_ranks(cls, params: TraceParams, workers: int) -> None:
+        try:
+            read_trace(params.path, workers)
+        except TraceError as exc:
+            raise ValueError(f"profile.path: {exc}") from None
+
+    def __init__(self, path: str | Path, rank: int, workers: int | None = None) -> None:
+        self.points = read_trace(path, workers).get(rank, [])
 
     def factor_at(self, t: float) -> float:
         current = 1.0
@@ -315,27 +342,38 @@ class TraceSlowdown(RecipeProfile):
         return current
 
 
-def read_trace(path: str | Path) -> dict[int, list[tuple[float, float]]]:
-    """Parse a trace CSV into sorted ``(time_s, factor)`` points per worker."""
+def read_trace(path: str | Path, workers: int | None = None,
+               ) -> dict[int, list[tuple[float, float]]]:
+    """Parse a trace CSV into sorted ``(time_s, factor)`` points per worker.
+
+    A header row is optional; blank lines and ``#`` comments are skipped. Each row needs a
+    finite ``time_s >= 0``, a rank (below `workers` when given) and a finite factor >= 1:
+    anything else is a `TraceError` naming the file and line.
+    """
     path = Path(path)
     try:
-        rows = list(csv.reader(path.read_text(encoding="utf-8").splitlines()))
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise TraceError(path, 0, unreadable(path, exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, 0, f"not UTF-8 text (byte {exc.start})") from None
     points: dict[int, list[tuple[float, float]]] = {}
-    for number, row in enumerate(rows, start=1):
-        if not row or (number == 1 and not _is_number(row[0])):
-            continue
-        if len(row) != 3:
-            raise ValueError(f"{path}:{number}: expected time_s,worker,factor")
-        try:
-            t, worker, value = float(row[0]), int(row[1]), float(row[2])
-        except ValueError:
-            raise ValueError(f"{path}:{number}: not numbers: {row}") from None
+    for index, (line, content) in enumerate(content_lines(text)):
+        cells = [cell.strip() for cell in next(csv.reader([content]))]
+        if index == 0 and cells and not _is_number(cells[0]):
+            continue  # the header
+        if len(cells) != len(TRACE_COLUMNS):
+            raise TraceError(path, line, "expected time_s,worker,factor")
+        row = dict(zip(TRACE_COLUMNS, cells, strict=True))
+        t, value = number(path, line, row, "time_s"), number(path, line, row, "factor")
         if value < 1 or t < 0:
-            raise ValueError(f"{path}:{number}: need time_s >= 0 and factor >= 1")
-        points.setdefault(worker, []).append((t, value))
+            raise TraceError(path, line, "need time_s >= 0 and factor >= 1")
+        points.setdefault(rank_of(path, line, row, workers), []).append((t, value))
     return {worker: sorted(p) for worker, p in points.items()}
+
+
+TRACE_COLUMNS = ("time_s", "worker", "factor")
+"""A compute trace's columns, in order."""
 
 
 def _is_number(text: str) -> bool:
@@ -367,6 +405,14 @@ def profile_params(table: dict[str, Any]) -> Any:
     if name not in PROFILES:
         raise ValueError(f"profile.name: must be one of {', '.join(PROFILES)}, got {name!r}")
     return from_mapping(PROFILES[name].params, rest, "profile")
+
+
+def check_profile(table: dict[str, Any], workers: int) -> None:
+    """Raise a ValueError naming the key (``profile.*``) where a ``compute.profile`` table
+    names a rank that a run of `workers` lacks: a periodic straggler past the last worker,
+    more per-rank delays than workers, a trace row of an unknown worker."""
+    if table:
+        PROFILES[table["name"]].check_ranks(profile_params(table), workers)
 
 
 def build_profile(table: dict[str, Any], factor: float, rank: int, workers: int,

@@ -3,10 +3,12 @@
 - ``iid``: a seeded permutation dealt out evenly.
 - ``dirichlet``: label skew; for each class, the shares of the workers are drawn from
   Dirichlet(alpha) and that class's samples are split accordingly (small alpha = few
-  classes per worker). Every worker is guaranteed at least one sample.
+  classes per worker). A worker the draw leaves empty takes one sample from the largest
+  shard, so with at least as many samples as workers none is empty.
 - ``shards``: each worker gets samples of exactly `classes_per_worker` classes; the
   classes are dealt round-robin from a seeded shuffle and each class's samples are split
-  evenly among the workers holding it (the FedAvg paper's pathological non-IID split).
+  evenly among the workers holding it (after the FedAvg paper's pathological non-IID
+  split, which deals sorted shards, so that a client may draw one class twice).
   Classes that no worker holds (fewer workers x classes than classes) are not trained on.
 - ``label_quantity``: label quantity skew (Q. Li, Y. Diao, Q. Chen, B. He, "Federated
   Learning on Non-IID Data Silos: An Experimental Study", ICDE 2022, "#C = k"): worker i
