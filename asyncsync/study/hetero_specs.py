@@ -121,7 +121,7 @@ class ComputeSpec:
 
 
 PER_WORKER_LINKS = ("bandwidth_mbps", "uplink_mbps", "downlink_mbps", "latency_ms",
-                    "jitter_ms")
+                    "jitter_ms", "loss_pct")
 """`NetworkSpec`'s keys that take a value per worker."""
 
 
@@ -172,6 +172,9 @@ class NetworkSpec:
         if self.topk_fraction != TOPK_FRACTION and self.compression != "topk":
             raise ValueError(f"topk_fraction is only used with compression = \"topk\" "
                              f"(compression is {self.compression!r})")
+        if not self.error_feedback and self.compression == "none":
+            raise ValueError("error_feedback is only used with a lossy compression "
+                             "(compression is 'none')")
 
     def compressor(self) -> Compressor | None:
         """A fresh codec state for one worker (None: pushes go as float32)."""

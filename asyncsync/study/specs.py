@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncsync.hetero.compute import ComputeProfile
+from asyncsync.hetero.compute import ComputeProfile, check_profile
 from asyncsync.hetero.network import kernel_rate_problem
 from asyncsync.hetero.partition import PARTITIONS
-from asyncsync.protocols.base import NoParams
+from asyncsync.protocols.base import get_protocol
 from asyncsync.runlog.reading import unswept_name
 from asyncsync.schema import option
 from asyncsync.study.hetero_specs import (
@@ -33,6 +33,7 @@ from asyncsync.study.hetero_specs import (
 from asyncsync.study.launch import TOKEN_ENV
 from asyncsync.study.population import Population, population
 from asyncsync.training.catalog import DATASETS, MODELS
+from asyncsync.wire.codecs import COMPRESSED_KINDS
 
 MAX_WORKERS = 1_000_000
 """The most workers a run may have: 10x the largest run measured (100,000 virtual workers
@@ -157,7 +158,8 @@ class RunSpec:
     name: str = option("", lambda v: bool(v) and "/" not in v and v not in (".", ".."),
                        "must be a non-empty name without '/' (it names the run's log "
                        "directory)")
-    protocol: ProtocolSpec = field(default_factory=lambda: ProtocolSpec("bsp", NoParams()))
+    protocol: ProtocolSpec = field(
+        default_factory=lambda: ProtocolSpec("bsp", get_protocol("bsp").params()))
     workers: int = option(4, lambda v: 1 <= v <= MAX_WORKERS,
                           f"must be > 0 and at most {MAX_WORKERS}")
     seed: int = 0
@@ -217,6 +219,10 @@ class RunSpec:
         elif self.model.size_mb:
             raise ValueError("model.size_mb: only the timing model declares its size "
                              f"(model.name = \"{TIMING_MODEL}\")")
+        if self.compute.flops_per_sample and self.model.name != TIMING_MODEL:
+            raise ValueError("compute.flops_per_sample: only the timing model declares its "
+                             f"FLOPs (model.name = \"{TIMING_MODEL}\"); a real model's are "
+                             "counted")
 
     def _check_network(self) -> None:
         """Who shapes the links on this clock, and what each way can shape."""
@@ -231,6 +237,11 @@ class RunSpec:
             raise ValueError("network.server_mbps: the server's shared link is modelled on "
                              "the virtual clock and shaped by the kernel (set clock = "
                              "\"virtual\" or network.emulation = \"kernel\")")
+        kinds = get_protocol(self.protocol.name).server.push_kinds
+        if network.compression != "none" and not kinds & COMPRESSED_KINDS:
+            raise ValueError(f"network.compression: {self.protocol.name} pushes only "
+                             f"{', '.join(sorted(kinds))}, which travel as float32 (only "
+                             f"{' and '.join(sorted(COMPRESSED_KINDS))} pushes are compressed)")
         lossy = [rank for rank in range(self.workers) if network.link(rank).loss_pct]
         if lossy and self.clock == "real" and not kernel:
             raise ValueError("network.loss_pct: app pacing cannot drop packets (set "
@@ -256,6 +267,18 @@ class RunSpec:
                                  f"entries past worker {self.workers - 1} would be ignored "
                                  "(give at most one per worker; missing ones are "
                                  f"{'1' if key == 'compute.slowdown' else '0'})")
+        compute = self.compute
+        rates = compute.flops_per_s if isinstance(compute.flops_per_s, list) \
+            else [compute.flops_per_s]
+        if compute.efficiency and (compute.base_step_s or self.capacity.trace
+                                   or all(rate > 0 for rate in rates)):
+            raise ValueError("compute.efficiency: it scales a named device's peak, and no "
+                             "worker is charged by a device here (base_step_s, flops_per_s "
+                             "or capacity.trace sets every step's cost); leave it out")
+        try:
+            check_profile(compute.profile, self.workers)
+        except ValueError as exc:
+            raise ValueError(f"compute.{exc}") from None
         if self.compute.calibrate and self.clock != "virtual":
             raise ValueError(f"compute.base_step_s: \"{CALIBRATE}\" sets a virtual run's step "
                              "time; a real run times itself (set clock = \"virtual\")")
