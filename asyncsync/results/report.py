@@ -28,6 +28,7 @@ from asyncsync.results.comparison import (
 from asyncsync.results.layout import make_console as make_console  # (callers of old)
 from asyncsync.results.layout import measured, run_block
 from asyncsync.results.studies import LogError, identity, resolved_run, written_summary
+from asyncsync.runlog.metrics import FLUSH_S
 from asyncsync.runlog.reading import (
     DamagedLog,
     final_records,
@@ -76,6 +77,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
                    and sum(accuracies[i - SMOOTHING + 1 : i + 1]) / SMOOTHING >= target), None)
     samples = sum(f["samples"] for f in finals.values())
     unfinished = [r for r in range(spec["workers"]) if r not in finals]
+    killed = [r for r, final in finals.items() if final.get("unfinished_steps")]
     gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(evals)]
     every = (spec.get("eval") or {}).get("interval_s")
     summary = {
@@ -103,6 +105,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         **({"gave_up": stop["reason"]} if "reason" in stop else {}),
         **({"dropped": stop["dropped"]} if "dropped" in stop else {}),
         **({"workers_without_final": unfinished} if unfinished else {}),
+        **({"workers_killed": killed} if killed else {}),
     }
     for column in COLUMNS:
         if column.derive is not None:
@@ -341,6 +344,11 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                f"{', '.join(map(str, ranks))} left no final record (killed, or the log was "
                "cut): not in its totals, smp/s or comp"
                for s in summaries if (ranks := s.get("workers_without_final"))]
+    legend += [f"{s['run']}: worker{'s' if len(ranks) > 1 else ''} "
+               f"{', '.join(map(str, ranks))} had a process killed and started again: the "
+               f"killed one's steps and samples are counted from its log, less the last "
+               f"~{FLUSH_S:g} s it had not yet written (a lower bound); its comp and bytes "
+               "are the last process's" for s in summaries if (ranks := s.get("workers_killed"))]
     notes = Text("; ".join(legend) + ". Every column: table.csv.", style="dim")
     if width is None or measured(tabled(errors=False)).maximum <= width:
         return Group(table, notes)  # an error too long for the row wraps in it
