@@ -14,6 +14,7 @@ from asyncsync.results.report import comparison_table, summarize_run
 from asyncsync.runlog.reading import final_records
 from tests.test_report import fake_run
 
+
 def _compute(t: float) -> str:
     return json.dumps({"event": "compute", "t": t, "dur": 0.5, "steps": 1, "samples": 8,
                        "loss": 1.0}, separators=(",", ":"))

@@ -42,6 +42,19 @@ def interval(values: list[float]) -> tuple[float, float | None]:
     return mean, t * sd / math.sqrt(n)
 
 
+def interval_ends(values: list[float], most: float | None = None,
+                  ) -> tuple[float, float, float] | None:
+    """The mean of `values` and the ends of its 95% t-interval, clipped to the figure's
+    range: at least 0 (a time, a rate, a ratio, a count is never negative) and at most
+    `most` (an accuracy or a proportion: 1). Few repeats make a wide symmetric interval
+    that would reach past them; it is shown clipped, not moved. None: under 2 values."""
+    mean, half = interval(values)
+    if half is None:
+        return None
+    high = mean + half
+    return mean, max(0.0, mean - half), high if most is None else min(most, high)
+
+
 def paired_speedups(group: list[dict[str, Any]], base: list[dict[str, Any]]
                     ) -> tuple[list[float], bool]:
     """Each repeat's speedup against the baseline's repeat of the same index (seed), and

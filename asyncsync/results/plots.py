@@ -25,6 +25,7 @@ import numpy as np
 from asyncsync.results.comparison import (
     groups,
     interval,
+    interval_ends,
     is_baseline,
     paired_speedups,
     targets,
@@ -174,12 +175,12 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
         height = error = bottom = None
         dots: list[float] = []
         if times:
-            mean, half = interval(times)
+            mean, _ = interval(times)
             (bar,) = ax.bar(x, mean, width=0.7, color=colors[base])
             height = float(bar.get_height())
-            if half is not None:  # the whisker stops at 0: no time is negative
-                caps = ax.errorbar(x, mean, yerr=[[min(half, mean)], [half]], fmt="none",
-                                   ecolor="black", capsize=4, linewidth=1)
+            if (ends := interval_ends(times)) is not None:  # stops at 0: no time is negative
+                caps = ax.errorbar(x, mean, yerr=[[mean - ends[1]], [ends[2] - mean]],
+                                   fmt="none", ecolor="black", capsize=4, linewidth=1)
                 low, high = caps.lines[2][0].get_segments()[0][:, 1]
                 error, bottom = float(high) - height, float(low)
             offsets = np.linspace(-0.15, 0.15, len(times)) if len(times) > 1 else [0.0]
@@ -212,9 +213,9 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
     listed = ", ".join(f"{t:g}" for t in targets(summaries))
     ax.set_title(f"Time to test accuracy {listed}\n" if "," not in listed else
                  f"Time to each run's test accuracy target ({listed})\n", fontsize="medium")
-    ax.set_title("bar: mean of the repeats that reached it; whisker: its 95% interval; "
-                 "dot: a repeat; k/n: k of n repeats reached it", fontsize="x-small",
-                 loc="left")
+    ax.set_title("bar: mean of the repeats that reached it; whisker: its 95% interval "
+                 "(cut at 0); dot: a repeat; k/n: k of n repeats reached it",
+                 fontsize="x-small", loc="left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -283,7 +284,8 @@ def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
 
 def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
     """Time to target, speedup and compute proportion against the swept value, one line per
-    run of the recipe, with the 95% interval over repeats as error bars. A speedup over a
+    run of the recipe, with the 95% interval over repeats as error bars (clipped at 0, and
+    a compute proportion's at 1, as the table's intervals are). A speedup over a
     baseline that never reached the target is a lower bound (the table's ``>=``): a ``^``
     instead of a dot. A point over only k of a run's n repeats (the others did not reach
     the target, or failed) is labelled ``k/n``, as the table's cell is."""
@@ -316,17 +318,20 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
     for name, points in lines.items():
         points.sort(key=lambda point: point[0])
         for panel, (ax, title) in enumerate(zip(axes, titles, strict=True)):
-            xs, ys, errors = [], [], []
+            xs, ys, below, above = [], [], [], []
             for value, panels, repeats in points:  # a point without a value breaks the line
-                mean, half = interval(panels[panel]) if panels[panel] else (math.nan, None)
+                mean = interval(panels[panel])[0] if panels[panel] else math.nan
+                # the interval clipped at 0 (and a proportion at 1), as the table's
+                ends = interval_ends(panels[panel], 1.0 if panel == 2 else None)
                 xs.append(value)
                 ys.append(mean)
-                errors.append(half or 0.0)
+                below.append(0.0 if ends is None else mean - ends[1])
+                above.append(0.0 if ends is None else ends[2] - mean)
                 if 0 < len(panels[panel]) < repeats:  # as the table's (k/n)
                     ax.annotate(f"{len(panels[panel])}/{repeats}", (value, mean),
                                 xytext=(4, 4), textcoords="offset points", fontsize="small")
             speedup = panel == 1
-            drawn = ax.errorbar(xs, ys, yerr=errors, marker="none" if speedup else "o",
+            drawn = ax.errorbar(xs, ys, yerr=[below, above], marker="none" if speedup else "o",
                                 capsize=3, label=name)
             if speedup:  # a dot where the speedup is exact, a ^ where it is a lower bound
                 color = drawn.lines[0].get_color()

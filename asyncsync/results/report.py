@@ -20,6 +20,7 @@ from rich.text import Text
 from asyncsync.results.comparison import (
     groups,
     interval,
+    interval_ends,
     is_baseline,
     paired_speedups,
     speedup,
@@ -169,6 +170,8 @@ class Column:
         when_any: shown (though not `shown`) when some run of the table has it.
         needs_target: measured against the target accuracy: the terminal table leaves it
             out when no run of it has a target (its every cell would be ``-``).
+        most: the largest value it can take (an accuracy, a proportion: 1; None: no
+            bound); every figure is at least 0. A 95% interval is clipped to that range.
     """
 
     key: str
@@ -181,6 +184,7 @@ class Column:
     relative: bool = False
     when_any: bool = False
     needs_target: bool = False
+    most: float | None = None
 
 
 def _mb_moved(summary: dict[str, Any]) -> float:
@@ -192,12 +196,12 @@ COLUMNS = (
            ".1f", needs_target=True),
     Column("time_to_target_avg_s", "avg3", "seconds until the mean of 3 evaluations >= "
            "{target}", ".1f", needs_target=True),
-    Column("best_accuracy", "best", "best test accuracy"),
-    Column("final_accuracy", "final", "last test accuracy", shown=False),
+    Column("best_accuracy", "best", "best test accuracy", most=1.0),
+    Column("final_accuracy", "final", "last test accuracy", shown=False, most=1.0),
     Column("speedup", "speedup", "baseline's t@target / this run's (>=: a lower bound)",
            ".2f", "x", relative=True, needs_target=True),
     Column("compute_proportion", "comp", "compute proportion (time computing / wall time)",
-           ".2f"),
+           ".2f", most=1.0),
     Column("samples_per_s", "smp/s", "samples per second, all workers", ".0f"),
     Column("mb_moved", "MB", "megabytes pushed and pulled", ".0f", derive=_mb_moved,
            shown=False),
@@ -239,12 +243,26 @@ def _values(group: list[dict[str, Any]], key: str) -> list[float]:
     return [float(s[key]) for s in group if s.get(key) is not None]
 
 
-def _mean_text(values: list[float], spec: str, total: int, suffix: str = "") -> str:
-    """``mean±half-width`` of `values`, with ``(k/n)`` when only k of n repeats have one."""
+CLIPPED = ("[low, high]: a 95% interval that reached past what the figure can be (below 0, "
+           "or an accuracy or proportion above 1), shown clipped there")
+"""The legend of a clipped interval (`_mean_text`'s ``[low, high]``)."""
+
+
+def _mean_text(values: list[float], spec: str, total: int, suffix: str = "",
+               most: float | None = None) -> str:
+    """``mean±half-width`` of `values` (``mean [low, high]`` where the interval is clipped,
+    see `interval_ends`), with ``(k/n)`` when only k of n repeats have one."""
     if not values:
         return "-"
     mean, half = interval(values)
-    text = _fmt(mean, spec, suffix) + ("" if half is None else "±" + _fmt(half, spec))
+    text = _fmt(mean, spec, suffix)
+    ends = interval_ends(values, most)
+    if ends is not None and half is not None:
+        _, low, high = ends
+        if (low, high) == (mean - half, mean + half):
+            text += "±" + _fmt(half, spec)
+        else:
+            text += f" [{_fmt(low, spec)}, {_fmt(high, spec)}]"
     return text if len(values) == total else f"{text} ({len(values)}/{total})"
 
 
@@ -269,11 +287,12 @@ def _cells(summaries: list[dict[str, Any]], baseline: str, columns: list[Column]
             if column.relative:
                 speedups, bound = paired_speedups(
                     done, bases.get(sweep_suffix(first.get("sweep") or {}), []))
-                text = _mean_text(speedups, column.spec, len(group), column.suffix)
+                text = _mean_text(speedups, column.spec, len(group), column.suffix,
+                                  column.most)
                 cells.append((">=" if bound and speedups else "") + text)
             else:
                 cells.append(_mean_text(_values(done, column.key), column.spec, len(group),
-                                        column.suffix))
+                                        column.suffix, column.most))
         rows.append((name, first["protocol"], cells, ""))
     return rows
 
@@ -325,6 +344,8 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     if any(cell.endswith("/" + str(count) + ")") for (_, _, cells, _), count
            in zip(rows, map(len, groups(summaries)), strict=True) for cell in cells or []):
         legend.append(PART_OF_REPEATS)
+    if any(" [" in cell for _, _, cells, _ in rows for cell in cells or []):
+        legend.append(CLIPPED)
     fewest = min(len(g) for g in groups(summaries))
     if 1 < fewest < WIDE_BELOW:
         legend.append(f"with {fewest} repeats the 95% intervals are very wide (Student's t "

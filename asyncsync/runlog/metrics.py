@@ -18,7 +18,6 @@ from typing import IO, Any
 from asyncsync.clock import Stopwatch, now
 from asyncsync.runlog.schema import RANK, Kind, record
 
-
 FLUSH_S = 1.0
 """How often a log is flushed at least: a process killed (SIGKILL) loses at most about this
 many seconds of its last records (see `asyncsync.runlog.reading.final_records`)."""
