@@ -103,3 +103,18 @@ def test_the_bar_chart_whisker_stops_at_zero(tmp_path: Path) -> None:
     bars = plots.plot_time_to_target(summaries, tmp_path / "t.png", ["asp"] * 3)
     assert bars.bottoms == [pytest.approx(0.0)]
     assert bars.errors == [pytest.approx(HALF)]
+
+
+def test_the_sweep_plot_draws_a_point_without_values(tmp_path: Path) -> None:
+    """A sweep point where no repeat reached the target has no time to plot: the clipped
+    error bars raised ZeroDivisionError there (a single sweep value, one run never
+    reaching the target, as a user's report of a small sweep has)."""
+    pytest.importorskip("matplotlib")
+    from asyncsync.results import plots
+
+    point = {"optim.lr": 0.1}
+    summaries = (run("bsp@optim.lr=0.1", [10.0, 11.0], [0.8] * 2, point)
+                 + run("asp@optim.lr=0.1", [1.0, 2.0], [0.9] * 2, point))
+    for s in summaries[2:]:
+        s["time_to_target_s"] = None
+    assert plots.plot_sweep(summaries, "bsp", tmp_path / "s.png").stat().st_size > 0

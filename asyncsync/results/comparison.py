@@ -48,9 +48,10 @@ def interval_ends(values: list[float], most: float | None = None,
     range: at least 0 (a time, a rate, a ratio, a count is never negative) and at most
     `most` (an accuracy or a proportion: 1). Few repeats make a wide symmetric interval
     that would reach past them; it is shown clipped, not moved. None: under 2 values."""
-    mean, half = interval(values)
-    if half is None:
+    if len(values) < 2:
         return None
+    mean, half = interval(values)
+    assert half is not None  # (2 values or more)
     high = mean + half
     return mean, max(0.0, mean - half), high if most is None else min(most, high)
 
