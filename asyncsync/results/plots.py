@@ -41,8 +41,14 @@ def repeat_curves(group: list[dict[str, Any]]) -> tuple[Any, Any]:
     A repeat that ended earlier (at its target, with stop_at_target) holds its last
     accuracy, so the mean of repeats that all reached the target reaches the target line.
     """
-    times = np.unique(np.concatenate([np.array(s["evaluations"])[:, 0] for s in group]))
-    return times, np.array([np.interp(times, *np.array(s["evaluations"]).T) for s in group])
+    times = np.unique(np.concatenate([np.array(_evaluated(s))[:, 0] for s in group]))
+    return times, np.array([np.interp(times, *np.array(_evaluated(s)).T) for s in group])
+
+
+def _evaluated(summary: dict[str, Any]) -> list[list[float]]:
+    """A run's evaluations ``[t, accuracy]`` that have an accuracy (one that was not a
+    number is null in summary.json: left out, the line drawn past it)."""
+    return [point for point in summary.get("evaluations") or [] if point[1] is not None]
 
 
 def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str]) -> Path:
@@ -52,7 +58,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
     aims = targets(summaries)
     runs: dict[str, list[dict[str, Any]]] = {}
     for s, name in zip(summaries, names, strict=True):
-        if s.get("evaluations"):
+        if _evaluated(s):
             runs.setdefault(name, []).append(s)
     points = list(dict.fromkeys(_point(group[0]) for group in runs.values()))
     rows = -(-len(points) // 3)  # at most 3 panels a row, rows as full as they can be
@@ -365,7 +371,8 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     accuracy and time-to-target plots show them all; compute proportions and timelines show
     the first. Runs never evaluated (timing-only runs) get no accuracy plot, runs without a
     target accuracy no time-to-target plot. Failed runs (an ``error``, no figures) are
-    only in the time-to-target chart, marked ``failed``, as the table has them."""
+    only in the time-to-target chart, marked ``failed``, as the table has them. A sweep of
+    one value gets no sweep plot (a line of one point, on an axis of nothing)."""
     mixed = len({s.get("recipe") for s in summaries}) > 1
     every = [label(s) if mixed else s["run"] for s in summaries]
     if targets(summaries):
@@ -378,7 +385,7 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     names = [every[i] for i in ran]
     summaries = [summaries[i] for i in ran]
     first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
-    if any(s.get("evaluations") for s in summaries):
+    if any(_evaluated(s) for s in summaries):
         written.insert(0, plot_accuracy(summaries, out / "accuracy.png", names))
     written.append(plot_compute_proportion([summaries[i] for i in first],
                                            out / "compute_proportion.png",
@@ -391,6 +398,7 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
                 break
             path = out / f"{stem}-{k}.png"
         written.append(plot_timeline(run_dir, path, name, _clock(summaries)))
-    if baseline and all(s.get("sweep") for s in summaries):
+    points = {json.dumps(s.get("sweep"), sort_keys=True) for s in summaries}
+    if baseline and all(s.get("sweep") for s in summaries) and len(points) > 1:
         written.append(plot_sweep(summaries, baseline, out / "sweep.png"))
     return written

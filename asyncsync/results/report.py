@@ -87,8 +87,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "target_accuracy": target,
         "time_to_target_s": reached,
         "time_to_target_avg_s": steady,
-        "best_accuracy": max((e["accuracy"] for e in evals), default=None),
-        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "best_accuracy": max(filter(math.isfinite, accuracies), default=None),
+        "final_accuracy": _finite(accuracies[-1]) if evals else None,
         "compute_proportion": round(sum(known) / len(known), 4) if known else None,
         "compute_proportion_per_worker": per_worker,
         "samples_per_s": round(samples / wall, 2) if wall > 0 else None,
@@ -102,7 +102,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "eval_interval_mean_s": round(sum(gaps) / len(gaps), 3) if gaps else None,
         "eval_interval_max_s": round(max(gaps), 3) if gaps else None,
         "eval_slipped": bool(gaps and every and max(gaps) > SLIP * every),
-        "evaluations": [[e["t"], e["accuracy"]] for e in evals],
+        "evaluations": [[e["t"], _finite(e["accuracy"])] for e in evals],
         **({"gave_up": stop["reason"]} if "reason" in stop else {}),
         **({"dropped": stop["dropped"]} if "dropped" in stop else {}),
         **({"workers_without_final": unfinished} if unfinished else {}),
@@ -112,6 +112,12 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         if column.derive is not None:
             summary[column.key] = column.derive(summary)
     return summary
+
+
+def _finite(accuracy: float) -> float | None:
+    """An evaluation's accuracy, None where it is not a number (a custom evaluator's 0/0):
+    no best, final or point of it; summary.json stays JSON (it has no NaN)."""
+    return accuracy if math.isfinite(accuracy) else None
 
 
 def report_summary(run_dir: Path) -> dict[str, Any]:
