@@ -321,10 +321,9 @@ def _run(args: argparse.Namespace) -> int:
 
     overrides = _overrides(args)
     local = args.executor != "slurm"
-    if not local and args.jobs is not None:
-        raise ConfigError("--jobs is for --executor local: with --executor slurm, Slurm runs "
-                         "the array's tasks (how many at once: --slurm-array-parallelism N)")
-    jobs = len(os.sched_getaffinity(0)) if args.jobs is None else args.jobs
+    if not local and args.jobs:  # Slurm runs the array's tasks
+        raise ConfigError("--jobs is for --executor local; with slurm: --slurm-array-parallelism")
+    jobs = args.jobs or len(os.sched_getaffinity(0))
     spares = Spares.start(children_needed(args.recipe, overrides, args.only, args.repeats,
                                           jobs) if local else 0)
     try:
@@ -335,8 +334,7 @@ def _run(args: argparse.Namespace) -> int:
                              args.slurm_gpus, args.slurm_array_parallelism)
         summaries = run_recipe_file(args.recipe, overrides, args.only, args.logs,
                                     repeats=args.repeats, live=False if args.plain else None,
-                                    track=args.track,
-                                    jobs=jobs, resume=args.resume,
+                                    track=args.track, jobs=jobs, resume=args.resume,
                                     slurm=None if local else slurm, wait=not args.no_wait,
                                     spares=spares)
     finally:

@@ -19,7 +19,7 @@ def test_jobs_with_the_slurm_executor_is_refused(capsys: pytest.CaptureFixture[s
     code, out = run_main(capsys, "run", RECIPE, "--executor", "slurm", "--jobs", "4")
     assert code == 2, out
     flat = " ".join(out.split())
-    assert "--jobs is for --executor local" in flat
+    assert "--jobs is for --executor local; with slurm" in flat
     assert "--slurm-array-parallelism" in flat
 
 

@@ -18,10 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from asyncsync.results.comparison import (
+    CLIPPED,
+    fmt,
     groups,
-    interval,
-    interval_ends,
     is_baseline,
+    mean_text,
     paired_speedups,
     speedup,
     targets,
@@ -239,37 +240,8 @@ SLIP_MARK = "*"
 """Marks a run whose evaluations slipped (see `summarize_run`)."""
 
 
-def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:{spec}}{suffix}"
-
-
 def _values(group: list[dict[str, Any]], key: str) -> list[float]:
     return [float(s[key]) for s in group if s.get(key) is not None]
-
-
-CLIPPED = ("[low, high]: a 95% interval that reached past what the figure can be (below 0, "
-           "or an accuracy or proportion above 1), shown clipped there")
-"""The legend of a clipped interval (`_mean_text`'s ``[low, high]``)."""
-
-
-def _mean_text(values: list[float], spec: str, total: int, suffix: str = "",
-               most: float | None = None) -> str:
-    """``mean±half-width`` of `values` (``mean [low, high]`` where the interval is clipped,
-    see `interval_ends`), with ``(k/n)`` when only k of n repeats have one."""
-    if not values:
-        return "-"
-    mean, half = interval(values)
-    text = _fmt(mean, spec, suffix)
-    ends = interval_ends(values, most)
-    if ends is not None and half is not None:
-        _, low, high = ends
-        if (low, high) == (mean - half, mean + half):
-            text += "±" + _fmt(half, spec)
-        else:
-            text += f" [{_fmt(low, spec)}, {_fmt(high, spec)}]"
-    return text if len(values) == total else f"{text} ({len(values)}/{total})"
 
 
 def _cells(summaries: list[dict[str, Any]], baseline: str, columns: list[Column]
@@ -293,11 +265,11 @@ def _cells(summaries: list[dict[str, Any]], baseline: str, columns: list[Column]
             if column.relative:
                 speedups, bound = paired_speedups(
                     done, bases.get(sweep_suffix(first.get("sweep") or {}), []))
-                text = _mean_text(speedups, column.spec, len(group), column.suffix,
+                text = mean_text(speedups, column.spec, len(group), column.suffix,
                                   column.most)
                 cells.append((">=" if bound and speedups else "") + text)
             else:
-                cells.append(_mean_text(_values(done, column.key), column.spec, len(group),
+                cells.append(mean_text(_values(done, column.key), column.spec, len(group),
                                         column.suffix, column.most))
         rows.append((name, first["protocol"], cells, ""))
     return rows
@@ -310,7 +282,7 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     so that no number is ever cut."""
     aims = targets(summaries)
     accuracy = aims[0] if aims else None
-    target = _fmt(accuracy, ".2f") if len(aims) < 2 else "target"
+    target = fmt(accuracy, ".2f") if len(aims) < 2 else "target"
     columns = [c for c in COLUMNS if (c.shown or (
         c.when_any and any(s.get(c.key) is not None for s in summaries))) and not (
         c.needs_target and accuracy is None)]
