@@ -61,12 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--track", action="append", default=[], metavar="SPEC",
                      help="stream the runs to TensorBoard, MLflow or W&B while they run: "
                           + TRACK_HELP)
-    run.add_argument("--jobs", type=_positive, default=len(os.sched_getaffinity(0)),
+    run.add_argument("--jobs", type=_positive, default=None,
                      metavar="N", help="virtual-clock runs at once, each in a process of its "
                      "own with one torch thread (1: one after another in this process; "
-                     "default: the usable cores, here %(default)s; results are the same for "
-                     "any N); real-clock runs always go one at a time, as they measure the "
-                     "host")
+                     f"default: the usable cores, here {len(os.sched_getaffinity(0))}; results "
+                     "are the same for any N); real-clock runs always go one at a time, as "
+                     "they measure the host; not with --executor slurm (Slurm runs the tasks: "
+                     "--slurm-array-parallelism)")
     run.add_argument("--resume", type=Path, default=None, metavar="LOGDIR",
                      help="continue the study in LOGDIR (logs/RECIPE/STAMP, with the same "
                           "options): run only the runs without a summary.json, or marked "
@@ -320,8 +321,11 @@ def _run(args: argparse.Namespace) -> int:
 
     overrides = _overrides(args)
     local = args.executor != "slurm"
+    if not local and args.jobs:  # Slurm runs the array's tasks
+        raise ConfigError("--jobs is for --executor local; with slurm: --slurm-array-parallelism")
+    jobs = args.jobs or len(os.sched_getaffinity(0))
     spares = Spares.start(children_needed(args.recipe, overrides, args.only, args.repeats,
-                                          args.jobs) if local else 0)
+                                          jobs) if local else 0)
     try:
         from asyncsync.study.executors import SlurmOptions
         from asyncsync.study.runner import run_recipe_file
@@ -330,8 +334,7 @@ def _run(args: argparse.Namespace) -> int:
                              args.slurm_gpus, args.slurm_array_parallelism)
         summaries = run_recipe_file(args.recipe, overrides, args.only, args.logs,
                                     repeats=args.repeats, live=False if args.plain else None,
-                                    track=args.track,
-                                    jobs=args.jobs, resume=args.resume,
+                                    track=args.track, jobs=jobs, resume=args.resume,
                                     slurm=None if local else slurm, wait=not args.no_wait,
                                     spares=spares)
     finally:

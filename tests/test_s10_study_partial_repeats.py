@@ -29,8 +29,9 @@ def test_the_table_says_what_k_of_n_repeats_means(capsys: pytest.CaptureFixture[
     code, out = run_main(capsys, "report", str(study), "--baseline", "bsp")
     assert code == 0, out
     (asp,) = [line for line in out.splitlines() if line.startswith(" asp ")]
-    # mean of 2 and 4 s; half-width t(1 df) 12.706 x sd 1.414 / sqrt(2) = 12.7
-    assert asp.split()[2:4] == ["3.0±12.7", "(2/3)"], out
+    # mean of 2 and 4 s; half-width t(1 df) 12.706 x sd 1.414 / sqrt(2) = 12.7: from
+    # 3 - 12.7 < 0 (shown as 0) to 15.7
+    assert asp.split()[2:5] == ["3.0", "[0.0,", "15.7]"] and asp.split()[5] == "(2/3)", out
     assert ("(k/n): over the k of n repeats that have the figure; a time to target or a "
             "speedup only where the repeat reached the target, so over all n the times "
             "would be longer") in flat(out), out

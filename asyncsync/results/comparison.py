@@ -1,4 +1,5 @@
-"""Comparing runs: speedups against the baseline, and 95% intervals over repeats."""
+"""Comparing runs: speedups against the baseline, and 95% intervals over repeats (and
+how the table writes them)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,20 @@ def interval(values: list[float]) -> tuple[float, float | None]:
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     t = T_95[n - 2] if n - 1 <= len(T_95) else 1.96
     return mean, t * sd / math.sqrt(n)
+
+
+def interval_ends(values: list[float], most: float | None = None,
+                  ) -> tuple[float, float, float] | None:
+    """The mean of `values` and the ends of its 95% t-interval, clipped to the figure's
+    range: at least 0 (a time, a rate, a ratio, a count is never negative) and at most
+    `most` (an accuracy or a proportion: 1). Few repeats make a wide symmetric interval
+    that would reach past them; it is shown clipped, not moved. None: under 2 values."""
+    if len(values) < 2:
+        return None
+    mean, half = interval(values)
+    assert half is not None  # (2 values or more)
+    high = mean + half
+    return mean, max(0.0, mean - half), high if most is None else min(most, high)
 
 
 def paired_speedups(group: list[dict[str, Any]], base: list[dict[str, Any]]
@@ -84,3 +99,33 @@ def groups(summaries: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     for s in summaries:
         grouped.setdefault(label(s), []).append(s)
     return list(grouped.values())
+
+
+def fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
+    """`value` as the table writes it (``-``: none, or not a number)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:{spec}}{suffix}"
+
+
+CLIPPED = ("[low, high]: a 95% interval that reached past what the figure can be (below 0, "
+           "or an accuracy or proportion above 1), shown clipped there")
+"""The legend of a clipped interval (`mean_text`'s ``[low, high]``)."""
+
+
+def mean_text(values: list[float], spec: str, total: int, suffix: str = "",
+              most: float | None = None) -> str:
+    """``mean±half-width`` of `values` (``mean [low, high]`` where the interval is clipped,
+    see `interval_ends`), with ``(k/n)`` when only k of n repeats have one."""
+    if not values:
+        return "-"
+    mean, half = interval(values)
+    text = fmt(mean, spec, suffix)
+    ends = interval_ends(values, most)
+    if ends is not None and half is not None:
+        _, low, high = ends
+        if (low, high) == (mean - half, mean + half):
+            text += "±" + fmt(half, spec)
+        else:
+            text += f" [{fmt(low, spec)}, {fmt(high, spec)}]"
+    return text if len(values) == total else f"{text} ({len(values)}/{total})"

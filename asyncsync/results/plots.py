@@ -25,6 +25,7 @@ import numpy as np
 from asyncsync.results.comparison import (
     groups,
     interval,
+    interval_ends,
     is_baseline,
     paired_speedups,
     targets,
@@ -40,8 +41,14 @@ def repeat_curves(group: list[dict[str, Any]]) -> tuple[Any, Any]:
     A repeat that ended earlier (at its target, with stop_at_target) holds its last
     accuracy, so the mean of repeats that all reached the target reaches the target line.
     """
-    times = np.unique(np.concatenate([np.array(s["evaluations"])[:, 0] for s in group]))
-    return times, np.array([np.interp(times, *np.array(s["evaluations"]).T) for s in group])
+    times = np.unique(np.concatenate([np.array(_evaluated(s))[:, 0] for s in group]))
+    return times, np.array([np.interp(times, *np.array(_evaluated(s)).T) for s in group])
+
+
+def _evaluated(summary: dict[str, Any]) -> list[list[float]]:
+    """A run's evaluations ``[t, accuracy]`` that have an accuracy (one that was not a
+    number is null in summary.json: left out, the line drawn past it)."""
+    return [point for point in summary.get("evaluations") or [] if point[1] is not None]
 
 
 def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str]) -> Path:
@@ -51,7 +58,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path, names: list[str])
     aims = targets(summaries)
     runs: dict[str, list[dict[str, Any]]] = {}
     for s, name in zip(summaries, names, strict=True):
-        if s.get("evaluations"):
+        if _evaluated(s):
             runs.setdefault(name, []).append(s)
     points = list(dict.fromkeys(_point(group[0]) for group in runs.values()))
     rows = -(-len(points) // 3)  # at most 3 panels a row, rows as full as they can be
@@ -174,12 +181,12 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
         height = error = bottom = None
         dots: list[float] = []
         if times:
-            mean, half = interval(times)
+            mean, _ = interval(times)
             (bar,) = ax.bar(x, mean, width=0.7, color=colors[base])
             height = float(bar.get_height())
-            if half is not None:  # the whisker stops at 0: no time is negative
-                caps = ax.errorbar(x, mean, yerr=[[min(half, mean)], [half]], fmt="none",
-                                   ecolor="black", capsize=4, linewidth=1)
+            if (ends := interval_ends(times)) is not None:  # stops at 0: no time is negative
+                caps = ax.errorbar(x, mean, yerr=[[mean - ends[1]], [ends[2] - mean]],
+                                   fmt="none", ecolor="black", capsize=4, linewidth=1)
                 low, high = caps.lines[2][0].get_segments()[0][:, 1]
                 error, bottom = float(high) - height, float(low)
             offsets = np.linspace(-0.15, 0.15, len(times)) if len(times) > 1 else [0.0]
@@ -212,9 +219,9 @@ def plot_time_to_target(summaries: list[dict[str, Any]], path: Path, names: list
     listed = ", ".join(f"{t:g}" for t in targets(summaries))
     ax.set_title(f"Time to test accuracy {listed}\n" if "," not in listed else
                  f"Time to each run's test accuracy target ({listed})\n", fontsize="medium")
-    ax.set_title("bar: mean of the repeats that reached it; whisker: its 95% interval; "
-                 "dot: a repeat; k/n: k of n repeats reached it", fontsize="x-small",
-                 loc="left")
+    ax.set_title("bar: mean of the repeats that reached it; whisker: its 95% interval "
+                 "(cut at 0); dot: a repeat; k/n: k of n repeats reached it",
+                 fontsize="x-small", loc="left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -283,7 +290,8 @@ def plot_compute_proportion(summaries: list[dict[str, Any]], path: Path,
 
 def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
     """Time to target, speedup and compute proportion against the swept value, one line per
-    run of the recipe, with the 95% interval over repeats as error bars. A speedup over a
+    run of the recipe, with the 95% interval over repeats as error bars (clipped at 0, and
+    a compute proportion's at 1, as the table's intervals are). A speedup over a
     baseline that never reached the target is a lower bound (the table's ``>=``): a ``^``
     instead of a dot. A point over only k of a run's n repeats (the others did not reach
     the target, or failed) is labelled ``k/n``, as the table's cell is."""
@@ -316,17 +324,20 @@ def plot_sweep(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Pa
     for name, points in lines.items():
         points.sort(key=lambda point: point[0])
         for panel, (ax, title) in enumerate(zip(axes, titles, strict=True)):
-            xs, ys, errors = [], [], []
+            xs, ys, below, above = [], [], [], []
             for value, panels, repeats in points:  # a point without a value breaks the line
-                mean, half = interval(panels[panel]) if panels[panel] else (math.nan, None)
+                mean = interval(panels[panel])[0] if panels[panel] else math.nan
+                # the interval clipped at 0 (and a proportion at 1), as the table's
+                ends = interval_ends(panels[panel], 1.0 if panel == 2 else None)
                 xs.append(value)
                 ys.append(mean)
-                errors.append(half or 0.0)
+                below.append(0.0 if ends is None else mean - ends[1])
+                above.append(0.0 if ends is None else ends[2] - mean)
                 if 0 < len(panels[panel]) < repeats:  # as the table's (k/n)
                     ax.annotate(f"{len(panels[panel])}/{repeats}", (value, mean),
                                 xytext=(4, 4), textcoords="offset points", fontsize="small")
             speedup = panel == 1
-            drawn = ax.errorbar(xs, ys, yerr=errors, marker="none" if speedup else "o",
+            drawn = ax.errorbar(xs, ys, yerr=[below, above], marker="none" if speedup else "o",
                                 capsize=3, label=name)
             if speedup:  # a dot where the speedup is exact, a ^ where it is a lower bound
                 color = drawn.lines[0].get_color()
@@ -360,7 +371,8 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     accuracy and time-to-target plots show them all; compute proportions and timelines show
     the first. Runs never evaluated (timing-only runs) get no accuracy plot, runs without a
     target accuracy no time-to-target plot. Failed runs (an ``error``, no figures) are
-    only in the time-to-target chart, marked ``failed``, as the table has them."""
+    only in the time-to-target chart, marked ``failed``, as the table has them. A sweep of
+    one value gets no sweep plot (a line of one point, on an axis of nothing)."""
     mixed = len({s.get("recipe") for s in summaries}) > 1
     every = [label(s) if mixed else s["run"] for s in summaries]
     if targets(summaries):
@@ -373,7 +385,7 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
     names = [every[i] for i in ran]
     summaries = [summaries[i] for i in ran]
     first = [i for i, s in enumerate(summaries) if s.get("repeat", 0) == 0]
-    if any(s.get("evaluations") for s in summaries):
+    if any(_evaluated(s) for s in summaries):
         written.insert(0, plot_accuracy(summaries, out / "accuracy.png", names))
     written.append(plot_compute_proportion([summaries[i] for i in first],
                                            out / "compute_proportion.png",
@@ -386,6 +398,7 @@ def write_plots(run_dirs: list[Path], summaries: list[dict[str, Any]], out: Path
                 break
             path = out / f"{stem}-{k}.png"
         written.append(plot_timeline(run_dir, path, name, _clock(summaries)))
-    if baseline and all(s.get("sweep") for s in summaries):
+    points = {json.dumps(s.get("sweep"), sort_keys=True) for s in summaries}
+    if baseline and all(s.get("sweep") for s in summaries) and len(points) > 1:
         written.append(plot_sweep(summaries, baseline, out / "sweep.png"))
     return written

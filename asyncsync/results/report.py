@@ -18,9 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from asyncsync.results.comparison import (
+    CLIPPED,
+    fmt,
     groups,
-    interval,
     is_baseline,
+    mean_text,
     paired_speedups,
     speedup,
     targets,
@@ -28,6 +30,7 @@ from asyncsync.results.comparison import (
 from asyncsync.results.layout import make_console as make_console  # (callers of old)
 from asyncsync.results.layout import measured, run_block
 from asyncsync.results.studies import LogError, identity, resolved_run, written_summary
+from asyncsync.runlog.metrics import FLUSH_S
 from asyncsync.runlog.reading import (
     DamagedLog,
     final_records,
@@ -76,6 +79,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
                    and sum(accuracies[i - SMOOTHING + 1 : i + 1]) / SMOOTHING >= target), None)
     samples = sum(f["samples"] for f in finals.values())
     unfinished = [r for r in range(spec["workers"]) if r not in finals]
+    killed = [r for r, final in finals.items() if final.get("unfinished_steps")]
     gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(evals)]
     every = (spec.get("eval") or {}).get("interval_s")
     summary = {
@@ -84,8 +88,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "target_accuracy": target,
         "time_to_target_s": reached,
         "time_to_target_avg_s": steady,
-        "best_accuracy": max((e["accuracy"] for e in evals), default=None),
-        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "best_accuracy": max(filter(math.isfinite, accuracies), default=None),
+        "final_accuracy": _finite(accuracies[-1]) if evals else None,
         "compute_proportion": round(sum(known) / len(known), 4) if known else None,
         "compute_proportion_per_worker": per_worker,
         "samples_per_s": round(samples / wall, 2) if wall > 0 else None,
@@ -99,15 +103,22 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "eval_interval_mean_s": round(sum(gaps) / len(gaps), 3) if gaps else None,
         "eval_interval_max_s": round(max(gaps), 3) if gaps else None,
         "eval_slipped": bool(gaps and every and max(gaps) > SLIP * every),
-        "evaluations": [[e["t"], e["accuracy"]] for e in evals],
+        "evaluations": [[e["t"], _finite(e["accuracy"])] for e in evals],
         **({"gave_up": stop["reason"]} if "reason" in stop else {}),
         **({"dropped": stop["dropped"]} if "dropped" in stop else {}),
         **({"workers_without_final": unfinished} if unfinished else {}),
+        **({"workers_killed": killed} if killed else {}),
     }
     for column in COLUMNS:
         if column.derive is not None:
             summary[column.key] = column.derive(summary)
     return summary
+
+
+def _finite(accuracy: float) -> float | None:
+    """An evaluation's accuracy, None where it is not a number (a custom evaluator's 0/0):
+    no best, final or point of it; summary.json stays JSON (it has no NaN)."""
+    return accuracy if math.isfinite(accuracy) else None
 
 
 def report_summary(run_dir: Path) -> dict[str, Any]:
@@ -166,6 +177,8 @@ class Column:
         when_any: shown (though not `shown`) when some run of the table has it.
         needs_target: measured against the target accuracy: the terminal table leaves it
             out when no run of it has a target (its every cell would be ``-``).
+        most: the largest value it can take (an accuracy, a proportion: 1; None: no
+            bound); every figure is at least 0. A 95% interval is clipped to that range.
     """
 
     key: str
@@ -178,6 +191,7 @@ class Column:
     relative: bool = False
     when_any: bool = False
     needs_target: bool = False
+    most: float | None = None
 
 
 def _mb_moved(summary: dict[str, Any]) -> float:
@@ -189,12 +203,12 @@ COLUMNS = (
            ".1f", needs_target=True),
     Column("time_to_target_avg_s", "avg3", "seconds until the mean of 3 evaluations >= "
            "{target}", ".1f", needs_target=True),
-    Column("best_accuracy", "best", "best test accuracy"),
-    Column("final_accuracy", "final", "last test accuracy", shown=False),
+    Column("best_accuracy", "best", "best test accuracy", most=1.0),
+    Column("final_accuracy", "final", "last test accuracy", shown=False, most=1.0),
     Column("speedup", "speedup", "baseline's t@target / this run's (>=: a lower bound)",
            ".2f", "x", relative=True, needs_target=True),
     Column("compute_proportion", "comp", "compute proportion (time computing / wall time)",
-           ".2f"),
+           ".2f", most=1.0),
     Column("samples_per_s", "smp/s", "samples per second, all workers", ".0f"),
     Column("mb_moved", "MB", "megabytes pushed and pulled", ".0f", derive=_mb_moved,
            shown=False),
@@ -226,23 +240,8 @@ SLIP_MARK = "*"
 """Marks a run whose evaluations slipped (see `summarize_run`)."""
 
 
-def _fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:{spec}}{suffix}"
-
-
 def _values(group: list[dict[str, Any]], key: str) -> list[float]:
     return [float(s[key]) for s in group if s.get(key) is not None]
-
-
-def _mean_text(values: list[float], spec: str, total: int, suffix: str = "") -> str:
-    """``mean±half-width`` of `values`, with ``(k/n)`` when only k of n repeats have one."""
-    if not values:
-        return "-"
-    mean, half = interval(values)
-    text = _fmt(mean, spec, suffix) + ("" if half is None else "±" + _fmt(half, spec))
-    return text if len(values) == total else f"{text} ({len(values)}/{total})"
 
 
 def _cells(summaries: list[dict[str, Any]], baseline: str, columns: list[Column]
@@ -266,11 +265,12 @@ def _cells(summaries: list[dict[str, Any]], baseline: str, columns: list[Column]
             if column.relative:
                 speedups, bound = paired_speedups(
                     done, bases.get(sweep_suffix(first.get("sweep") or {}), []))
-                text = _mean_text(speedups, column.spec, len(group), column.suffix)
+                text = mean_text(speedups, column.spec, len(group), column.suffix,
+                                  column.most)
                 cells.append((">=" if bound and speedups else "") + text)
             else:
-                cells.append(_mean_text(_values(done, column.key), column.spec, len(group),
-                                        column.suffix))
+                cells.append(mean_text(_values(done, column.key), column.spec, len(group),
+                                        column.suffix, column.most))
         rows.append((name, first["protocol"], cells, ""))
     return rows
 
@@ -282,7 +282,7 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     so that no number is ever cut."""
     aims = targets(summaries)
     accuracy = aims[0] if aims else None
-    target = _fmt(accuracy, ".2f") if len(aims) < 2 else "target"
+    target = fmt(accuracy, ".2f") if len(aims) < 2 else "target"
     columns = [c for c in COLUMNS if (c.shown or (
         c.when_any and any(s.get(c.key) is not None for s in summaries))) and not (
         c.needs_target and accuracy is None)]
@@ -322,6 +322,8 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     if any(cell.endswith("/" + str(count) + ")") for (_, _, cells, _), count
            in zip(rows, map(len, groups(summaries)), strict=True) for cell in cells or []):
         legend.append(PART_OF_REPEATS)
+    if any(" [" in cell for _, _, cells, _ in rows for cell in cells or []):
+        legend.append(CLIPPED)
     fewest = min(len(g) for g in groups(summaries))
     if 1 < fewest < WIDE_BELOW:
         legend.append(f"with {fewest} repeats the 95% intervals are very wide (Student's t "
@@ -341,6 +343,11 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                f"{', '.join(map(str, ranks))} left no final record (killed, or the log was "
                "cut): not in its totals, smp/s or comp"
                for s in summaries if (ranks := s.get("workers_without_final"))]
+    legend += [f"{s['run']}: worker{'s' if len(ranks) > 1 else ''} "
+               f"{', '.join(map(str, ranks))} had a process killed and started again: the "
+               f"killed one's steps and samples are counted from its log, less the last "
+               f"~{FLUSH_S:g} s it had not yet written (a lower bound); its comp and bytes "
+               "are the last process's" for s in summaries if (ranks := s.get("workers_killed"))]
     notes = Text("; ".join(legend) + ". Every column: table.csv.", style="dim")
     if width is None or measured(tabled(errors=False)).maximum <= width:
         return Group(table, notes)  # an error too long for the row wraps in it

@@ -18,11 +18,15 @@ from typing import IO, Any
 from asyncsync.clock import Stopwatch, now
 from asyncsync.runlog.schema import RANK, Kind, record
 
+FLUSH_S = 1.0
+"""How often a log is flushed at least: a process killed (SIGKILL) loses at most about this
+many seconds of its last records (see `asyncsync.runlog.reading.final_records`)."""
+
 
 class JsonlLog:
     """Append-only JSON lines, flushed at least every `flush_s` seconds."""
 
-    def __init__(self, path: Path | None, flush_s: float = 1.0) -> None:
+    def __init__(self, path: Path | None, flush_s: float = FLUSH_S) -> None:
         self._file: IO[str] | None = path.open("a", encoding="utf-8") if path else None
         self._flush_s = flush_s
         self._last_flush = now()

@@ -48,30 +48,36 @@ def iter_jsonl(path: Path, keep: LineFilter | None = None) -> Iterator[dict[str,
             if keep is not None and not keep(line):
                 continue
             try:
-                found = json.loads(line)
+                found = [json.loads(line)]
             except json.JSONDecodeError as exc:
                 found = _after_torn(line)
-                if found is None and not line.endswith("\n"):
+                if not found and not line.endswith("\n"):
                     return  # the last line, torn
-                if found is None:
+                if not found:
                     raise DamagedLog(f"{path}: line {number}: not JSON at column {exc.colno}: "
                                      f"{exc.msg.removesuffix(' at')}") from None
-            try:
-                record = upgrade(found)
-            except ValueError as exc:
-                raise DamagedLog(f"{path}: line {number}: {exc}") from None
-            yield record
+            for one in found:
+                try:
+                    record = upgrade(one)
+                except ValueError as exc:
+                    raise DamagedLog(f"{path}: line {number}: {exc}") from None
+                yield record
 
 
-def _after_torn(line: str) -> Any:
+def _after_torn(line: str) -> list[Any]:
     """The record a resumed writer appended to a torn one's line: the line's longest tail
-    from a ``{`` that parses, where the line starts as a record does (None: no such tail)."""
+    from a ``{`` that parses, where the line starts as a record does; preceded by the
+    killed writer's last record when that was whole, only its newline lost (empty: no
+    such tail)."""
     start = line.find("{", 1) if line.startswith("{") else -1
     while start > 0:
         with contextlib.suppress(json.JSONDecodeError):
-            return json.loads(line[start:])
+            tail = json.loads(line[start:])
+            with contextlib.suppress(json.JSONDecodeError):
+                return [json.loads(line[:start]), tail]
+            return [tail]
         start = line.find("{", start + 1)
-    return None
+    return []
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -119,8 +125,10 @@ def final_records(run_dir: Path) -> dict[int, dict[str, Any]]:
 
     A worker started again appends to its own log. Its `COUNTED` totals are those of every
     process: the ``final`` records' sums, plus the steps that no ``final`` record counts (a
-    killed process's, from its ``compute`` records; ``unfinished_steps`` says how many);
-    its times and bytes are the last process's. Streams the logs, parsing only the
+    killed process's, from its ``compute`` records; ``unfinished_steps`` says how many:
+    a lower bound, as the records a killed process had not flushed, at most its last
+    `asyncsync.runlog.metrics.FLUSH_S` or so, are lost); its times and bytes are the last
+    process's. Streams the logs, parsing only the
     lines that may be a ``final`` record or (a worker's own log; a shared log is a virtual
     run's, with no processes to kill) a computation."""
     shared = (run_dir / WORKERS_LOG).exists()
