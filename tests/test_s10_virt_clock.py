@@ -147,3 +147,35 @@ def test_idle_virtual_time_costs_iterations_per_event_not_per_second() -> None:
 
     assert run(loop, main()) == 1e4
     assert loop.iterations <= 10 * 3 + 10
+
+
+def test_a_task_that_failed_unheard_ends_the_run() -> None:
+    """A task nobody awaits (fire and forget) that raises: asyncio logs "Task exception was
+    never retrieved" when it is collected, and the run went on without what it did."""
+    loop = VirtualTimeLoop()
+
+    async def fails() -> None:
+        await sleep(1.0)
+        raise KeyError("lost")
+
+    async def main() -> str:
+        loop.create_task(fails())  # no reference kept: collected once it has failed
+        await sleep(5.0)
+        return "went on"
+
+    with pytest.raises(KeyError, match="lost"):
+        run(loop, main())
+
+
+def test_an_exception_handler_of_the_runs_own_is_obeyed() -> None:
+    loop = VirtualTimeLoop()
+    heard: list[str] = []
+    loop.set_exception_handler(lambda _, context: heard.append(str(context["exception"])))
+
+    async def main() -> str:
+        loop.call_later(1.0, lambda: 1 / 0)
+        await sleep(5.0)
+        return "went on"
+
+    assert run(loop, main()) == "went on"
+    assert heard == ["division by zero"]
