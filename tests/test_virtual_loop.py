@@ -1,9 +1,11 @@
-"""The virtual loop's own timer heap and `clock.sleep` keep asyncio's order exactly.
+"""The virtual loop's timer heap and `clock.sleep`: every timer runs at its exact instant,
+ties in the order set, and `clock.sleep` wakes as `asyncio.sleep` does.
 
-A virtual run's results depend on the order of equal-time events, which asyncio's heap of
-`TimerHandle`s decides by its shape. The virtual loop keeps float deadlines in its heap
-instead (C comparisons), and `clock.sleep` skips asyncio.sleep's cancelling of a fired
-timer: both must release, wake and run everything in the stock order.
+A virtual run's results depend on the order of equal-time events. The loop keeps integer
+nanosecond ticks in a heap of ``(tick, order set, timer)`` (C comparisons); a random program
+of many tied, chained and cancelled timers checks it against closed forms: each timer runs
+at the instant it was set for (its setter's time plus its delay, in exact decimals), in
+order of time and, at one instant, of setting; a cancelled timer never runs.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -18,19 +21,16 @@ import pytest
 from asyncsync.clock import VirtualTimeLoop, sleep
 
 
-class StockHeapLoop(VirtualTimeLoop):
-    """The virtual loop with asyncio's own `call_at` and `_run_once` (a heap of handles)."""
-
-    call_at = asyncio.SelectorEventLoop.call_at
-    _run_once = asyncio.SelectorEventLoop._run_once  # type: ignore[attr-defined]
-
-
-def timer_program(loop: asyncio.AbstractEventLoop, seed: int) -> list[tuple[float, int]]:
-    """Timers at few distinct times (many ties), some cancelled, callbacks that schedule
-    more timers and soon-callbacks; returns what ran, in order, with the loop's time."""
+def timer_program(loop: VirtualTimeLoop, seed: int
+                  ) -> tuple[list[tuple[float, int]], dict[int, Fraction], set[int]]:
+    """Timers at few distinct times (many ties), some cancelled, callbacks that set more
+    timers; returns what ran (loop time, tag) in order, each tag's exact due time, and the
+    tags cancelled before they ran. Tags grow in the order the timers are set."""
     rng = random.Random(seed)
     ran: list[tuple[float, int]] = []
-    handles: list[asyncio.TimerHandle] = []
+    due: dict[int, Fraction] = {}
+    handles: dict[int, asyncio.TimerHandle] = {}
+    cancelled: set[int] = set()
     count = [0]
 
     def fire(tag: int) -> None:
@@ -38,41 +38,47 @@ def timer_program(loop: asyncio.AbstractEventLoop, seed: int) -> list[tuple[floa
         if count[0] < 3000:
             for _ in range(rng.randint(0, 3)):
                 count[0] += 1
-                delay = rng.choice([0.0, 0.1, 0.1, 0.2, 0.25, 0.5])
-                handles.append(loop.call_later(delay, fire, count[0]))
-            if rng.random() < 0.3:
-                count[0] += 1
-                loop.call_soon(fire, count[0])
+                delay = rng.choice(["0", "0.1", "0.1", "0.2", "0.25", "0.5"])
+                due[count[0]] = due[tag] + Fraction(delay)
+                handles[count[0]] = loop.call_later(float(delay), fire, count[0])
             if handles and rng.random() < 0.4:  # enough to trigger the heap's rebuild
-                handles[rng.randrange(len(handles))].cancel()
+                victim = rng.choice(sorted(handles))
+                if all(victim != t for _, t in ran):
+                    cancelled.add(victim)
+                handles[victim].cancel()
 
     async def main() -> None:
-        for tag in range(200):
-            handles.append(loop.call_at(rng.choice([0.1, 0.2, 0.3]), fire, -tag))
+        for _ in range(200):
+            count[0] += 1
+            at = rng.choice(["0.1", "0.2", "0.3"])
+            due[count[0]] = Fraction(at)
+            handles[count[0]] = loop.call_at(float(at), fire, count[0])
         while loop.time() < 60 and count[0] < 3000:
             await asyncio.sleep(1.0)
 
     loop.run_until_complete(main())
-    return ran
+    return ran, due, cancelled
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_float_heap_runs_timers_in_asyncios_order(seed: int) -> None:
-    orders = []
-    for make in (StockHeapLoop, VirtualTimeLoop):
-        loop = make()
-        try:
-            orders.append(timer_program(loop, seed))
-        finally:
-            loop.close()
-    stock, ours = orders
-    assert len(stock) > 1000
-    assert ours == stock
+def test_timers_run_at_their_exact_instant_ties_in_the_order_set(seed: int) -> None:
+    loop = VirtualTimeLoop()
+    try:
+        ran, due, cancelled = timer_program(loop, seed)
+    finally:
+        loop.close()
+    assert len(ran) > 1000 and cancelled
+    for time, tag in ran:
+        assert time == float(due[tag]), (tag, time, due[tag])
+    keys = [(due[tag], tag) for _, tag in ran]
+    assert keys == sorted(keys)  # by time, then by order set
+    assert not cancelled & {tag for _, tag in ran}
+    assert len({tag for _, tag in ran}) == len(ran)
 
 
 def sleeper_program(nap: Callable[[float], Awaitable[None]]) -> list[tuple[float, str]]:
-    """Tasks sleeping equal and unequal times, one cancelled while asleep, in a stock loop."""
-    loop = StockHeapLoop()
+    """Tasks sleeping equal and unequal times, one cancelled while asleep."""
+    loop = VirtualTimeLoop()
     woke: list[tuple[float, str]] = []
 
     async def sleeper(name: str, naps: list[float]) -> None:
@@ -104,6 +110,7 @@ def test_clock_sleep_wakes_in_asyncio_sleeps_order() -> None:
     stock = sleeper_program(asyncio.sleep)
     assert sleeper_program(sleep) == stock
     assert (0.15, "cancelled timers in the heap: 1") in stock  # the victim's timer dropped
+    assert [t for t, name in stock if name == "s5"] == [0.2, 0.4, 0.5]  # 0.2 + 0.2 + 0.1
 
 
 class _CountingLoop(VirtualTimeLoop):

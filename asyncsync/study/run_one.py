@@ -63,7 +63,8 @@ async def _run_virtual(spec: RunSpec, run_dir: Path, run_id: str, dashboard: Das
                        index: int, repeat: int) -> dict[str, Any]:
     """Simulate the run in a thread of its own (its loop is virtual); show its progress.
 
-    Cancelled (Ctrl-C, SIGTERM), it stops the simulation at its next virtual second and
+    Cancelled (Ctrl-C, SIGTERM), it stops the simulation at its next status (at most a
+    virtual second or `simulation.WATCH_REAL_S` real seconds away, and one step) and
     waits for that (the thread would otherwise run to the end of the budget, and the
     process with it)."""
     calibrated = await calibration(spec, dashboard)
