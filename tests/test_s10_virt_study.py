@@ -113,7 +113,7 @@ def slowed(monkeypatch: pytest.MonkeyPatch, target: type, method: str, seconds: 
 def test_a_slower_host_changes_the_real_costs_and_nothing_else(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real sleep of 3 ms in each local step and of 50 ms in each evaluation: the logs
-    are the same bytes, and the real costs grow by at least the sleeps."""
+    are the same bytes, and the real costs count the sleeps."""
     spec = spec_of(tmp_path, "asp")
     fast = simulated(spec, tmp_path / "fast")
     slowed(monkeypatch, simulation._TimedWorkerSeam, "step", 0.003)
@@ -126,8 +126,9 @@ def test_a_slower_host_changes_the_real_costs_and_nothing_else(
     steps = sum(r["steps"] for name in LOGS[1:]
                 for r in read_jsonl(tmp_path / "slow" / name) if r[KEY] == Kind.FINAL)
     assert evals >= 4 and steps > 20
-    assert slow["eval_real_s"] >= fast["eval_real_s"] + 0.05 * evals * 0.99
-    assert slow["math_real_s"] >= fast["math_real_s"] + 0.003 * steps * 0.99
+    # (the sleeps alone: the rest of a real cost varies with the host's load)
+    assert slow["eval_real_s"] >= 0.05 * evals * 0.99
+    assert slow["math_real_s"] >= 0.003 * steps * 0.99
     assert slow["wall_s"] == fast["wall_s"] == 2.0  # evaluation costs no virtual time
 
 

@@ -85,17 +85,17 @@ stop = {time_s = 6}
 
 DIGESTS = {
     "bsp":
-        "692c2e07aab94fe2f9c1d42d3ee308c2e7c3761838cbec5bb99134b8ff624438",
+        "849f45662f14c2cddf4cfa6c3e43750fcf6a0f914b9fe9eb6e1b6dd676d26ff1",
     "asp":
-        "698934f19befbfbadf46f669b6bf56b9c50752764c33aa225a153a75874d0fb6",
+        "ebb0afaab7a2257991e1a4c12c13f0bbc3e73cb7cf846df6c1c7b478be0c4b59",
     "local_sgd":
-        "b629c34d6e0f6757a478a7b352af075f1031c644ab471007bfa4c6c995fe8387",
+        "5eaefb2017323aaa96e53a78f4f0b33284e8e8b6c56439f40cd35318f88f98ee",
     "nbsync":
-        "83c5563d0215923a04ddad7ac26972612b93d6ef82b6f9910775871539bc7177",
+        "4358ec3500af6ea75b3e0b1ab9b289469a7fecdee96fc47692f24f71e147a21f",
     "asp_timing":
-        "e68ddf15fd1ba9213113f6976f08476573906dd3865bce10d39cfcdc70d54ba3",
+        "13b3511f85c68cc39a9867002777ab05bdb170174d9aae1ff11fa8019204d93c",
     "bsp_timing":
-        "6c7f5b5f247cd50b4a1b24a03f356e51f95bb17b9248c696197d56c10ff4bb7a",
+        "51b371fe9920bfa31eecab11c73508ad12821cca5c36bad1e3b3e46551763c1f",
 }
 
 

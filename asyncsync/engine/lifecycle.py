@@ -100,8 +100,8 @@ class RunLifecycle:
         """Evaluate every `eval_interval_s`; stop at the target when asked to, and give up
         when the accuracy has not risen for `patience_s`."""
         target, patience = self.settings.target_accuracy, self.settings.patience_s
-        next_eval = self.elapsed()
-        best, best_t = -1.0, next_eval
+        first = self.elapsed()
+        best, best_t, done = -1.0, first, 0
         while not self.store.stopping:
             point = await self.evaluate()
             if self.settings.stop_at_target and target is not None and point.accuracy >= target:
@@ -112,8 +112,9 @@ class RunLifecycle:
             elif patience is not None and point.t - best_t >= patience:
                 await self.stop(reason="patience")
                 return
-            next_eval += self.settings.eval_interval_s
-            await asyncio.sleep(max(0.0, next_eval - self.elapsed()))
+            done += 1  # (the instants multiply the interval: a sum would drift off ties)
+            await asyncio.sleep(max(0.0, first + done * self.settings.eval_interval_s
+                                    - self.elapsed()))
 
     async def evaluate(self) -> EvalPoint:
         """Evaluate the rule's evaluation vector through the server's seam, and log it."""
