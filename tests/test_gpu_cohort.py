@@ -90,9 +90,8 @@ def test_uneven_local_epochs_batched_on_the_gpu_equal_one_by_one(tmp_path: Path,
 
 
 def test_two_batched_runs_on_the_gpu_give_identical_logs(tmp_path: Path) -> None:
-    """Deterministic on a GPU too (with TF32 as a user gets it). Should this fail, the
-    cause to look for is a cuDNN algorithm that sums with atomics (a convolution's
-    backward): ``torch.backends.cudnn.deterministic`` in the run process would fix it."""
+    """Deterministic on a GPU too (with TF32 as a user gets it): a virtual run asks cuDNN
+    for deterministic kernels (a convolution's backward may otherwise sum with atomics)."""
     recipe = RECIPE.replace('clock = "virtual"', 'clock = "virtual"\ndevice = "cuda"')
     first, _ = _run(tmp_path, "esync", "on", "a", recipe)
     second, _ = _run(tmp_path, "esync", "on", "b", recipe)

@@ -159,6 +159,9 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     `known` receives the worker math's facts even when the run raises, so that a failed
     run's summary says which path ran."""
     torch.set_num_threads(1)
+    # the same logs on every run: no cuDNN convolution kernel that sums with atomics, and no
+    # kernel chosen by timing it (no effect off CUDA)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     tune_gc()  # collections were a quarter of a 2,000-worker run's host time
     began = wall()
     data = None if spec.model.name == TIMING_MODEL else run_data(spec)  # loaded once
