@@ -45,6 +45,8 @@ from asyncsync.wire.frames import NUMBERED_OPS
 LOG = logging.getLogger("asyncsync.server.sessions")
 """Takeovers are logged here (the HTTP server rate-limits its lines: a token holder could
 join in a loop)."""
+SERVER_LOG = logging.getLogger("asyncsync.server")
+"""Where a worker that keeps sending NaN/Inf is named (not held back with the takeovers)."""
 MAX_STAT = 2.0**53
 """The largest reported total kept (beyond it a float no longer counts in ones, and the
 status's integer fields would not fit msgpack's 64 bits): larger ones are dropped."""
@@ -196,8 +198,8 @@ class WorkerRecord:
         sending them."""
         self.nonfinite += 1
         if self.nonfinite in NONFINITE_WARN_AT:
-            LOG.warning("worker %d has sent %d non-finite updates (all refused); its "
-                        "training has probably diverged", worker, self.nonfinite)
+            SERVER_LOG.warning("worker %d has sent %d non-finite updates (all refused); "
+                               "its training has probably diverged", worker, self.nonfinite)
         return self.nonfinite
 
     @staticmethod
