@@ -291,6 +291,7 @@ def test_bsp_run_in_namespaces_after_a_killed_one(tmp_path: Path, delay_ms: floa
 
 
 @needs_netns
+@pytest.mark.usefixtures("ctrl_c")  # SIGINT reaches the supervisor as from a terminal
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
 def test_interrupted_run_removes_its_namespaces(tmp_path: Path,
                                                 signal_number: signal.Signals) -> None:

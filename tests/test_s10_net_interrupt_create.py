@@ -46,6 +46,7 @@ def _of(pid: int) -> list[str]:
 
 @pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 @pytest.mark.timeout(600)
+@pytest.mark.usefixtures("ctrl_c")  # (pytest started in the background ignores SIGINT)
 def test_ctrl_c_while_namespaces_are_created_interrupts_the_run(tmp_path: Path) -> None:
     recipe, logs = tmp_path / "many.toml", tmp_path / "logs"
     recipe.write_text(RECIPE)

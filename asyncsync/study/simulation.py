@@ -159,8 +159,7 @@ def simulate(spec: RunSpec, run_dir: Path, run_id: str, status: StatusSink | Non
     `known` receives the worker math's facts even when the run raises, so that a failed
     run's summary says which path ran."""
     torch.set_num_threads(1)
-    # the same logs on every run: no cuDNN convolution kernel that sums with atomics, and no
-    # kernel chosen by timing it (no effect off CUDA)
+    # the same logs every run: no cuDNN kernel that sums with atomics or is picked by timing
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     tune_gc()  # collections were a quarter of a 2,000-worker run's host time
     began = wall()
