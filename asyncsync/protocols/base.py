@@ -260,7 +260,6 @@ class Protocol:
             raise TypeError(f"Protocol {self.name!r}: {self.server.__name__}.push_kinds must "
                             f"be a frozenset of the push kinds it accepts, got {kinds!r}")
 
-
     def make_params(self, given: Any = None, workers: int | None = None) -> Any:
         """The parameters a run of this protocol uses: its defaults for None, `given` when
         it is an instance of `params`, or `params` built from a mapping of option names or
