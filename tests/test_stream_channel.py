@@ -170,7 +170,8 @@ async def test_requests_reuse_one_stream_and_answer_as_over_http() -> None:
                 replies.append((reply["version"], vector))
             assert len(transport._streams) == (1 if channel == "stream" else 0)
             with pytest.raises(OutOfStep):  # a refusal comes back as the SDK's class
-                await transport.request("join", {"worker": 0, "run_id": RUN})
+                await transport.request(  # (a wrong secret: none would take the rank over)
+                    "join", {"worker": 0, "run_id": RUN, "session": "guess"})
             await transport.close()
             assert server.gate.refused == 0
     assert all(torch.equal(v, replies[0][1]) for _, v in replies)

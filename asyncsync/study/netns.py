@@ -79,10 +79,19 @@ def tool(name: str) -> str | None:
 def _run(*args: str) -> str:
     """Run an ``ip`` or ``tc`` command; its stdout. It runs in a process group of its own:
     Ctrl-C goes to the terminal's whole group, and a command it killed halfway would fail
-    the run instead of the supervisor interrupting it (and removing what was made)."""
+    the run instead of the supervisor interrupting it (and removing what was made).
+
+    A Ctrl-C that lands while the command is being started, before it leaves the
+    terminal's group, still kills it, before it runs (the child unblocks signals with their
+    default handling before its `setpgid`; seen in a CI rehearsal). Such a
+    command did nothing, so it is started again; the supervisor's own Ctrl-C stops the run
+    once the namespaces are made."""
     command = [tool(args[0]) or args[0], *args[1:]]
     done = subprocess.run(command, capture_output=True, text=True, check=False,
                           process_group=0)
+    if done.returncode == -signal.SIGINT:
+        done = subprocess.run(command, capture_output=True, text=True, check=False,
+                              process_group=0)
     if done.returncode != 0:
         raise NetnsError(f"{' '.join(args)}: {done.stderr.strip() or done.returncode}")
     return done.stdout
