@@ -46,12 +46,10 @@ def test_static_and_step_delay() -> None:
     assert [static.factor_at(t) for t in (0.0, 1.0, 1e6)] == [3.0, 3.0, 3.0]
     assert static.padding(0.0, 0.1) == pytest.approx(0.2)
     assert static.padding(50.0, 0.1) == pytest.approx(0.2)
-    assert static.describe() == "3x"
     assert StaticSlowdown(1.0).padding(7.0, 0.3) == 0.0
     delay = StepDelay(0.5)
     # a fixed sleep per step, whatever the step took and whenever it ran
     assert [delay.padding(t, c) for t, c in ((0.0, 0.01), (9.0, 0.0), (3.0, 2.0))] == [0.5] * 3
-    assert delay.describe() == "+0.5s/step"
     assert StepDelay(0.0).padding(1.0, 0.1) == 0.0
     with pytest.raises(ValueError, match="factor"):
         StaticSlowdown(0.5)
@@ -96,7 +94,6 @@ def test_random_factors_are_seeded_and_held_for_a_period() -> None:
     assert other.factor_at(0.0) != draws[0]
     assert RandomSlowdown(1.0, 4.0, period_s=10.0, seed=8, rank=2).factor_at(0.0) != draws[0]
     assert_pads_by_factor(a, times)
-    assert a.describe(25.0) == f"{draws[4]:.3g}x"
     with pytest.raises(ValueError, match="low"):
         RandomSlowdown(3.0, 2.0, period_s=1.0, seed=0, rank=0)
 
@@ -120,8 +117,6 @@ def test_moving_straggler_visits_every_worker_in_turn() -> None:
                                                       for r in range(3)]
         assert [p.padding(t, 0.1) for p in profiles] == pytest.approx(
             [0.2 if r == straggler else 0.0 for r in range(3)])
-        assert [p.describe(t) for p in profiles] == ["3x" if r == straggler else "1x"
-                                                     for r in range(3)]
 
 
 def test_trace_file(tmp_path: Path) -> None:

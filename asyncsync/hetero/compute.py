@@ -89,10 +89,6 @@ class ComputeProfile:
         """Seconds to add after a step, at run time `t`, whose computation took `compute_s`."""
         return (self.factor_at(t) - 1.0) * compute_s
 
-    def describe(self, t: float = 0.0) -> str:
-        """A short label of the setting at run time `t` for the dashboard."""
-        return f"{self.factor_at(t):.3g}x"
-
 
 @dataclass(frozen=True)
 class StepDelayParams:
@@ -227,9 +223,6 @@ class StepDelay(RecipeProfile):
 
     def padding(self, t: float, compute_s: float) -> float:
         return self.seconds
-
-    def describe(self, t: float = 0.0) -> str:
-        return f"+{self.seconds:g}s/step"
 
 
 @register_profile("random")
