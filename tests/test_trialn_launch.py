@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -44,13 +46,27 @@ def test_under_torchrun_the_server_takes_the_port_after_the_agents() -> None:
                       "TORCHELASTIC_USE_AGENT_STORE": "True"})
 
 
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free, below the kernel's ephemeral range (32768 on): left
+    to torchrun, MASTER_PORT is an ephemeral port, and the server's MASTER_PORT + 1 was once
+    taken by another test's client socket ("address already in use")."""
+    for port in random.Random().sample(range(20000, 32000), 200):
+        try:
+            with socket.create_server(("", port)), socket.create_server(("", port + 1)):
+                return port
+        except OSError:
+            continue
+    raise AssertionError("no two free ports in a row between 20000 and 32000")
+
+
 def test_a_run_launched_by_torchrun(tmp_path: Path) -> None:
     recipe = tmp_path / "torchrun.toml"
     recipe.write_text(RECIPE)
     logs = tmp_path / "logs"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-         "3", "-m", "asyncsync", "launch", "--recipe", str(recipe), "--log-dir", str(logs)],
+         "3", "--master-port", str(free_port_pair()), "-m", "asyncsync", "launch",
+         "--recipe", str(recipe), "--log-dir", str(logs)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
         env={**os.environ, "OMP_NUM_THREADS": "1",
              "PYTHONPATH": str(Path(__file__).parents[1])})
