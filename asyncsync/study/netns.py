@@ -87,11 +87,11 @@ def _run(*args: str) -> str:
     command did nothing, so it is started again; the supervisor's own Ctrl-C stops the run
     once the namespaces are made."""
     command = [tool(args[0]) or args[0], *args[1:]]
-    done = subprocess.run(command, capture_output=True, text=True, check=False,
-                          process_group=0)
-    if done.returncode == -signal.SIGINT:
+    for _ in range(2):  # (a second start only after a Ctrl-C that killed the first)
         done = subprocess.run(command, capture_output=True, text=True, check=False,
                               process_group=0)
+        if done.returncode != -signal.SIGINT:
+            break
     if done.returncode != 0:
         raise NetnsError(f"{' '.join(args)}: {done.stderr.strip() or done.returncode}")
     return done.stdout
