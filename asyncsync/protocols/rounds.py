@@ -4,13 +4,11 @@
 may be split into fragments (contiguous slices of the flat vector), each with its own
 rounds (Streaming DiLoCo); most protocols have one fragment, the whole vector.
 
-- A round of a fragment waits for its `members` (every live worker by default). A push
-  from a worker that is not a member, a second one from the same worker, or (when
-  `same_version` holds) one based on another version than the current one, is refused
-  as `OutOfStep` and changes nothing.
-- When every member has pushed, `close_round` commits: by default the weighted mean of
-  the pushed vectors (`weight`, 1 each by default) goes to `combine`, whose result becomes
-  the fragment's new value, as one new version.
+- A round of a fragment waits for its `members` (every live worker by default). A push from a
+  non-member, a second one from the same worker, or (when `same_version` holds) one based
+  on another version than the current one, is refused as `OutOfStep` and changes nothing.
+- When every member has pushed, `close_round` commits: by default the pushed vectors' mean
+  weighted by `weight` (1 each) goes to `combine`, whose result is the fragment's new value.
 - A pull of a fragment waits until a round holding the worker's push with at least the
   pull's base version has closed, and answers with the fragment (so a pull may be sent
   before its push: it waits for that push's round).
@@ -56,8 +54,7 @@ Every report dropped by these policies is counted in `late` (the run's ``dropped
 Late pushes are recognised by their base version, so only protocols whose pushes are
 based on the current version (`same_version`) may use any of these.
 
-Hooks for variants: `members`, `take` (check a push), `weight`, `left`, `joined`,
-`combine` or `close_round`.
+Hooks for variants: `members`, `take`, `weight`, `left`, `joined`, `combine` or `close_round`.
 """
 
 from __future__ import annotations
@@ -273,10 +270,12 @@ class RoundServer(ServerRule[P]):
         """The workers the fragment's open round waits for: every live worker."""
         return self.store.live
 
-    def quorum(self, fragment: int) -> int:
-        """How many pushes close the open round of M members: those of `members`, and
-        those no longer members whose push arrived (it counts)."""
-        members = len(self.members(fragment) | self.pending[fragment].keys())
+    def quorum(self, fragment: int, members: int | None = None) -> int:
+        """How many pushes close the open round of M `members` (default: those of
+        `members()` and the departed whose push arrived, which counts); it grows with M."""
+        if members is None:
+            live = self.members(fragment)
+            members = len(live) + sum(w not in live for w in self.pending[fragment])
         if self.cutoff.overcommit:
             wanted = self.wanted or math.ceil(members / (1 + self.cutoff.overcommit))
             return max(1, min(wanted, members))
@@ -369,8 +368,9 @@ class RoundServer(ServerRule[P]):
         return {"fragment": fragment, "late": True}
 
     async def _close_if_complete(self, fragment: int) -> None:
-        pushes = self.pending[fragment]
-        if pushes and len(pushes) >= self.quorum(fragment):
+        pushes = self.pending[fragment]  # (the exact quorum is O(pushes): once its floor is)
+        floor = self.quorum(fragment, len(self.members(fragment)))
+        if pushes and len(pushes) >= floor and len(pushes) >= self.quorum(fragment):
             await self._close(fragment)
 
     async def _close(self, fragment: int) -> None:
