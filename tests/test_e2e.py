@@ -17,6 +17,11 @@ SUMMARY_FIELDS = {
     "final_accuracy", "compute_proportion", "compute_proportion_per_worker", "samples_per_s",
     "bytes_up", "bytes_down", "versions", "mean_staleness",
 }
+TARGET = 0.25
+"""The e2e run's target accuracy: well above the untrained model's (0.1, 10 classes)."""
+CAP_S = 100
+"""Its time budget, a cap only: with this process held to 0.3 of a core, bsp reached 0.25
+after 12 s (33 versions), asp after 13 s."""
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -26,10 +31,15 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 
 def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
+    """The quickstart as `make run` runs it, stopping at a target, smaller: 3 workers to
+    0.25 test accuracy. The run is ended by its target, not by a time budget, so how much
+    it learns does not depend on the host's load (a fixed 6 s budget once asked for +0.05
+    accuracy, which bsp missed at load 8: 16 versions, +0.047); the budget is only a cap."""
     logs = tmp_path / "logs"
     done = cli("run", str(ROOT / "recipes" / "quickstart.toml"), "--logs", str(logs),
-               "--set", "workers=3", "--set", "stop.time_s=6", "--set", "eval.interval_s=1",
-               "--set", "compute.slowdown=[1, 1, 2]", "--set", "stop.stop_at_target=false")
+               "--set", "workers=3", "--set", f"stop.time_s={CAP_S}", "--set",
+               "eval.interval_s=1", "--set", "compute.slowdown=[1, 1, 2]",
+               "--set", f"stop.target_accuracy={TARGET}", "--set", "stop.stop_at_target=true")
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "quickstart: comparison (baseline bsp)" in out
@@ -46,14 +56,17 @@ def test_quickstart_runs_end_to_end(tmp_path: Path) -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary.keys() >= SUMMARY_FIELDS
         assert summary["protocol"] == protocol and summary["workers"] == 3
-        # it learned: above the untrained model's first evaluation (near chance, 0.1); how
-        # far it gets in 6 real s depends on the host's load, so no fixed level is asked
-        first = summary["evaluations"][0][1]
-        assert first < 0.15 and summary["best_accuracy"] > first + 0.05, summary
+        # it learned, from the untrained model's first evaluation (near chance, 0.1) to the
+        # target, and stopped there: after the evaluation that reached it only the stop's
+        # own evaluation of the final model follows, long before the cap
+        evaluations, reached = summary["evaluations"], summary["time_to_target_s"]
+        assert evaluations[0][1] < 0.15 and reached is not None, summary
+        assert summary["best_accuracy"] >= TARGET
+        assert [t for t, _ in evaluations if t > reached] in ([], [summary["wall_s"]]), summary
+        assert reached <= summary["wall_s"] < CAP_S, summary
         assert summary["versions"] > 10
         assert len(summary["compute_proportion_per_worker"]) == 3
         assert 0 < summary["compute_proportion"] <= 1
-        assert 5.9 <= summary["wall_s"] <= 7.5  # the 6 s budget, checked every 50 ms
     bsp = json.loads((stamp / "bsp" / "summary.json").read_text())
     asp = json.loads((stamp / "asp" / "summary.json").read_text())
     assert bsp["mean_staleness"] == 0
