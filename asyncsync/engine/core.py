@@ -158,7 +158,7 @@ class ServerCore:
     async def _drop(self, worker: int) -> None:
         """Take `worker` out of the live set and let the rule finish rounds without it
         (not once the run is stopping: then no round is completed any more)."""
-        self.store.live.discard(worker)
+        self.store.drop(worker)
         if not self.store.stopping:
             await asyncio.shield(self.rule.on_leave(worker))
         self.store.notify()
