@@ -1,5 +1,6 @@
 """Seeded property test of every HTTP route of a live server: hostile bodies, headers,
-paths and methods, before the start, in the run and after the stop. Whatever the bytes,
+paths and methods, before the start, in the run (over HTTP and the stream channel) and
+after the stop. Whatever the bytes,
 the status is below 500, a refusal carries a one-line reason, and a refused request
 leaves the model and its version bit for bit as they were."""
 
@@ -16,6 +17,8 @@ import msgpack
 import torch
 
 from asyncsync.engine.settings import ServerSettings
+from asyncsync.transport.frame_stream import PATH as STREAM_PATH
+from asyncsync.transport.frame_stream import REPLY, REQUEST
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.tokens import worker_token
 from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, tensor_chunks
@@ -151,6 +154,60 @@ async def fuzz(server: ParameterServer, client: aiohttp.ClientSession, fuzzer: F
     return statuses
 
 
+class Stream:
+    """A raw stream connection (`asyncsync.transport.frame_stream`), reopened whenever the
+    server closed it after a refusal."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        writer.write((f"POST {STREAM_PATH} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                      f"Upgrade: tcp\r\nAuthorization: Bearer {worker_token(TOKEN)}\r\n"
+                      "Content-Length: 0\r\n\r\n").encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+        return reader, writer
+
+    async def send(self, op: str, body: bytes) -> tuple[int, bytes]:
+        """One frame of `op` (whose body may lie about nothing: its length is its own);
+        the reply's status and body."""
+        if self.conn is None:
+            self.conn = await self.open()
+        reader, writer = self.conn
+        name = op.encode()
+        writer.write(REQUEST.pack(len(name), len(body)) + name + body)
+        status, size = REPLY.unpack(await reader.readexactly(REPLY.size))
+        reply = await reader.readexactly(size)
+        if status != 200:  # the server may close the stream after a refusal
+            writer.close()
+            self.conn = None
+        return status, reply
+
+
+async def fuzz_stream(server: ParameterServer, fuzzer: Fuzzer, cases: int) -> Counter[int]:
+    """`fuzz` over the stream channel: the same bodies, framed."""
+    store = server.core.store
+    statuses: Counter[int] = Counter()
+    stream = Stream(server.port)
+    for case in range(cases):
+        _, path, data, _ = fuzzer.request()
+        op = path.rsplit("/", 1)[-1] or "x"
+        before, version = store.w.clone(), store.version
+        status, reply = await stream.send(op, data)
+        statuses[status] += 1
+        what = f"stream case {case}: {op} {data[:60]!r} -> {status} {reply[:200]!r}"
+        assert status < 500, what
+        assert status == 200 or (reply.strip() and b"\n" not in reply.strip()), what
+        assert store.version == version, what
+        assert torch.equal(store.w.view(torch.int32), before.view(torch.int32)), what
+    if stream.conn is not None:
+        stream.conn[1].close()
+    return statuses
+
+
 def session_of(reply: bytes) -> str:
     (size,) = PREFIX.unpack(reply[: PREFIX.size])
     return str(decode_header(reply[PREFIX.size : PREFIX.size + size])["meta"]["session"])
@@ -177,6 +234,9 @@ async def test_hostile_requests_to_every_route_never_get_a_5xx_nor_change_the_mo
 
         await asyncio.gather(join(0), join(1))  # in the run: each rank holds its secret
         seen += await fuzz(server, client, Fuzzer(rng, numel, sessions), CASES)
+        streamed = await fuzz_stream(server, Fuzzer(rng, numel, sessions), CASES // 2)
+        assert {400, 403, 404, 422} <= set(streamed), streamed
+        seen += streamed
         await server.stop()
         seen += await fuzz(server, client, Fuzzer(rng, numel, sessions), CASES // 3)
     assert {400, 401, 403, 404, 410, 413, 415, 422} <= set(seen), seen
