@@ -1,6 +1,6 @@
-"""A worker killed (its connection reset) in the middle of uploading a push: the half push
-changes nothing, its body slot is given back, and the run goes on (the other worker's
-pushes and the rank's next session are served)."""
+"""A worker killed (its connection reset) in the middle of uploading a push, over HTTP or
+on a stream: the half push changes nothing, its body slot is given back, and the run goes
+on (the other worker's pushes and the rank's next session are served)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import torch
 
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.transport.connection_gate import ConnectionLimits
+from asyncsync.transport.frame_stream import PATH as STREAM_PATH
+from asyncsync.transport.frame_stream import REQUEST
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
 from tests.helpers import tiny_model
@@ -34,12 +36,19 @@ def push(rank: int, session: str, seq: int, version: int) -> dict[str, Any]:
             "base_version": version, "kind": "gradient", "steps": 1, "samples": 1}
 
 
-async def killed_mid_upload(port: int, body: bytes) -> None:
-    """Send a push's head and part of its tensor, then reset the connection (what the
-    kernel does for a process killed with SIGKILL: its socket goes at once)."""
-    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (f"POST /v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: {CONTENT_TYPE}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+async def killed_mid_upload(port: int, body: bytes, stream: bool) -> None:
+    """Send a push's head and part of its tensor, over HTTP or on a stream, then reset the
+    connection (what the kernel does for a process killed with SIGKILL: its socket goes
+    at once)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if stream:
+        writer.write((f"POST {STREAM_PATH} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                      "Upgrade: tcp\r\nContent-Length: 0\r\n\r\n").encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+        head = REQUEST.pack(4, len(body)) + b"push"
+    else:
+        head = (f"POST /v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: {CONTENT_TYPE}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
     writer.write(head + body[: len(body) // 2])
     await writer.drain()
     sock = writer.get_extra_info("socket")
@@ -69,7 +78,8 @@ async def test_a_push_cut_mid_upload_changes_nothing_and_the_run_goes_on() -> No
         gradient = torch.full((store.numel,), 0.5)
         # more cut uploads than the rank's body slots: a slot not given back would show
         for seq in range(1, 2 * limits.max_bodies_per_rank + 2):
-            await killed_mid_upload(server.port, frame(push(0, sessions[0], seq, 0), gradient))
+            await killed_mid_upload(server.port, frame(push(0, sessions[0], seq, 0), gradient),
+                                    stream=seq % 2 == 0)
         assert store.version == 0 and torch.equal(store.w, before)
         # the other worker goes on, and its push is the only one applied (lr 1: w - 0.5)
         status, raw = await post("push", frame(push(1, sessions[1], 1, 0), gradient))
