@@ -84,3 +84,23 @@ async def test_an_unsendable_push_reply_is_a_clear_error_in_process() -> None:
     assert server.core.store.version == 1
     await server.core.stop()
     await server.core.close()
+
+
+class NoMetaServer(AspServer):
+    """ASP whose query answers None instead of a dict of meta."""
+
+    async def on_query(self, worker: int, meta: dict[str, Any]) -> dict[str, Any]:
+        return None  # type: ignore[return-value]
+
+
+async def test_a_reply_meta_that_is_not_a_map_is_a_clear_error() -> None:
+    server = ParameterServer(tiny_model(), dataclasses.replace(
+        ASP, name="asp-no-meta", server=NoMetaServer), 1, ServerSettings(run_id=RUN))
+    transport = LocalTransport(server.core)
+    reply, _ = await transport.request("join", {"worker": 0, "run_id": RUN}, None)
+    with pytest.raises(RequestRejected, match=r"asp-no-meta.* NoneType, not a map") as refused:
+        await transport.request("query", {"worker": 0, "run_id": RUN,
+                                          "session": reply["meta"]["session"], "meta": {}})
+    assert refused.value.status == 500
+    await server.core.stop()
+    await server.core.close()

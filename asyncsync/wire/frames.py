@@ -91,16 +91,28 @@ def encode_reply(reply: dict[str, Any], tensor: torch.Tensor | None, protocol: s
     """`encode_header` for a server's reply to `op`. A reply the wire cannot carry (a rule
     of `protocol` answering meta that holds a set, a tensor, a non-str key, ...) is a
     `WireError` 500 naming the first key at fault and saying that the request was carried
-    out: the engine sees a rule's meta only once the rule has committed, so it cannot
-    refuse before the commit (`asyncsync.protocols.testing.wire_meta` refuses such a rule
-    in its tests)."""
+    out (the worker ends with it: a re-sync would meet it again). The engine sees a rule's
+    meta only once the rule has committed, so it cannot refuse before the commit
+    (`asyncsync.protocols.testing.wire_meta` refuses such a rule in its tests)."""
     try:
         return encode_header(reply, tensor)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise WireError(500, f"protocol {protocol!r} answered this {op} with reply meta the "
-                             f"wire cannot carry ({unsendable(reply.get('meta'), exc)}); the "
-                             f"{op} was carried out (a push stays applied): re-sync; the "
-                             "protocol has a bug") from None
+        raise unsent(protocol, op, unsendable(reply.get("meta"), exc)) from None
+
+
+def reply_meta(meta: object, protocol: str, op: str) -> dict[str, Any]:
+    """A rule's reply `meta` for `op`, which must be a map (else a WireError 500, as in
+    `encode_reply`)."""
+    if not isinstance(meta, dict):
+        raise unsent(protocol, op, f"a {type(meta).__name__}, not a map")
+    return meta
+
+
+def unsent(protocol: str, op: str, problem: str) -> WireError:
+    """The 500 for a reply the wire cannot carry: a rule's bug, after it ran."""
+    return WireError(500, f"protocol {protocol!r} answered this {op} with reply meta the "
+                          f"wire cannot carry ({problem}); the {op} was carried out (a push "
+                          "stays applied); the protocol has a bug")
 
 
 def unsendable(meta: object, error: Exception) -> str:
