@@ -8,6 +8,7 @@ message that says which.
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 from pathlib import Path
@@ -56,6 +57,22 @@ def save_checkpoint(path: Path, run_id: str, fingerprint: str,
         os.close(directory)
 
 
+def _check_declared_sizes(path: Path, archive: zipfile.ZipFile) -> None:
+    """Refuse an array whose header declares more bytes than its member holds (a damaged
+    shape), before numpy allocates what it declares."""
+    for member in archive.infolist():
+        with archive.open(member) as handle:
+            major, _ = np.lib.format.read_magic(handle)
+            read_header = (np.lib.format.read_array_header_1_0 if major == 1
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read_header(handle)
+        declared = math.prod(shape) * dtype.itemsize
+        if declared > member.file_size:
+            raise CheckpointError(f"checkpoint {path}: {member.filename} declares shape "
+                                  f"{shape[:4]} of {dtype} ({declared} bytes) in its "
+                                  f"{member.file_size} bytes (damaged)")
+
+
 def load_checkpoint(path: Path, run_id: str, fingerprint: str) -> dict[str, torch.Tensor]:
     """Read a checkpoint written by `save_checkpoint` for the same run and model."""
     labels = ("run_id", "fingerprint")
@@ -66,6 +83,8 @@ def load_checkpoint(path: Path, run_id: str, fingerprint: str) -> dict[str, torc
             raise CheckpointError(f"checkpoint {path} is not an .npz archive (it starts "
                                   f"with {start!r}, not {ZIP_MAGIC!r}): damaged, or another "
                                   "file")
+        with zipfile.ZipFile(path) as archive:
+            _check_declared_sizes(path, archive)
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in (*labels, *REQUIRED) if k not in data.files]
             if missing:

@@ -60,6 +60,7 @@ from asyncsync.training.buffers import VectorPool
 from asyncsync.training.optim import FlatSGD
 from asyncsync.training.trainer import FlatModule
 from asyncsync.wire.codecs import COMPRESSED_KINDS, decode
+from asyncsync.wire.frames import reply_meta
 
 LOG = logging.getLogger("asyncsync.server")
 OPS = ("join", "push", "pull", "query", "heartbeat", "leave", "status", "stop")
@@ -158,7 +159,7 @@ class ServerCore:
     async def _drop(self, worker: int) -> None:
         """Take `worker` out of the live set and let the rule finish rounds without it
         (not once the run is stopping: then no round is completed any more)."""
-        self.store.live.discard(worker)
+        self.store.drop(worker)
         if not self.store.stopping:
             await asyncio.shield(self.rule.on_leave(worker))
         self.store.notify()
@@ -231,8 +232,9 @@ class ServerCore:
             record.last_seen = self.store.now()
             if worker in self.store.live:
                 record.state = "computing"
-        reply.meta[HELD] = round(now() - started, 6)
-        out: dict[str, Any] = {"meta": reply.meta, "stop": False}
+        answered = reply_meta(reply.meta, self.protocol.name, op)  # (else a rule's bug: 500)
+        answered[HELD] = round(now() - started, 6)
+        out: dict[str, Any] = {"meta": answered, "stop": False}
         if reply.version is not None:
             out["version"] = reply.version
         return out, reply.vector

@@ -162,17 +162,23 @@ class RunLifecycle:
         """Load the checkpoint at `path` into the store and rule; returns the run time it
         was taken at."""
         arrays = load_checkpoint(path, self.settings.run_id, self.fingerprint)
-        w = arrays["w"]
+        w, momentum = arrays["w"], arrays.get("momentum")
         if w.shape != self.store.w.shape or w.dtype != self.store.w.dtype:
             raise CheckpointError(f"checkpoint {path} holds {w.numel()} values of {w.dtype}, "
                                   f"the model {self.store.w.numel()} of {self.store.w.dtype}")
-        self.store.w = arrays["w"]
-        self.store.version = int(arrays["version"])
-        if "momentum" in arrays:
-            self.store.optimizer.momentum_buffer = arrays["momentum"]
+        if momentum is not None and (momentum.shape != (self.store.num_params,)
+                                     or momentum.dtype != w.dtype):
+            raise CheckpointError(f"checkpoint {path}: momentum holds {list(momentum.shape)} "
+                                  f"of {momentum.dtype}, the model's parameters "
+                                  f"[{self.store.num_params}] of {w.dtype}")
+        version = int(scalar(path, arrays, "version"))
+        elapsed = scalar(path, arrays, "elapsed")
+        # the rule's state first: when it is refused, the store is as it was
         self.rule.load_state_dict({k.removeprefix("rule."): v for k, v in arrays.items()
                                    if k.startswith("rule.")})
-        return float(arrays["elapsed"])
+        self.store.w, self.store.version = w, version
+        self.store.optimizer.momentum_buffer = momentum
+        return elapsed
 
     async def stop(self, reason: str | None = None) -> bool:
         """End the run: release every waiter, evaluate the final model (unless its version
@@ -209,3 +215,12 @@ class RunLifecycle:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def scalar(path: Path, arrays: dict[str, torch.Tensor], key: str) -> float:
+    """A checkpoint's single non-negative number `key` (the version, the elapsed time)."""
+    value = arrays[key]
+    if value.numel() != 1 or value.is_complex() or not float(value) >= 0:
+        raise CheckpointError(f"checkpoint {path}: {key} must be one number >= 0, got "
+                              f"{value.numel()} values {value.flatten()[:3].tolist()}")
+    return float(value)

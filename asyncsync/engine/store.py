@@ -103,6 +103,7 @@ class _Waiter:
 
     ready: Callable[[], bool]
     worker: int
+    session: int
     woken: asyncio.Future[None]
 
 
@@ -144,6 +145,7 @@ class ParameterStore:
         self.held_s: dict[int, float] = {}
         self.run_time = Stopwatch()
         self._waiting: dict[_Waiter, None] = {}  # in the order they began to wait
+        self._sessions: dict[int, int] = {}  # per rank: how many times it was dropped
         self._check_queued = False
 
     @property
@@ -203,6 +205,18 @@ class ParameterStore:
         self.commits.append(Commit(self.version, contributions))
         self.notify()
 
+    def drop(self, worker: int) -> None:
+        """Take `worker` out of `live` and end its session's held requests (`wait_for`
+        raises `NotInRun` in them), even when a new session of the rank joins before they
+        wake: a request of a session taken over is not answered in the new one's name."""
+        self.live.discard(worker)
+        self._sessions[worker] = self._sessions.get(worker, 0) + 1
+        self.notify()
+
+    def _gone(self, worker: int, session: int) -> bool:
+        """Whether the session of `worker` whose drop count was `session` has ended."""
+        return worker not in self.live or self._sessions.get(worker, 0) != session
+
     def notify(self) -> None:
         """Have the held requests check their conditions, once what runs now is done.
 
@@ -220,7 +234,8 @@ class ParameterStore:
         self._check_queued = False
         for waiter in list(self._waiting):
             try:
-                due = self.stopping or waiter.worker not in self.live or waiter.ready()
+                due = (self.stopping or self._gone(waiter.worker, waiter.session)
+                       or waiter.ready())
             except Exception:  # the request raises it itself, as it checks again
                 due = True
             if due:
@@ -233,13 +248,16 @@ class ParameterStore:
             return
         self.held.add(worker)
         began = self.now()
+        session = self._sessions.get(worker, 0)
         try:
             while not ready():
                 if self.stopping:
                     raise RunStopped
-                if worker not in self.live:
-                    raise NotInRun(f"worker {worker} was dropped while its request waited")
-                waiter = _Waiter(ready, worker, asyncio.get_running_loop().create_future())
+                if self._gone(worker, session):
+                    raise NotInRun(f"worker {worker} was dropped (timed out, left or taken "
+                                   "over) while its request waited")
+                waiter = _Waiter(ready, worker, session,
+                                 asyncio.get_running_loop().create_future())
                 self._waiting[waiter] = None
                 try:
                     await waiter.woken

@@ -8,6 +8,7 @@ upgraded stream (`frame_stream`), so they validate, refuse and reply alike.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
@@ -24,7 +25,7 @@ from asyncsync.wire.frames import (
     ReadAny,
     ReadInto,
     WireError,
-    encode_header,
+    encode_reply,
     tensor_spec,
 )
 
@@ -39,6 +40,9 @@ class Answer(NamedTuple):
     vector: torch.Tensor | None = None
 
 T = TypeVar("T")
+LOG = logging.getLogger("asyncsync.server.http")
+"""Where a reply that cannot be sent (a protocol's bug) is logged (rate-limited by the
+HTTP server's filters)."""
 
 
 @dataclass(frozen=True)
@@ -204,8 +208,11 @@ async def answer_frame(core: ServerCore, intake: Intake, op: str, read_any: Read
             reply, reply_vector = await held_join(core, handled, gone)
         else:
             reply, reply_vector = await handled
+        head = encode_reply(reply, reply_vector, core.protocol.name, op)
     except WireError as err:
+        if err.status >= 500:
+            LOG.error("%s", err.reason)
         return Answer(err.status, err.reason)
     except Refused as refusal:
         return Answer(status_of(refusal), refusal.reason)
-    return Answer(200, head=encode_header(reply, reply_vector), vector=reply_vector)
+    return Answer(200, head=head, vector=reply_vector)

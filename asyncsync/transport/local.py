@@ -22,6 +22,7 @@ from asyncsync.wire.frames import (
     WireError,
     decode_header,
     encode_header,
+    encode_reply,
     tensor_spec,
 )
 
@@ -92,9 +93,9 @@ class LocalTransport:
                 if op == "join" and not self.core.run.started:
                     handled.cancel()
                 raise
+            reply_head = encode_reply(reply, out, self.core.protocol.name, op)
         except WireError as err:
             raise refusal_from(err.status, err.reason) from None
-        reply_head = encode_header(reply, out)
         down = len(reply_head) + self.wire_bytes(out)
         self.bytes_down += down
         await self._carry(down, incoming=False)

@@ -82,6 +82,59 @@ def encode_header(header: dict[str, Any], tensor: torch.Tensor | None) -> bytes:
     return PREFIX.pack(len(packed)) + packed
 
 
+MSGPACK_INTS = (-(2**63), 2**64 - 1)
+"""The integers msgpack carries."""
+
+
+def encode_reply(reply: dict[str, Any], tensor: torch.Tensor | None, protocol: str,
+                 op: str) -> bytes:
+    """`encode_header` for a server's reply to `op`. A reply the wire cannot carry (a rule
+    of `protocol` answering meta that holds a set, a tensor, a non-str key, ...) is a
+    `WireError` 500 naming the first key at fault and saying that the request was carried
+    out (the worker ends with it: a re-sync would meet it again). The engine sees a rule's
+    meta only once the rule has committed, so it cannot refuse before the commit
+    (`asyncsync.protocols.testing.wire_meta` refuses such a rule in its tests)."""
+    try:
+        return encode_header(reply, tensor)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise unsent(protocol, op, unsendable(reply.get("meta"), exc)) from None
+
+
+def reply_meta(meta: object, protocol: str, op: str) -> dict[str, Any]:
+    """A rule's reply `meta` for `op`, which must be a map (else a WireError 500, as in
+    `encode_reply`)."""
+    if not isinstance(meta, dict):
+        raise unsent(protocol, op, f"a {type(meta).__name__}, not a map")
+    return meta
+
+
+def unsent(protocol: str, op: str, problem: str) -> WireError:
+    """The 500 for a reply the wire cannot carry: a rule's bug, after it ran."""
+    return WireError(500, f"protocol {protocol!r} answered this {op} with reply meta the "
+                          f"wire cannot carry ({problem}); the {op} was carried out (a push "
+                          "stays applied); the protocol has a bug")
+
+
+def unsendable(meta: object, error: Exception) -> str:
+    """What in `meta` msgpack cannot carry: its first key at fault, else `error`."""
+    pending: list[tuple[str, object]] = [("meta", meta)]
+    while pending:
+        path, value = pending.pop()
+        shown = repr(path.removeprefix("meta."))
+        if isinstance(value, dict):
+            if not all(isinstance(key, str) for key in value):
+                return f"{shown} has a key that is not a str"
+            pending.extend((f"{path}.{key}", item) for key, item in value.items())
+        elif isinstance(value, list | tuple):
+            pending.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, int) and not MSGPACK_INTS[0] <= value <= MSGPACK_INTS[1]:
+            return f"{shown} is an int beyond 64 bits"
+        elif not isinstance(value, str | bytes | int | float | type(None)):
+            return (f"{shown} is a {type(value).__name__}; the wire carries str, bytes, int, "
+                    "float, bool, None, lists and maps")
+    return " ".join(str(error).split())[:200]
+
+
 def tensor_chunks(tensor: torch.Tensor, chunk: int = CHUNK_BYTES) -> Iterator[memoryview]:
     """Zero-copy byte views of a contiguous CPU tensor, `chunk` bytes at a time."""
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
