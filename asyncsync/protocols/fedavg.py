@@ -187,7 +187,7 @@ class FedAvgServer(LocalSgdServer):
         """How many of `candidates` workers a round draws: k, or ``ceil(k (1 + o))`` with
         over-selection, whose first k reports then close it (sets `wanted`)."""
         wanted: int = self.params.sampled(candidates)
-        count = min(candidates, math.ceil(wanted * (1 + self.params.overcommit) - 1e-9))
+        count: int = min(candidates, math.ceil(wanted * (1 + self.params.overcommit) - 1e-9))
         self.wanted = wanted if count > wanted else None
         return count
 
