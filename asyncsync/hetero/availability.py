@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncsync.hetero.traces import TraceError, csv_rows, number, rank_of
+from asyncsync.hetero.traces import TraceError, csv_rows, number, rank_of, write_whole
 
 AVAILABILITY_COLUMNS = ("worker", "online_from_s", "online_to_s")
 
@@ -210,4 +210,4 @@ def write_availability(path: str | Path, times: list[OnlineTimes], comment: str 
         raise ValueError("no worker is ever online: an availability trace needs at least "
                          "one interval")
     lines = [f"# {line}" for line in comment.splitlines()]
-    Path(path).write_text("\n".join([*lines, ",".join(AVAILABILITY_COLUMNS), *rows]) + "\n")
+    write_whole(path, "\n".join([*lines, ",".join(AVAILABILITY_COLUMNS), *rows]) + "\n")

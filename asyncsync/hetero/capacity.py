@@ -20,7 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncsync.hetero.traces import TraceError, content_lines, csv_rows, number, rank_of
+from asyncsync.hetero.traces import (
+    TraceError,
+    content_lines,
+    csv_rows,
+    number,
+    rank_of,
+    write_whole,
+)
 
 SPEED_COLUMNS = ("s_per_sample", "flops_per_s")
 LINK_COLUMNS = ("up_mbps", "down_mbps")
@@ -118,4 +125,4 @@ def write_capacity(path: str | Path, rows: list[Capacity], comment: str = "") ->
         if value is None:
             raise ValueError("write_capacity: every row must give the same kind of speed")
         lines.append(f"{row.row},{value:.6g},{row.up_mbps:.6g},{row.down_mbps:.6g}")
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_whole(path, "\n".join(lines) + "\n")

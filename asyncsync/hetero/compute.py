@@ -29,6 +29,7 @@ counts overruns).
 
 from __future__ import annotations
 
+import bisect
 import csv
 import math
 import random
@@ -325,14 +326,13 @@ class TraceSlowdown(RecipeProfile):
 
     def __init__(self, path: str | Path, rank: int, workers: int | None = None) -> None:
         self.points = read_trace(path, workers).get(rank, [])
+        self._starts = [start for start, _ in self.points]
 
     def factor_at(self, t: float) -> float:
-        current = 1.0
-        for start, value in self.points:
-            if start > t:
-                break
-            current = value
-        return current
+        """The factor of the last row at or before `t` (1 before the first): a binary
+        search, O(log rows) a step."""
+        index = bisect.bisect_right(self._starts, t)
+        return self.points[index - 1][1] if index else 1.0
 
 
 def read_trace(path: str | Path, workers: int | None = None,
@@ -341,9 +341,31 @@ def read_trace(path: str | Path, workers: int | None = None,
 
     A header row is optional; blank lines and ``#`` comments are skipped. Each row needs a
     finite ``time_s >= 0``, a rank (below `workers` when given) and a finite factor >= 1:
-    anything else is a `TraceError` naming the file and line.
+    anything else is a `TraceError` naming the file and line. The last file parsed is
+    kept (by path, size and modification time): each rank's profile reads the same file,
+    and a thousand ranks would otherwise parse it a thousand times.
     """
     path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise TraceError(path, 0, unreadable(path, exc)) from exc
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _LAST_TRACE:
+        points = _parse_trace(path, None)
+        _LAST_TRACE.clear()
+        _LAST_TRACE[key] = points
+    points = _LAST_TRACE[key]
+    if workers is not None and points and max(points) >= workers:
+        return _parse_trace(path, workers)  # (raises, naming the first unknown worker's line)
+    return points
+
+
+_LAST_TRACE: dict[tuple[str, int, int], dict[int, list[tuple[float, float]]]] = {}
+
+
+def _parse_trace(path: Path, workers: int | None) -> dict[int, list[tuple[float, float]]]:
+    """`read_trace`'s parse of the file, read afresh."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -30,6 +31,18 @@ import torch
 from asyncsync.errors import InputError
 
 PARTITIONS = ("iid", "dirichlet", "shards", "label_quantity", "quantity_skew")
+PARTITION_KEYS: dict[str, tuple[str, ...]] = {
+    "iid": (), "dirichlet": ("alpha",), "shards": ("classes_per_worker",),
+    "label_quantity": ("classes_per_worker",), "quantity_skew": ("sigma",)}
+"""The ``data`` keys each partition reads (the others' keys it ignores)."""
+
+
+def unused_keys(kind: str, keys: Iterable[str]) -> list[str]:
+    """The partition keys among `keys` (a recipe's ``data`` keys) that partition `kind`
+    does not read: a recipe check refuses them where the run itself sets them."""
+    read = PARTITION_KEYS.get(kind, ())
+    every = {key for used in PARTITION_KEYS.values() for key in used}
+    return [key for key in keys if key in every and key not in read]
 
 
 class PartitionError(InputError, ValueError):

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -129,3 +131,21 @@ def rank_of(path: str | Path, line: int, row: dict[str, str], workers: int | Non
         raise TraceError(path, line, f"unknown worker {rank}: the run has workers "
                                      f"0..{workers - 1}")
     return rank
+
+
+def write_whole(path: str | Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: into a temporary file beside it, then
+    renamed over it, so that a write cut short (a full disk) leaves the old file as it
+    was rather than a shorter trace that still reads as a valid one."""
+    target = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.fchmod(handle, 0o666 & ~umask)  # (as a plain write would create it)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

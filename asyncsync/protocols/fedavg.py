@@ -21,7 +21,11 @@ Membership is local SGD's: round 0 is drawn when it opens, from the workers in t
 then (not those offline at the start); a participant's delta that arrived counts though
 it then leaves, one in progress is lost and the round closes with the others' (it is
 drawn again if no participant is left and no delta arrived); a rejoined worker joins
-the open round when C = 1, otherwise it waits until a round samples it.
+the open round when C = 1, otherwise it waits until a round samples it. A resumed server
+(``--resume``: no start barrier) draws its first round at the first rejoin and, until a
+report arrives, tops it up at each rejoin to k of the live workers (``ceil(k (1 + o))``
+with over-selection), keeping its members, which may be training already (**(choice)**:
+not drawn afresh, so the workers back early are likelier to be in it).
 
 **Local epochs.** By default each participant runs H steps (``local_steps``) of the batch
 B, so every delta carries the same ``H B`` samples and the weights are equal. With
@@ -90,6 +94,7 @@ from dataclasses import dataclass, fields
 
 from asyncsync.protocols.base import Context, Protocol, Push, Unacceptable, option, register
 from asyncsync.protocols.local_sgd import LocalSgdParams, LocalSgdServer, LocalSgdWorker
+from asyncsync.protocols.ports import Store
 
 _LOCAL_STEPS = next(f.default for f in fields(LocalSgdParams) if f.name == "local_steps")
 """H's default (a round's steps, unless `local_epochs` plans them)."""
@@ -138,7 +143,15 @@ class FedAvgParams(LocalSgdParams):
 
 
 class FedAvgServer(LocalSgdServer):
-    """Local SGD's rounds over a sampled fraction of the live workers, weighted by samples."""
+    """Local SGD's rounds over a sampled fraction of the live workers, weighted by samples.
+
+    A resumed server (its first round drawn at a rejoin, at a version above 0) tops that
+    round up as its workers rejoin, until a report arrives (see the module docstring).
+    """
+
+    def __init__(self, params: FedAvgParams, store: Store) -> None:
+        super().__init__(params, store)
+        self._filling = False  # (topping up a resumed server's first round)
 
     def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
         """``k = max(1, round(C * n))`` of the n `candidates`, drawn afresh for each round;
@@ -147,11 +160,36 @@ class FedAvgServer(LocalSgdServer):
         over-select: the round closes, as local SGD's, with the first
         ``ceil(k / (1 + overcommit))`` reports of its k members."""
         pool = sorted(candidates)
-        wanted = self.params.sampled(len(pool))
-        count = min(len(pool), math.ceil(wanted * (1 + self.params.overcommit) - 1e-9))
-        self.wanted = wanted if count > wanted else None
+        count = self.draws(len(pool))
         rng = random.Random(self.params.seed * 1_000_003 + version)
         return frozenset(rng.sample(pool, count))
+
+    def joined(self, worker: int) -> None:
+        """A resumed server's first round, drawn at the first rejoin, grows as the others
+        rejoin until a report arrives: to k of the live workers (with over-selection
+        ``ceil(k (1 + o))``), its members kept and the rest drawn from the others."""
+        if self.closed[0] == 0 and self.store.version > 0 and not self.pending[0]:
+            self._filling = self._filling or self.members() == {worker}
+        else:
+            self._filling = False
+        if not self._filling:
+            super().joined(worker)
+            return
+        live, members = self.store.live, self.members()
+        count = self.draws(len(live))
+        rng = random.Random((self.params.seed * 1_000_003 + self.store.version) * 1_000_003
+                            + len(live))
+        others = sorted(live - members)
+        self.round = frozenset(members) | frozenset(rng.sample(others,
+                                                               max(0, count - len(members))))
+
+    def draws(self, candidates: int) -> int:
+        """How many of `candidates` workers a round draws: k, or ``ceil(k (1 + o))`` with
+        over-selection, whose first k reports then close it (sets `wanted`)."""
+        wanted: int = self.params.sampled(candidates)
+        count: int = min(candidates, math.ceil(wanted * (1 + self.params.overcommit) - 1e-9))
+        self.wanted = wanted if count > wanted else None
+        return count
 
     def weight(self, push: Push) -> float:
         """A delta counts in proportion to the samples it was trained on."""
