@@ -13,9 +13,12 @@ while the fast ones contribute several steps per version. A push is answered
 Choices: the slowest worker is detected dynamically as the one with the lowest recent step
 rate: the server keeps, per worker, an exponentially weighted moving average (weight
 ``rate_smoothing`` on the newest value) of the seconds per step between its consecutive
-pushes; a worker without an estimate yet (fewer than two pushes) counts as slowest, and
-only live workers count. ``slow_worker`` fixes the slowest by rank instead, as the
-official code does; while that worker is out of the run, the slowest is detected.
+pushes; a worker without an estimate yet (fewer than two pushes) counts as slowest (its
+pushes publish), and only live workers count. Among measured workers the slowest is one:
+of equally slow ones (e.g. the paper's odd ranks, which all sleep alike) the lowest rank,
+so that the version advances once per slow step, not once per tied worker's push (a
+version holding one of them alone). ``slow_worker`` fixes the slowest by rank instead, as
+the official code does; while that worker is out of the run, the slowest is detected.
 
 Reference: D. Yang, B. Hu, A. Liu, A.-L. Jin, K. L. Yeung, Y. You, "WBSP: Addressing
 stragglers in distributed machine learning with worker-busy synchronous parallel",
@@ -136,8 +139,11 @@ class WbspServer(ServerRule[WbspParams]):
     def _is_slowest(self, worker: int) -> bool:
         if self.slow_worker in self.store.live:
             return worker == self.slow_worker
-        present = [self._step_s[rank] for rank in self.store.live]
-        return self._step_s[worker] >= max(present, default=0.0)
+        if math.isinf(self._step_s[worker]):
+            return True  # not measured yet: counts as slowest
+        slowest = max(self.store.live, key=lambda rank: (self._step_s[rank], -rank),
+                      default=worker)
+        return worker == slowest
 
     async def on_join(self, worker: int) -> None:
         async with self.store.lock:
