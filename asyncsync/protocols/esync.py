@@ -25,6 +25,15 @@ unknown, and nobody is ready; after a round closes, nobody is ready until the sl
 started its next step (its query of ``k = 0`` arrived: its new model may come late, over
 a slow link), as in the authors' state server.
 
+The oracle counts computation only, as the paper's does: once the slowest's step has
+ended, the time left is zero and the others are ready, so the time its delta takes to
+upload (and the round's model to come back) is spent waiting at the barrier by everyone.
+Over an even, fast intra-data-center network, the paper's setting, that is short; with a
+slow link to the slowest worker it is not hidden (keeping the others stepping until the
+slowest's delta has arrived would be a rule of our own, with no estimate of the upload in
+the paper to bound it). NBSync is the protocol here for slow links: its synchronization
+runs beside the local steps.
+
 Reference: Z. Li, H. Zhou, T. Zhou, H. Yu, Z. Xu, G. Sun, "ESync: Accelerating Intra-Domain
 Federated Learning in Heterogeneous Data Centers", IEEE Transactions on Services Computing,
 2020 (doi:10.1109/TSC.2020.3044043).
