@@ -14,7 +14,7 @@ import torch
 from asyncsync.engine.channel import RequestRejected
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.asp import ASP, AspServer
-from asyncsync.protocols.base import Push
+from asyncsync.protocols.base import Pull, Push, Reply
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
 from asyncsync.wire.frames import CONTENT_TYPE, PREFIX, decode_header, encode_header, tensor_chunks
@@ -102,5 +102,28 @@ async def test_a_reply_meta_that_is_not_a_map_is_a_clear_error() -> None:
         await transport.request("query", {"worker": 0, "run_id": RUN,
                                           "session": reply["meta"]["session"], "meta": {}})
     assert refused.value.status == 500
+    await server.core.stop()
+    await server.core.close()
+
+
+class NoPullMetaServer(AspServer):
+    """ASP whose pull answers None for its meta."""
+
+    async def on_pull(self, pull: Pull) -> Reply:
+        return dataclasses.replace(await super().on_pull(pull), meta=None)  # type: ignore[arg-type]
+
+
+async def test_a_pull_after_a_push_whose_meta_is_not_a_map_is_a_clear_error() -> None:
+    """``then_pull``: the push's meta is put into the pull's, which must be a map too."""
+    server = ParameterServer(tiny_model(), dataclasses.replace(
+        ASP, name="asp-no-pull-meta", server=NoPullMetaServer), 1, ServerSettings(run_id=RUN))
+    transport = LocalTransport(server.core)
+    reply, _ = await transport.request("join", {"worker": 0, "run_id": RUN}, None)
+    with pytest.raises(RequestRejected, match=r"asp-no-pull-meta.* pull .*NoneType, not a map"
+                       ) as refused:
+        await transport.request("push", {**push(reply["meta"]["session"]), "then_pull": True},
+                                torch.zeros(server.core.store.numel))
+    assert refused.value.status == 500
+    assert server.core.store.version == 1  # the push was carried out, as the error says
     await server.core.stop()
     await server.core.close()

@@ -317,7 +317,7 @@ class ServerCore:
         if not then_pull:
             return Reply(meta=pushed)
         pulled = await self.rule.on_pull(Pull(worker, base_version, meta))
-        pulled.meta["push"] = pushed
+        reply_meta(pulled.meta, self.protocol.name, "pull")["push"] = pushed
         return pulled
 
     async def _decompress(self, codec: object, payload: torch.Tensor,
