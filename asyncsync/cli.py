@@ -20,7 +20,7 @@ from asyncsync.results.report import output_folder, publish, report_summary
 from asyncsync.results.studies import LogError, find_reports, pool_problem, recipe_baseline
 from asyncsync.runlog.reading import unswept_name
 from asyncsync.schema import ConfigError
-from asyncsync.study.command_line import UsageError
+from asyncsync.study.command_line import UsageError, slurm_given
 from asyncsync.study.command_line import build_parser as _parser
 from asyncsync.study.launch import TOKEN_ENV
 from asyncsync.tracking import export_runs, parse_track, unique_specs
@@ -113,6 +113,10 @@ def _run(args: argparse.Namespace) -> int:
     local = args.executor != "slurm"
     if not local and args.jobs:  # Slurm runs the array's tasks
         raise ConfigError("--jobs is for --executor local; with slurm: --slurm-array-parallelism")
+    given = slurm_given(args)
+    if local and given:
+        raise ConfigError(f"{', '.join(given)}: only with --executor slurm (this run is "
+                          "local: --jobs sets how many runs at once)")
     jobs = args.jobs or len(os.sched_getaffinity(0))
     spares = Spares.start(children_needed(args.recipe, overrides, args.only, args.repeats,
                                           jobs) if local else 0)
@@ -120,8 +124,10 @@ def _run(args: argparse.Namespace) -> int:
         from asyncsync.study.executors import SlurmOptions
         from asyncsync.study.runner import run_recipe_file
 
-        slurm = SlurmOptions(args.slurm_partition, args.slurm_time, args.slurm_cpus,
-                             args.slurm_gpus, args.slurm_array_parallelism)
+        unset = SlurmOptions()
+        slurm = SlurmOptions(args.slurm_partition, args.slurm_time or unset.time_min,
+                             args.slurm_cpus or unset.cpus, args.slurm_gpus or unset.gpus,
+                             args.slurm_array_parallelism)
         summaries = run_recipe_file(args.recipe, overrides, args.only, args.logs,
                                     repeats=args.repeats, live=False if args.plain else None,
                                     track=args.track, jobs=jobs, resume=args.resume,

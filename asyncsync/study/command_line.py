@@ -59,11 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     slurm = run.add_argument_group("Slurm (with --executor slurm)")
     slurm.add_argument("--slurm-partition", default=None, metavar="NAME",
                        help="partition (default: the cluster's)")
-    slurm.add_argument("--slurm-time", type=_positive, default=60, metavar="MIN",
+    slurm.add_argument("--slurm-time", type=_positive, default=None, metavar="MIN",
                        help="time limit of each task in minutes (default 60)")
-    slurm.add_argument("--slurm-cpus", type=_positive, default=1, metavar="N",
+    slurm.add_argument("--slurm-cpus", type=_positive, default=None, metavar="N",
                        help="CPUs per task (default 1)")
-    slurm.add_argument("--slurm-gpus", type=_count, default=0, metavar="N",
+    slurm.add_argument("--slurm-gpus", type=_count, default=None, metavar="N",
                        help="GPUs per task (default 0)")
     slurm.add_argument("--slurm-array-parallelism", type=_positive, default=None,
                        metavar="N", help="tasks of the array running at once (default: "
@@ -179,6 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
                                    "certificate (default: the recipe's tls.ca, else the "
                                    "system's trust store)")
     return parser
+
+
+SLURM_OPTIONS = ("--slurm-partition", "--slurm-time", "--slurm-cpus", "--slurm-gpus",
+                 "--slurm-array-parallelism", "--no-wait")
+"""``run``'s options for ``--executor slurm``. Unset, each parses as None (False), so that
+one given with the local executor is refused by name rather than ignored; the defaults
+the help names are `asyncsync.study.executors.SlurmOptions`'s."""
+
+
+def slurm_given(args: argparse.Namespace) -> list[str]:
+    """The Slurm options given on the command line (`SLURM_OPTIONS`)."""
+    values = {option: getattr(args, option[2:].replace("-", "_")) for option in SLURM_OPTIONS}
+    return [option for option, value in values.items()
+            if value is not None and value is not False]  # (--slurm-gpus 0 is given too)
 
 
 def _recipe_options(parser: argparse.ArgumentParser) -> None:
