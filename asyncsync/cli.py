@@ -78,8 +78,14 @@ def _report(args: argparse.Namespace, console: Console) -> int:
                         summaries[0]["recipe"] if len(studies) <= 1 else ""))
     for note in notes:
         console.print(note, highlight=False, soft_wrap=True)
+    failed = 0
     for run_dirs, summaries, baseline, out, title in planned:
         publish(run_dirs, summaries, baseline, out, console, title=title)
+        if all("error" in s for s in summaries):
+            failed += 1
+            console.print(f"every run of this report failed ({len(summaries)} of "
+                          f"{len(summaries)}): no results to compare", highlight=False,
+                          soft_wrap=True)
     if trackers:
         for run_dirs in reports:
             runs = export_runs(run_dirs, trackers)
@@ -87,7 +93,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
                           highlight=False, soft_wrap=True)
         for tracker in trackers:
             tracker.close()
-    return 0
+    return 1 if failed else 0
 
 
 def _default_out(run_dirs: list[Path], dirs: list[Path]) -> Path:

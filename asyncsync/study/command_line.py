@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--track", action="append", default=[], metavar="SPEC",
                         help="also send the reported runs to TensorBoard, MLflow or W&B: "
                              + TRACK_HELP)
+    report.epilog = ("exit status: 0 reported; 1 every run of a report failed (the table "
+                     "shows each error); 2 a bad folder, option or log")
 
     data = sub.add_parser("data", help="prepare a real dataset under --root, offline first: "
                           "the files already there, else a system package's (Debian's "

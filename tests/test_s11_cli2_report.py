@@ -1,0 +1,40 @@
+"""``asyncsync report`` of studies whose runs all failed: the exit status says so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.run_one import prepare_folder
+from tests.test_cli import run_main
+from tests.test_parallel import recipe
+
+
+def failed_study(tmp_path: Path, failed: tuple[str, ...] = ("bsp-r0", "bsp-r1", "asp-r0",
+                                                           "asp-r1")) -> Path:
+    """tests.test_parallel's study, prepared, its runs in `failed` failed before they
+    logged anything (the others unstarted)."""
+    resolved = load_recipe(recipe(tmp_path))
+    study = tmp_path / "logs" / "small" / "20260101-000000"
+    study.mkdir(parents=True)
+    (study / "recipe.json").write_text(json.dumps(resolved.as_table()))
+    for spec in resolved.runs:
+        for repeat, one in enumerate(resolved.repeated(spec)):
+            name = f"{spec.name}-r{repeat}"
+            prepare_folder(one, resolved, study / name, repeat)
+            if name in failed:
+                (study / name / "summary.json").write_text(json.dumps(
+                    {"error": f"RuntimeError: boom in {name}"}))
+    return study
+
+
+def test_a_report_whose_every_run_failed_exits_1_and_says_so(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out = run_main(capsys, "report", str(failed_study(tmp_path)))
+    assert code == 1, out
+    assert "Traceback" not in out
+    assert "RuntimeError: boom in asp-r0" in out  # the table still shows the errors
+    assert "every run of this report failed (4 of 4)" in " ".join(out.split()), out
