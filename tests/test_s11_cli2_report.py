@@ -9,7 +9,7 @@ import pytest
 
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.run_one import prepare_folder
-from tests.test_cli import run_main
+from tests.test_cli import one_error, run_main
 from tests.test_parallel import recipe
 
 
@@ -38,3 +38,30 @@ def test_a_report_whose_every_run_failed_exits_1_and_says_so(
     assert "Traceback" not in out
     assert "RuntimeError: boom in asp-r0" in out  # the table still shows the errors
     assert "every run of this report failed (4 of 4)" in " ".join(out.split()), out
+
+
+@pytest.mark.parametrize(("options", "difference"), [
+    (["--set", "stop.time_s=40"], "runs[0] (bsp).stop.time_s: 30.0 in the study, 40.0 now"),
+    (["--only", "asp"], "runs: bsp, asp in the study, asp now"),
+    (["--repeats", "3"], "repeats: 2 in the study, 3 now"),
+])
+def test_resume_with_another_recipe_names_what_differs(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, options: list[str],
+        difference: str) -> None:
+    study = failed_study(tmp_path, failed=())
+    before = sorted(p.relative_to(study) for p in study.rglob("*"))
+    message = one_error(run_main(capsys, "run", recipe(tmp_path), "--plain", "--resume",
+                                 str(study), *options))
+    assert message.startswith(f"error: --resume {study}: its recipe.json differs from small "
+                              f"as resolved now ({difference}); "), message
+    assert sorted(p.relative_to(study) for p in study.rglob("*")) == before
+
+
+def test_resume_of_a_folder_that_is_not_a_study_says_so_plainly(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    message = one_error(run_main(capsys, "run", recipe(tmp_path), "--plain", "--resume",
+                                 str(tmp_path)))
+    assert message == f"error: --resume {tmp_path}: not a study folder (no recipe.json in it)"
+    message = one_error(run_main(capsys, "run", recipe(tmp_path), "--plain", "--resume",
+                                 str(tmp_path / "nowhere")))
+    assert message == f"error: --resume {tmp_path / 'nowhere'}: no such folder"
