@@ -23,7 +23,7 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.command_line import UsageError, slurm_given
 from asyncsync.study.command_line import build_parser as _parser
 from asyncsync.study.launch import TOKEN_ENV
-from asyncsync.tracking import export_runs, parse_track, unique_specs
+from asyncsync.tracking import export_runs, parse_track, refuse_missing, unique_specs
 
 if TYPE_CHECKING:
     from asyncsync.study.recipe import Recipe
@@ -53,6 +53,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all).
     Every report is checked (its runs poolable, its baseline a run, its output folder
     writable) before anything is printed."""
+    refuse_missing(args.track, {}, "")
     reports, notes = find_reports(args.dirs, every=args.all)
     trackers = [parse_track(spec) for spec in unique_specs(args.track)]
     planned = []
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             from asyncsync.study.run_one import check_data, check_models, device_problem
 
             recipe = load_recipe(args.recipe, _overrides(args), args.only, args.repeats)
+            refuse_missing((), recipe.tracking, str(args.recipe))
             datasets = dataset_loader()  # each loaded once, for the checks and the tables
             check_models(recipe, datasets)
             console.print(check_table(recipe, console.width))

@@ -60,7 +60,14 @@ from asyncsync.study.run_one import (
 )
 from asyncsync.study.specs import RunSpec
 from asyncsync.study.study_folder import claimed, reopen
-from asyncsync.tracking import RunFeed, Tracker, follow, parse_track, unique_specs
+from asyncsync.tracking import (
+    RunFeed,
+    Tracker,
+    follow,
+    parse_track,
+    refuse_missing,
+    unique_specs,
+)
 
 T = TypeVar("T")
 
@@ -362,6 +369,7 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
     the ``--track`` specs `track` and of the recipe's own ``[tracking]`` join `trackers`,
     each place once."""
     recipe = load_recipe(path, overrides, only, repeats)
+    refuse_missing(track, recipe.tracking, str(path))
     trackers = [*trackers, *(parse_track(spec) for spec in
                              unique_specs([*track, *recipe.track_specs]))]
     return asyncio.run(_terminable(run_recipe(recipe, logs, live, trackers, jobs=jobs,
