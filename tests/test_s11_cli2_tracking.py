@@ -37,15 +37,13 @@ def test_a_recipes_tracker_without_its_package_is_named_before_anything_runs(
 
 
 @pytest.mark.parametrize(("tool", "package"), TOOLS)
-@pytest.mark.parametrize("command", ["run", "report"])
 def test_a_track_option_without_its_package_is_named_before_anything_runs(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path, tool: str, package: str, command: str) -> None:
+        tmp_path: Path, tool: str, package: str) -> None:
     monkeypatch.setitem(sys.modules, package, None)
     logs = tmp_path / "logs"
     spec = f"{tool}={tmp_path / 'tracked'}"
-    what = [recipe(tmp_path), "--plain", "--logs", str(logs)] if command == "run" else [
-        str(tmp_path)]
-    assert one_error(run_main(capsys, command, *what, "--track", spec)) == (
+    assert one_error(run_main(capsys, "run", recipe(tmp_path), "--plain", "--logs",
+                              str(logs), "--track", spec)) == (
         f"error: --track {spec}: needs the {package} package: pip install asyncsync[track]")
     assert not logs.exists() and not (tmp_path / "tracked").exists()
