@@ -65,3 +65,15 @@ def test_resume_of_a_folder_that_is_not_a_study_says_so_plainly(
     message = one_error(run_main(capsys, "run", recipe(tmp_path), "--plain", "--resume",
                                  str(tmp_path / "nowhere")))
     assert message == f"error: --resume {tmp_path / 'nowhere'}: no such folder"
+
+
+def test_resume_says_which_failed_runs_it_keeps_and_how_to_run_them_again(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A failed run counts as done (its error is deterministic): the resume line says
+    which ones it keeps, so that no one waits for them to run again."""
+    study = failed_study(tmp_path)
+    code, out = run_main(capsys, "run", recipe(tmp_path), "--plain", "--resume", str(study))
+    assert code == 1, out
+    assert (f"resuming {study}: 4 of 4 runs done, 0 to run; kept as failed: bsp-r0, "
+            "bsp-r1, asp-r0, asp-r1 (delete a run's folder to run it again)") in " ".join(
+                out.split()), out

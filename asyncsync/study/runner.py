@@ -147,9 +147,12 @@ async def _run_study(recipe: Recipe, root: Path, live: bool | None,
     study = _Study(recipe, root, slots, Dashboard(recipe, live), trackers,
                    {i: s for i, s in enumerate(map(_kept, slots)) if s is not None})
     todo = [i for i in range(len(slots)) if i not in study.done]
-    if resume:
+    if resume:  # a failed run is done (its error is deterministic): say which are kept
+        failed = [slots[i].run_dir.name for i in sorted(study.done) if "error" in study.done[i]]
+        kept = (f"; kept as failed: {', '.join(failed)} (delete a run's folder to run it "
+                "again)") if failed else ""
         study.dashboard.console.print(f"resuming {root}: {len(study.done)} of {len(slots)} "
-                                      f"runs done, {len(todo)} to run", highlight=False,
+                                      f"runs done, {len(todo)} to run{kept}", highlight=False,
                                       soft_wrap=True)
     virtual = [i for i in todo if slots[i].spec.clock == "virtual"]
     if slurm is not None and len(virtual) < len(todo):
