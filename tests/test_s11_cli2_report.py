@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.run_one import prepare_folder
+from asyncsync.study.study_folder import claimed
 from tests.test_cli import one_error, run_main
 from tests.test_parallel import recipe
 
@@ -77,3 +79,19 @@ def test_resume_says_which_failed_runs_it_keeps_and_how_to_run_them_again(
     assert (f"resuming {study}: 4 of 4 runs done, 0 to run; kept as failed: bsp-r0, "
             "bsp-r1, asp-r0, asp-r1 (delete a run's folder to run it again)") in " ".join(
                 out.split()), out
+
+
+def test_report_of_a_study_still_running_says_so_instead_of_offering_resume(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Its runs without summary.json are running, not to be resumed (which the running
+    supervisor's lock would refuse anyway)."""
+    study = failed_study(tmp_path, failed=("bsp-r0",))
+    with claimed(study, resumed=False):  # as the supervisor running the study holds it
+        code, out = run_main(capsys, "report", str(study))
+    said = " ".join(out.split())
+    assert code == 1, out  # its one finished run failed
+    assert (f"3 of 4 runs have no summary.json yet: bsp-r1, asp-r0, asp-r1; the study is "
+            f"still running (pid {os.getpid()} holds {study})") in said, out
+    assert "--resume" not in said
+    code, out = run_main(capsys, "report", str(study))  # once it is no longer held
+    assert "asyncsync run RECIPE --resume" in " ".join(out.split()), out

@@ -7,6 +7,7 @@ A run folder holds the run's resolved ``recipe.json`` and, once it ended, its
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -108,10 +109,14 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             said += [f"{r}: left out, it was {_interruption(written[r])}" for r in cut]
             if waiting or unstarted:
                 names = [r.name for r in waiting] + unstarted
+                holder = supervisor(study)
                 said.append(f"{len(names)} of {len(runs) + len(unstarted)} runs "
-                            f"{'has' if len(names) == 1 else 'have'} no summary.json yet "
-                            f"(not started, still running, or killed): {', '.join(names)}; "
-                            f"asyncsync run RECIPE --resume {study} runs them")
+                            f"{'has' if len(names) == 1 else 'have'} no summary.json yet"
+                            + (f": {', '.join(names)}; the study is still running (pid "
+                               f"{holder} holds {study})" if holder else
+                               f" (not started, still running, or killed): "
+                               f"{', '.join(names)}; asyncsync run RECIPE --resume {study} "
+                               "runs them"))
             reported += len(done)
             if every:
                 reports.append(done)
@@ -121,6 +126,28 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             raise LogError("; ".join([f"{root}: no finished run to report", *said]))
         notes += said
     return [r for r in reports if r], notes
+
+
+SUPERVISOR_LOCK = ".supervisor.lock"
+"""A study folder's lock file: held (flock) by the supervisor running the study, and
+naming its pid (`asyncsync.study.study_folder.claimed`)."""
+
+
+def supervisor(study: Path) -> str | None:
+    """The pid of the supervisor running `study` now (its lock held), else None.
+
+    The probe takes a shared lock for an instant: a supervisor starting in that instant
+    is refused as if the study were running (run it again)."""
+    try:
+        with (study / SUPERVISOR_LOCK).open() as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return handle.read().strip() or "?"
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError:  # no lock file (a study before locks, or never run here), no locks
+        pass
+    return None
 
 
 def _finished(run_dir: Path) -> bool:

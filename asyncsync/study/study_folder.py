@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from asyncsync.results.studies import upgrade_sweep_names
+from asyncsync.results.studies import SUPERVISOR_LOCK, upgrade_sweep_names
 from asyncsync.schema import ConfigError
 from asyncsync.study.executors import queued_tasks
 from asyncsync.study.recipe import Recipe
 
-LOCK = ".supervisor.lock"
+LOCK = SUPERVISOR_LOCK
 """A study folder's lock file: held (flock) by the supervisor running the study, and
-naming its pid."""
+naming its pid (`asyncsync.results.studies.supervisor` reads it for ``report``)."""
 
 
 @contextlib.contextmanager
