@@ -95,3 +95,18 @@ def test_report_of_a_study_still_running_says_so_instead_of_offering_resume(
     assert "--resume" not in said
     code, out = run_main(capsys, "report", str(study))  # once it is no longer held
     assert "asyncsync run RECIPE --resume" in " ".join(out.split()), out
+
+
+@pytest.mark.parametrize("text", ["{bad", "[1, 2]", '{"runs": 3, "baseline": 4}'])
+def test_a_damaged_study_recipe_is_named_and_its_runs_still_reported(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str) -> None:
+    """The study's recipe.json gives only the runs' order and the baseline: each run's
+    folder has its own. Damaged, it was a traceback."""
+    study = failed_study(tmp_path)
+    (study / "recipe.json").write_text(text)
+    code, out = run_main(capsys, "report", str(study))
+    said = " ".join(out.split())
+    assert "Traceback" not in out
+    assert code == 1, out  # every run failed, as before
+    assert f"{study / 'recipe.json'}: damaged (" in said, out
+    assert "boom in asp-r0" in said and "boom in bsp-r0" in said

@@ -99,6 +99,9 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
                         f"{', '.join(str(c) for c in chosen)} (--all: each one separately)")
         reported = 0
         for study in chosen:
+            if damage := study_recipe_damage(study):
+                said.append(f"{damage}: its runs are reported from their own folders, in "
+                            "name order, the first the baseline")
             runs = sorted(studies[study], key=_recipe_order)
             waiting = [r for r in runs if not _finished(r)]
             unstarted = [name for name in _study_folders(study) if not (study / name).is_dir()
@@ -247,9 +250,9 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, int, str]:
     """Runs of one timestamp in their recipe's order (a run's repeats together, in their
     order: its folders are ``<run>-r<k>``, so the run's own recipe.json names it), then by
     name."""
-    path = run_dir.parent / "recipe.json"
-    names = [r.get("name") for r in json.loads(path.read_text()).get("runs", [])] \
-        if path.exists() else []
+    runs = study_recipe(run_dir.parent).get("runs")
+    names = [r.get("name") for r in runs if isinstance(r, dict)] if isinstance(runs, list) \
+        else []
     name, repeat = run_dir.name, 0
     with contextlib.suppress(OSError, ValueError, LookupError, TypeError):
         written = json.loads((run_dir / "recipe.json").read_text())
@@ -259,11 +262,33 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, int, str]:
 
 def recipe_baseline(run_dir: Path) -> str | None:
     """The baseline named by the whole recipe written next to a run (its parent's)."""
-    path = run_dir.parent / "recipe.json"
-    if not path.exists():
-        return None
-    baseline = json.loads(path.read_text()).get("baseline")
+    baseline = study_recipe(run_dir.parent).get("baseline")
     return baseline if isinstance(baseline, str) else None
+
+
+def study_recipe(study: Path) -> dict[str, Any]:
+    """The recipe.json of the study folder `study`: {} where it has none, or it is
+    damaged (`study_recipe_damage` says how; it gives only the runs' order and baseline,
+    each run's folder has its own)."""
+    with contextlib.suppress(OSError, ValueError):
+        table = json.loads((study / "recipe.json").read_text())
+        if isinstance(table, dict):
+            return table
+    return {}
+
+
+def study_recipe_damage(study: Path) -> str:
+    """What is wrong with the study's recipe.json ("" when it is sound or absent)."""
+    path = study / "recipe.json"
+    try:
+        table = json.loads(path.read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as exc:
+        return f"{path}: damaged ({exc})"
+    if not isinstance(table, dict) or not isinstance(table.get("runs", []), list):
+        return f"{path}: damaged (not a recipe's table of runs)"
+    return ""
 
 
 def upgrade_sweep_names(root: Path) -> list[str]:
