@@ -48,6 +48,8 @@ CASES = [  # (recipe text, --set items, the key named, the problem)
     (HEAD + RUN, ["workers"], "--set 'workers'", "expected KEY=VALUE"),
     (HEAD + RUN + '[[runs]]\nname = "a"\nprotocol = "asp"\n', [], "runs",
      "duplicate run names ['a']"),
+    (HEAD + RUN + '[[runs]]\nname = "a"\nprotocol = "asp"\n[sweep]\nworkers = [2, 3]\n', [],
+     "runs", "duplicate run names ['a'] (the recipe's, before the sweep names them)"),
 ]
 
 

@@ -161,9 +161,10 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
             runs.append(dataclasses.replace(spec, name=spec.name + sweep_suffix(point),
                                             sweep=point) if point else spec)
     names = [r.name for r in runs]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ConfigError(f"runs: duplicate run names {duplicates}")
+    duplicates = sorted({r.base_name for r in runs if names.count(r.name) > 1})
+    if duplicates:  # named as the recipe names them, not as each sweep point does
+        raise ConfigError(f"runs: duplicate run names {duplicates}" + (
+            " (the recipe's, before the sweep names them)" if swept is not None else ""))
     names = list(dict.fromkeys(r.base_name for r in runs))
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
