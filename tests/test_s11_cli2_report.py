@@ -110,3 +110,18 @@ def test_a_damaged_study_recipe_is_named_and_its_runs_still_reported(
     assert code == 1, out  # every run failed, as before
     assert f"{study / 'recipe.json'}: damaged (" in said, out
     assert "boom in asp-r0" in said and "boom in bsp-r0" in said
+
+
+def test_report_of_a_study_none_of_whose_runs_started_says_so(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A study stopped before its first run made a folder (only its recipe.json): not
+    "no run logs", but which runs are to come and how to run them."""
+    study = failed_study(tmp_path)
+    for run in ("bsp-r0", "bsp-r1", "asp-r0", "asp-r1"):
+        for path in (study / run).iterdir():
+            path.unlink()
+        (study / run).rmdir()
+    assert one_error(run_main(capsys, "report", str(study))) == (
+        f"error: {study}: no finished run to report; 4 of 4 runs have no summary.json yet "
+        "(not started, still running, or killed): bsp-r0, bsp-r1, asp-r0, asp-r1; asyncsync "
+        f"run RECIPE --resume {study} runs them")

@@ -88,6 +88,9 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             run = found.parent  # a run folder: it has logs, or its study's recipe.json
             if (run / "events.jsonl").exists() or (run.parent / "recipe.json").exists():
                 studies.setdefault(run.parent, []).append(run)
+        if not studies and _study_folders(root) and "repeat" not in study_recipe(root):
+            # a study before its first run's folder (a run's recipe.json has its repeat)
+            studies[root] = []
         if not studies:
             raise LogError(f"{root}: no run logs (directories with recipe.json and "
                            "events.jsonl) under it")
