@@ -47,3 +47,18 @@ def test_a_track_option_without_its_package_is_named_before_anything_runs(
                               str(logs), "--track", spec)) == (
         f"error: --track {spec}: needs the {package} package: pip install asyncsync[track]")
     assert not logs.exists() and not (tmp_path / "tracked").exists()
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/below"])
+def test_a_tensorboard_folder_that_cannot_be_made_is_named_before_anything_runs(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, where: str) -> None:
+    """It was found by the first run's tracker, after the study's folder was made, and
+    said as "log() or finish() before start()"."""
+    (tmp_path / "a-file").write_text("")
+    logs, folder = tmp_path / "logs", tmp_path / where
+    message = one_error(run_main(capsys, "run", recipe(tmp_path), "--plain", "--logs",
+                                 str(logs), "--track", f"tensorboard={folder}"))
+    problem = "a file, not a folder" if where == "a-file" else "Not a directory"
+    assert message == (f"error: tracking to tensorboard: cannot make the folder {folder} "
+                       f"({problem})"), message
+    assert not logs.exists()
