@@ -108,6 +108,10 @@ def _convert(kind: Any, value: Any, key: str, locate: Callable[[str], str]) -> A
         return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind in (int, float, str, bool) and isinstance(value, dict) and value:
+        # a dotted key one level too deep (a sweep's or --set's stop.time_s.x) makes a table
+        raise ConfigError(f"{locate(key)}: expected {kind.__name__}, got a table {value!r}: "
+                          f"there is no key {locate(key)}.{next(iter(value))}")
     if kind in (int, float, str, bool) and (
         not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))
     ):

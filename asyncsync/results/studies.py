@@ -7,6 +7,7 @@ A run folder holds the run's resolved ``recipe.json`` and, once it ended, its
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             run = found.parent  # a run folder: it has logs, or its study's recipe.json
             if (run / "events.jsonl").exists() or (run.parent / "recipe.json").exists():
                 studies.setdefault(run.parent, []).append(run)
+        if not studies and _study_folders(root) and "repeat" not in study_recipe(root):
+            # a study before its first run's folder (a run's recipe.json has its repeat)
+            studies[root] = []
         if not studies:
             raise LogError(f"{root}: no run logs (directories with recipe.json and "
                            "events.jsonl) under it")
@@ -98,6 +102,9 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
                         f"{', '.join(str(c) for c in chosen)} (--all: each one separately)")
         reported = 0
         for study in chosen:
+            if damage := study_recipe_damage(study):
+                said.append(f"{damage}: its runs are reported from their own folders, in "
+                            "name order, the first the baseline")
             runs = sorted(studies[study], key=_recipe_order)
             waiting = [r for r in runs if not _finished(r)]
             unstarted = [name for name in _study_folders(study) if not (study / name).is_dir()
@@ -108,10 +115,14 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             said += [f"{r}: left out, it was {_interruption(written[r])}" for r in cut]
             if waiting or unstarted:
                 names = [r.name for r in waiting] + unstarted
+                holder = supervisor(study)
                 said.append(f"{len(names)} of {len(runs) + len(unstarted)} runs "
-                            f"{'has' if len(names) == 1 else 'have'} no summary.json yet "
-                            f"(not started, still running, or killed): {', '.join(names)}; "
-                            f"asyncsync run RECIPE --resume {study} runs them")
+                            f"{'has' if len(names) == 1 else 'have'} no summary.json yet"
+                            + (f": {', '.join(names)}; the study is still running (pid "
+                               f"{holder} holds {study})" if holder else
+                               f" (not started, still running, or killed): "
+                               f"{', '.join(names)}; asyncsync run RECIPE --resume {study} "
+                               "runs them"))
             reported += len(done)
             if every:
                 reports.append(done)
@@ -121,6 +132,28 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             raise LogError("; ".join([f"{root}: no finished run to report", *said]))
         notes += said
     return [r for r in reports if r], notes
+
+
+SUPERVISOR_LOCK = ".supervisor.lock"
+"""A study folder's lock file: held (flock) by the supervisor running the study, and
+naming its pid (`asyncsync.study.study_folder.claimed`)."""
+
+
+def supervisor(study: Path) -> str | None:
+    """The pid of the supervisor running `study` now (its lock held), else None.
+
+    The probe takes a shared lock for an instant: a supervisor starting in that instant
+    is refused as if the study were running (run it again)."""
+    try:
+        with (study / SUPERVISOR_LOCK).open() as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return handle.read().strip() or "?"
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError:  # no lock file (a study before locks, or never run here), no locks
+        pass
+    return None
 
 
 def _finished(run_dir: Path) -> bool:
@@ -220,9 +253,9 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, int, str]:
     """Runs of one timestamp in their recipe's order (a run's repeats together, in their
     order: its folders are ``<run>-r<k>``, so the run's own recipe.json names it), then by
     name."""
-    path = run_dir.parent / "recipe.json"
-    names = [r.get("name") for r in json.loads(path.read_text()).get("runs", [])] \
-        if path.exists() else []
+    runs = study_recipe(run_dir.parent).get("runs")
+    names = [r.get("name") for r in runs if isinstance(r, dict)] if isinstance(runs, list) \
+        else []
     name, repeat = run_dir.name, 0
     with contextlib.suppress(OSError, ValueError, LookupError, TypeError):
         written = json.loads((run_dir / "recipe.json").read_text())
@@ -232,11 +265,33 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, int, str]:
 
 def recipe_baseline(run_dir: Path) -> str | None:
     """The baseline named by the whole recipe written next to a run (its parent's)."""
-    path = run_dir.parent / "recipe.json"
-    if not path.exists():
-        return None
-    baseline = json.loads(path.read_text()).get("baseline")
+    baseline = study_recipe(run_dir.parent).get("baseline")
     return baseline if isinstance(baseline, str) else None
+
+
+def study_recipe(study: Path) -> dict[str, Any]:
+    """The recipe.json of the study folder `study`: {} where it has none, or it is
+    damaged (`study_recipe_damage` says how; it gives only the runs' order and baseline,
+    each run's folder has its own)."""
+    with contextlib.suppress(OSError, ValueError):
+        table = json.loads((study / "recipe.json").read_text())
+        if isinstance(table, dict):
+            return table
+    return {}
+
+
+def study_recipe_damage(study: Path) -> str:
+    """What is wrong with the study's recipe.json ("" when it is sound or absent)."""
+    path = study / "recipe.json"
+    try:
+        table = json.loads(path.read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as exc:
+        return f"{path}: damaged ({exc})"
+    if not isinstance(table, dict) or not isinstance(table.get("runs", []), list):
+        return f"{path}: damaged (not a recipe's table of runs)"
+    return ""
 
 
 def upgrade_sweep_names(root: Path) -> list[str]:

@@ -194,10 +194,12 @@ class Dashboard:
         widths = [max([len(column), *(len(row[i]) for row in rows)])
                   for i, column in enumerate(headers)]
         # in a narrow terminal the figures are never cut: whole columns go (`STUDY_DROPS`)
-        # until the run's name has room, then it folds
+        # until the run's name has room, then it folds; each column after the name takes
+        # its width, the padding before it and the box's divider, the table its two edges
         shown = list(range(len(headers)))
         for column in STUDY_DROPS:
-            if self.console.width - sum(widths[i] + 1 for i in shown[1:]) >= min(widths[0], 16):
+            room = self.console.width - 2 - sum(widths[i] + 2 for i in shown[1:])
+            if room >= min(widths[0], 16):
                 break
             shown.remove(column)
         runs = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)

@@ -118,11 +118,18 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
     for key in raw:
         if key not in TOP_KEYS:
             raise ConfigError(f"{key}: unknown top-level key (known: {', '.join(TOP_KEYS)})")
+    if "repeat" in raw and not written:  # (`repeats = 3` mistyped would run each once)
+        raise ConfigError(f"repeat: unknown top-level key (a run's own recipe.json says "
+                          f"which repeat it is); for every run {raw['repeat']!r} times: "
+                          f"repeats = {raw['repeat']!r}")
     defaults = raw.get("defaults", {})
     if not isinstance(defaults, dict):
         raise ConfigError("defaults: expected a table")
     defaults = copy.deepcopy(defaults)
     runs_raw = raw.get("runs", [])
+    if isinstance(runs_raw, dict):
+        raise ConfigError("runs: one table [runs]; write each run as a [[runs]] table (two "
+                          "brackets: a list of tables)")
     if not isinstance(runs_raw, list):
         raise ConfigError(f"runs: expected [[runs]] tables, got {runs_raw!r}")
     if not runs_raw:
@@ -133,8 +140,10 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
         raise ConfigError(f"sweep.{swept}: every run sets {replaced} itself, so the sweep "
                           "would change nothing; sweep another key, or remove it from "
                           "the runs")
+    set_items = {}
     for item in overrides:
         key = apply_override(defaults, item)
+        set_items[key] = item
         _check_override(key, defaults, runs_raw, item)
         if swept is not None and _overlaps(key, swept):
             raise ConfigError(f"--set {item}: the sweep sets {swept} at each of its points, "
@@ -145,13 +154,17 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
         for key, value in point.items():
             set_default(table, key, value, "sweep")
         for index, run in enumerate(runs_raw):
-            spec = _resolve_run(table, run, index, swept, written)
+            try:
+                spec = _resolve_run(table, run, index, swept, written)
+            except ConfigError as exc:
+                raise ConfigError(_naming_set(str(exc), set_items)) from None
             runs.append(dataclasses.replace(spec, name=spec.name + sweep_suffix(point),
                                             sweep=point) if point else spec)
     names = [r.name for r in runs]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ConfigError(f"runs: duplicate run names {duplicates}")
+    duplicates = sorted({r.base_name for r in runs if names.count(r.name) > 1})
+    if duplicates:  # named as the recipe names them, not as each sweep point does
+        raise ConfigError(f"runs: duplicate run names {duplicates}" + (
+            " (the recipe's, before the sweep names them)" if swept is not None else ""))
     names = list(dict.fromkeys(r.base_name for r in runs))
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
@@ -199,6 +212,15 @@ def _check_override(key: str, defaults: dict[str, Any], runs: list[Any], item: s
         raise ConfigError(f"--set {item}: every run sets {replaced} itself, so it would be "
                           "ignored; choose runs with --only and edit their tables, or add "
                           "a run")
+
+
+def _naming_set(message: str, set_items: dict[str, str]) -> str:
+    """`message`, an error in the defaults, with the ``--set`` that wrote its key named at
+    its end (a recipe file without that key would leave the user wondering where)."""
+    key = message.partition(":")[0].removeprefix("defaults.")
+    item = next((item for set_key, item in set_items.items() if _overlaps(key, set_key)), "")
+    return f"{message}; set by --set {item}" if item and message.startswith("defaults.") \
+        else message
 
 
 def _sweep_points(sweep: Any) -> list[dict[str, Any]]:

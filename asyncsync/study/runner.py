@@ -60,7 +60,14 @@ from asyncsync.study.run_one import (
 )
 from asyncsync.study.specs import RunSpec
 from asyncsync.study.study_folder import claimed, reopen
-from asyncsync.tracking import RunFeed, Tracker, follow, parse_track, unique_specs
+from asyncsync.tracking import (
+    RunFeed,
+    Tracker,
+    follow,
+    parse_track,
+    refuse_missing,
+    unique_specs,
+)
 
 T = TypeVar("T")
 
@@ -140,9 +147,12 @@ async def _run_study(recipe: Recipe, root: Path, live: bool | None,
     study = _Study(recipe, root, slots, Dashboard(recipe, live), trackers,
                    {i: s for i, s in enumerate(map(_kept, slots)) if s is not None})
     todo = [i for i in range(len(slots)) if i not in study.done]
-    if resume:
+    if resume:  # a failed run is done (its error is deterministic): say which are kept
+        failed = [slots[i].run_dir.name for i in sorted(study.done) if "error" in study.done[i]]
+        kept = (f"; kept as failed: {', '.join(failed)} (delete a run's folder to run it "
+                "again)") if failed else ""
         study.dashboard.console.print(f"resuming {root}: {len(study.done)} of {len(slots)} "
-                                      f"runs done, {len(todo)} to run", highlight=False,
+                                      f"runs done, {len(todo)} to run{kept}", highlight=False,
                                       soft_wrap=True)
     virtual = [i for i in todo if slots[i].spec.clock == "virtual"]
     if slurm is not None and len(virtual) < len(todo):
@@ -362,6 +372,7 @@ def run_recipe_file(path: str | Path, overrides: list[str], only: list[str],
     the ``--track`` specs `track` and of the recipe's own ``[tracking]`` join `trackers`,
     each place once."""
     recipe = load_recipe(path, overrides, only, repeats)
+    refuse_missing(track, recipe.tracking, str(path))
     trackers = [*trackers, *(parse_track(spec) for spec in
                              unique_specs([*track, *recipe.track_specs]))]
     return asyncio.run(_terminable(run_recipe(recipe, logs, live, trackers, jobs=jobs,

@@ -10,15 +10,16 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from asyncsync.results.studies import upgrade_sweep_names
+from asyncsync.results.studies import SUPERVISOR_LOCK, upgrade_sweep_names
 from asyncsync.schema import ConfigError
 from asyncsync.study.executors import queued_tasks
 from asyncsync.study.recipe import Recipe
 
-LOCK = ".supervisor.lock"
+LOCK = SUPERVISOR_LOCK
 """A study folder's lock file: held (flock) by the supervisor running the study, and
-naming its pid."""
+naming its pid (`asyncsync.results.studies.supervisor` reads it for ``report``)."""
 
 
 @contextlib.contextmanager
@@ -54,8 +55,13 @@ def reopen(recipe: Recipe, root: Path) -> Path:
     Raises:
         ConfigError: `root` is not a study folder of this recipe with these options.
     """
+    if not root.is_dir():
+        raise ConfigError(f"--resume {root}: no such folder")
     try:
         written = json.loads((root / "recipe.json").read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--resume {root}: not a study folder (no recipe.json in it)"
+                          ) from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--resume {root}: not a study folder (recipe.json: {exc})") from None
     if "repeat" in written and (root.parent / "recipe.json").is_file():
@@ -66,8 +72,8 @@ def reopen(recipe: Recipe, root: Path) -> Path:
         written = json.loads((root / "recipe.json").read_text())
     if written != now:
         raise ConfigError(f"--resume {root}: its recipe.json differs from {recipe.name} as "
-                          "resolved now; give the same recipe, --set, --only, --repeats "
-                          "and --clock")
+                          f"resolved now ({first_difference(written, now)}); give the same "
+                          "recipe, --set, --only, --repeats and --clock")
     if queued := queued_tasks(root):
         array, tasks = queued
         raise ConfigError(f"--resume {root}: its Slurm job array {array} still has "
@@ -77,3 +83,40 @@ def reopen(recipe: Recipe, root: Path) -> Path:
                           f"report {root} tables what is done), or cancel them first "
                           f"(scancel {array})")
     return root
+
+
+def first_difference(study: Any, now: Any, path: str = "") -> str:
+    """Where a study's recipe.json and the recipe as resolved now first differ: the dotted
+    key (a run named), with both values (``runs[0] (bsp).stop.time_s: 30.0 in the study,
+    40.0 now``)."""
+    if isinstance(study, dict) and isinstance(now, dict):
+        for key in dict.fromkeys([*study, *now]):
+            if study.get(key, _NOTHING) != now.get(key, _NOTHING):
+                return first_difference(study.get(key, _NOTHING), now.get(key, _NOTHING),
+                                        f"{path}.{key}" if path else key)
+    if (isinstance(study, list) and isinstance(now, list) and len(study) == len(now)
+            and _names(study) == _names(now)):
+        for index, (one, other) in enumerate(zip(study, now, strict=True)):
+            if one != other:
+                name = f" ({one['name']})" if isinstance(one, dict) and "name" in one else ""
+                return first_difference(one, other, f"{path}[{index}]{name}")
+    return f"{path}: {_shown(study)} in the study, {_shown(now)} now"
+
+
+_NOTHING = object()
+"""A key one side of `first_difference` lacks."""
+
+
+def _names(values: list[Any]) -> list[str] | None:
+    """The names of a list of runs' tables (None: not runs)."""
+    names = [v["name"] for v in values if isinstance(v, dict) and isinstance(v.get("name"), str)]
+    return names if len(names) == len(values) else None
+
+
+def _shown(value: Any) -> str:
+    """A value of `first_difference` in a message: runs by their names, a table as such."""
+    if value is _NOTHING:
+        return "nothing"
+    if isinstance(value, list) and (names := _names(value)) is not None:
+        return ", ".join(names)
+    return "a table" if isinstance(value, dict) else json.dumps(value)

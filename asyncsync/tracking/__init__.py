@@ -7,7 +7,7 @@ when its tracker is made (``pip install asyncsync[track]``).
 
 from asyncsync.tracking.base import Point, RunInfo, Tracker, TrackingError
 from asyncsync.tracking.feed import RunFeed, export_runs, export_study, follow
-from asyncsync.tracking.spec import parse_track, unique_specs
+from asyncsync.tracking.spec import parse_track, refuse_missing, unique_specs
 
 __all__ = ["Point", "RunFeed", "RunInfo", "Tracker", "TrackingError", "export_runs",
-           "export_study", "follow", "parse_track", "unique_specs"]
+           "export_study", "follow", "parse_track", "refuse_missing", "unique_specs"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib.util
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from asyncsync.tracking.base import Tracker, TrackingError
@@ -57,3 +58,27 @@ def unique_specs(specs: Iterable[str]) -> list[str]:
             seen.add(place)
             kept.append(spec)
     return kept
+
+
+def missing_package(spec: str) -> str:
+    """What the tool of tracker `spec` lacks here: its package, said with what to install
+    ("" when it is installed, or the tool is unknown, which `parse_track` names)."""
+    tool = spec.partition("=")[0].strip().lower()
+    if tool in DEFAULTS and importlib.util.find_spec(tool) is None:
+        return f"needs the {tool} package: pip install asyncsync[track]"
+    return ""
+
+
+def refuse_missing(track: Iterable[str], tracking: Mapping[str, str], recipe: str) -> None:
+    """Refuse the trackers whose package is missing before anything runs, each named where
+    it was asked for: a ``--track`` spec of `track`, or a key of `recipe`'s ``[tracking]``.
+
+    Raises:
+        TrackingError: a tracker's package is not installed.
+    """
+    for tool in tracking:
+        if problem := missing_package(tool):
+            raise TrackingError(f"{recipe}: tracking.{tool}: {problem}")
+    for spec in track:
+        if problem := missing_package(spec):
+            raise TrackingError(f"--track {spec}: {problem}")

@@ -14,16 +14,29 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from asyncsync.tracking.base import Point, RunInfo, opened, require
+from asyncsync.tracking.base import Point, RunInfo, TrackingError, opened, require
 
 
 class TensorBoardTracker:
     """Writes one event-file folder per run under `directory` (a writer per open run)."""
 
     def __init__(self, directory: Path) -> None:
+        """Make `directory` now, before any run (not in the first run's writer, where its
+        failure was masked by the next call).
+
+        Raises:
+            TrackingError: the package is missing, or `directory` cannot be made.
+        """
         self.directory = directory
         self._module = require("torch.utils.tensorboard", "tensorboard")
         self._writers: dict[str, Any] = {}
+        try:
+            if directory.exists() and not directory.is_dir():
+                raise NotADirectoryError(0, "a file, not a folder")
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TrackingError(f"tracking to tensorboard: cannot make the folder "
+                                f"{directory} ({exc.strerror or exc})") from None
 
     def run_dir(self, run: RunInfo) -> Path:
         """The folder of `run`'s event files."""
