@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncsync.hetero.partition import PARTITION_KEYS, unused_keys
 from asyncsync.protocols.base import get_protocol
 from asyncsync.runlog.reading import sweep_suffix
 from asyncsync.schema import ConfigError, from_mapping
@@ -160,6 +161,11 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
                 raise ConfigError(_naming_set(str(exc), set_items)) from None
             runs.append(dataclasses.replace(spec, name=spec.name + sweep_suffix(point),
                                             sweep=point) if point else spec)
+    data = defaults.get("data")
+    for key in unused_keys("", data if isinstance(data, dict) and not written else {}):
+        if not any(key in PARTITION_KEYS[run.data.partition] for run in runs):
+            raise ConfigError(f"defaults.data.{key}: no run's partition reads it; leave this "
+                              "key out")
     names = [r.name for r in runs]
     duplicates = sorted({r.base_name for r in runs if names.count(r.name) > 1})
     if duplicates:  # named as the recipe names them, not as each sweep point does
@@ -345,6 +351,14 @@ def _resolve_run(defaults: dict[str, Any], run: Any, index: int, swept: str | No
         raise ConfigError(f"{where('sweep')}: unknown key (a sweep is the recipe's top-level "
                           "[sweep] table)")
     merged = _merge(defaults, run)
+    data = merged.get("data")
+    if isinstance(data, dict) and not written:  # ([defaults.data] may serve other runs)
+        kind = data.get("partition", "iid")
+        reads = ", ".join(PARTITION_KEYS.get(kind, ())) or "none"
+        for key in unused_keys(kind, data):
+            if not where(f"data.{key}").startswith("defaults."):
+                raise ConfigError(f"{where(f'data.{key}')}: not read by partition {kind!r} "
+                                  f"(it reads {reads}); leave this key out")
     if "name" not in merged:
         raise ConfigError(f"{label}.name: every run needs a name")
     name = merged["name"]
