@@ -85,6 +85,7 @@ class FlatModule:
         self.module = module
         self.flat = torch.empty(total, device=device)
         self._grad: torch.Tensor | None = None
+        self._viewed: torch.Tensor | None = None  # the vector the ``.grad`` views are of
         self._slots: list[tuple[nn.Parameter, slice]] = []
         offset = 0
         with torch.no_grad():
@@ -118,11 +119,16 @@ class FlatModule:
         return self._grad is not None
 
     def attach_grad(self, grad: torch.Tensor | None) -> None:
-        """Make `grad` (the flat vector's length) the flat gradient, or drop it (None):
-        every parameter's ``.grad`` becomes a view of it, or None."""
+        """Make `grad` (the flat vector's length) the flat gradient, every parameter's
+        ``.grad`` a view of it; or hold none (None). The views of the last vector attached
+        stay in place until another is attached: a vector lent again and again to the same
+        module (`ScratchGradients`) is attached once, and a module that holds none is never
+        computed on (the trainer attaches a vector first)."""
         self._grad = grad
-        for p, columns in self._slots:
-            p.grad = None if grad is None else grad[columns].view_as(p)
+        if grad is not None and grad is not self._viewed:
+            for p, columns in self._slots:
+                p.grad = grad[columns].view_as(p)
+            self._viewed = grad
 
 
 @contextlib.contextmanager
@@ -175,10 +181,12 @@ class ScratchGradients:
     (`Trainer.gradient`) still goes to the trainer's own vector, which a gradient push may
     send as it is (`Trainer.gradient_vector`). Thread-safe: each borrower gets a vector of
     its own.
-    """
 
-    KEEP = 2
-    """Free vectors kept per length and device (more are left to the allocator)."""
+    A module's ``.grad`` views stay on the last vector it borrowed (`FlatModule.attach_grad`):
+    in a virtual run the one vector comes back every step, and making and setting a view
+    per parameter at every step cost 0.14 ms of a cnn step of 15 ms (profiled on 2 busy
+    cores). They keep alive only vectors this lender made, never a worker's own memory.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -186,7 +194,8 @@ class ScratchGradients:
 
     def take(self, numel: int, device: torch.device) -> torch.Tensor:
         """A vector of `numel` elements on `device`, contents arbitrary, the caller's until
-        it gives it back."""
+        it gives it back. A new one is made only when every one made is lent: there are
+        never more than the steps that ran at once (one, in a virtual run)."""
         with self._lock:
             free = self._free.get((numel, device))
             if free:
@@ -194,11 +203,9 @@ class ScratchGradients:
         return torch.empty(numel, device=device)
 
     def give_back(self, vector: torch.Tensor) -> None:
-        """Take back a vector of `take` (the caller keeps no view of it)."""
+        """Take back a vector of `take` (its borrower no longer writes to it)."""
         with self._lock:
-            free = self._free.setdefault((vector.numel(), vector.device), [])
-            if len(free) < self.KEEP:
-                free.append(vector)
+            self._free.setdefault((vector.numel(), vector.device), []).append(vector)
 
 
 class Computed(NamedTuple):
