@@ -51,16 +51,16 @@ protocol = {{ name = "fedavg", local_steps = 5, fraction = 0.05 }}
 """
 
 
-def live_tensor_bytes(at_most: int) -> int:
-    """The bytes of every live tensor storage of at most `at_most` bytes, each counted
-    once however many tensors view it."""
-    storages: dict[int, int] = {}
+def live_storages(at_most: int) -> dict[int, torch.UntypedStorage]:
+    """Every live CPU tensor storage of at most `at_most` bytes, by address (each once,
+    however many tensors view it)."""
+    storages: dict[int, torch.UntypedStorage] = {}
     for thing in gc.get_objects():
-        if isinstance(thing, torch.Tensor) and thing.device.type == "cpu":
+        if issubclass(type(thing), torch.Tensor) and thing.device.type == "cpu":
             storage = thing.untyped_storage()
             if 0 < storage.nbytes() <= at_most:
-                storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
+                storages[storage.data_ptr()] = storage
+    return storages
 
 
 class FirstRound(Exception):
@@ -75,21 +75,25 @@ def test_a_population_round_keeps_about_one_vector_per_worker(tmp_path: Path) ->
     params = FEATURES * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
     vector_bytes = 4 * params
     censuses: list[tuple[int, int]] = []  # (version, live bytes) at each status report
+    earlier = live_storages(SHARED_ABOVE)  # other tests' (kept alive: no address reused)
 
     def census(status: dict[str, Any]) -> None:
-        censuses.append((status["version"], live_tensor_bytes(SHARED_ABOVE)))
+        live = sum(storage.nbytes() for address, storage in
+                   live_storages(SHARED_ABOVE).items() if address not in earlier)
+        censuses.append((status["version"], live))
         if status["version"] >= 1:
             raise FirstRound
 
     with pytest.raises(FirstRound):
         simulate(spec, tmp_path, "population/fedavg", census)
     for version, live in censuses:
-        # Every worker's parameters, and three vectors for each client that has pushed
-        # while it waits to be sampled again: its last delta (held by the frames of its
-        # protocol loop, its request and the transport), the server's clone of it (held by
-        # the frame of the server's handling of the exchange) and its last pulled model (its
-        # loop's anchor); the server's few vectors. Before: every worker also kept a gradient
-        # from its construction on, 2 vectors per worker.
-        bound = (WORKERS + 3 * SAMPLED * version + SAMPLED + SERVER) * vector_bytes
+        # Every worker's parameters, and at most three vectors for each client of the
+        # rounds begun (`version` committed, one under way): while it waits to be sampled
+        # again, its last delta (held by the frames of its loop, its request and the
+        # transport), the server's clone of it (held by the frame of the server's handling
+        # of the exchange) and its last pulled model (its loop's anchor); the server's few
+        # vectors. Before: every worker also kept a gradient from its construction on, 2
+        # vectors per worker.
+        bound = (WORKERS + 3 * SAMPLED * (version + 1) + SERVER) * vector_bytes
         assert WORKERS * vector_bytes <= live <= bound, (live / vector_bytes, censuses)
         assert live < 1.5 * WORKERS * vector_bytes
