@@ -65,18 +65,15 @@ class WorkerContext:
     def __init__(self, rank: int, run_id: str, transport: Transport, trainer: Trainer,
                  seam: WorkerSeam, metrics: WorkerMetrics, batch_size: int,
                  max_steps: int | None, compressor: Compressor | None = None) -> None:
-        self.rank = rank
-        self.run_id = run_id
+        self.rank, self.run_id = rank, run_id
         self.numel = trainer.numel
         self.batch_size = batch_size
         self.lr = trainer.optimizer.lr
         self.shard_size = trainer.shard_size  # known when the batches are a BatchSampler
         self.version = 0
         self.workers = 1
-        self._transport = transport
-        self._trainer = trainer
-        self._seam = seam
-        self._metrics = metrics
+        self._transport, self._trainer = transport, trainer
+        self._seam, self._metrics = seam, metrics
         self._max_steps = max_steps
         self._session = ""  # the secret of this worker's session, from its join reply
         self._compressor = compressor  # encodes gradient and delta pushes (None: float32)
@@ -160,7 +157,9 @@ class WorkerContext:
                             ) -> tuple[torch.Tensor, int, dict[str, Any]]:
         header, vector = await self._push_header(kind, vector, steps, samples, None)
         header["then_pull"] = True
-        reply, pulled = await self._request("push", header, vector, meta, label="exchange")
+        request = self._request("push", header, vector, meta, label="exchange")
+        del vector  # not held while the pull waits (e.g. to be sampled again)
+        reply, pulled = await request
         if pulled is None:
             raise RuntimeError("exchange reply carried no model")
         return pulled, int(reply["version"]), dict(reply.get("meta", {}))
@@ -209,19 +208,21 @@ class WorkerContext:
         start = self._metrics.now()
         began = now()
         self._requests += 1
+        up = self._transport.wire_bytes(vector)
         try:
             # The header is built in the call, so the transport holds its only reference
             # and may drop it once encoded (100,000 simulated workers each have one in
-            # flight).
-            reply, out = await self._transport.request(
+            # flight); so is the vector, once sent.
+            pending = self._transport.request(
                 op, {**header, "worker": self.rank, "run_id": self.run_id,
                      "meta": meta or {}, "stats": self._metrics.snapshot(),
                      "session": self._session}, vector)
+            del vector
+            reply, out = await pending
         finally:
             self._requests -= 1
         held = float(reply.get("meta", {}).get(HELD, 0.0))
-        self._metrics.transferred(label or op, start, now() - began, held,
-                                  self._transport.wire_bytes(vector),
+        self._metrics.transferred(label or op, start, now() - began, held, up,
                                   self._transport.wire_bytes(out), reply.get("version"))
         self._metrics.take_bytes(self._transport.bytes_up, self._transport.bytes_down)
         if reply.get("stop"):

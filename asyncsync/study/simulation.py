@@ -1,24 +1,23 @@
 """Virtual-time runs: one run's server core and all its workers in this process, on a
 `VirtualTimeLoop`, talking through the in-process transport (real frames, no sockets).
 
-The protocol code, the engine, the compute profiles and the link model are the same as in
-real mode; only the clock and the two compute seams differ. Each local step runs its real
-torch math inline, on the run's device (``device``: workers' math and the evaluation of the
-global model), and is charged its step time x slowdown in virtual seconds; each message
-pays latency and bytes / bandwidth in virtual seconds. On a GPU (``compute.batched``,
-`asyncsync.study.worker_math`), the steps' math runs batched over the workers instead
-(`asyncsync.engine.cohort`), charged the same. Workers are built by
-`asyncsync.study.assembly.assemble_worker`, as in real mode. A step's time comes from the recipe
-alone, never from this host: the FLOPs of one step of the run's model over the worker's
-device rate (`asyncsync.hetero.cost_model`), or the recipe's explicit ``compute.base_step_s``.
-Only ``base_step_s = "calibrate"`` measures this host (`calibrate_step_s`), and
-summary.json then says so.
+The protocol code, the engine, the compute profiles and the link model are the same as in real
+mode; only the clock and the two compute seams differ. Each local step runs its real torch math
+inline, on the run's device (``device``: workers' math and the evaluation of the global model), and
+is charged its step time x slowdown in virtual seconds; each message pays latency and bytes /
+bandwidth in virtual seconds. On a GPU (``compute.batched``, `asyncsync.study.worker_math`), the
+steps' math runs batched over the workers instead (`asyncsync.engine.cohort`), charged the same.
+Workers are built by `asyncsync.study.assembly.assemble_worker`, as in real mode. A step's time
+comes from the recipe alone, never from this host: the FLOPs of one step of the run's model over
+the worker's device rate (`asyncsync.hetero.cost_model`), or the recipe's explicit
+``compute.base_step_s``. Only ``base_step_s = "calibrate"`` measures this host
+(`calibrate_step_s`), and summary.json then says so.
 
 **(choice)** Virtual workers send no heartbeats and the server drops none for silence
-(``fault.heartbeat_s`` and ``fault.worker_timeout_s`` are for real runs): a worker in the
-server's process cannot fall silent; it leaves when its availability takes it offline or
-its run ends. Heartbeats were a third of the engine's time in a 1,000-client population,
-for 100 bytes every 2 s on each link. (`asyncsync.study.assembly` builds both sides so.)
+(``fault.heartbeat_s`` and ``fault.worker_timeout_s`` are for real runs): a worker in the server's
+process cannot fall silent; it leaves when its availability takes it offline or its run ends.
+Heartbeats were a third of the engine's time in a 1,000-client population, for 100 bytes every 2 s
+on each link. (`asyncsync.study.assembly` builds both sides so.)
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ from asyncsync.study.specs import TIMING_MODEL, RunSpec
 from asyncsync.study.worker_math import WorkerMath, choose_worker_math
 from asyncsync.training.data import Dataset
 from asyncsync.training.models import TimingModel
-from asyncsync.training.trainer import BatchSource, Trainer
+from asyncsync.training.trainer import BatchSource, ScratchGradients, Trainer
 from asyncsync.transport.gc_tuning import tune_gc, young_threshold
 from asyncsync.transport.local import LocalTransport
 
@@ -106,14 +105,12 @@ class _TimedWorkerSeam(VirtualWorkerSeam):
         self.real = real
 
     async def step(self, fn: Callable[..., Any], *args: Any, batch: int = 0) -> Charged:
-        cost = self.real
-
         def timed(*inner: Any) -> Any:
             began = wall()
             try:
                 return fn(*inner)
             finally:
-                cost.math_s += wall() - began
+                self.real.math_s += wall() - began
 
         return await super().step(timed, *args, batch=batch)
 
@@ -225,8 +222,10 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
     workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
                                timed(rank), None if shared else run_dir, math.device)
                for rank in range(spec.workers)]
-    if shared is not None:
-        for worker in workers:
+    scratch = ScratchGradients()  # one step computes at a time: one gradient serves all
+    for worker in workers:
+        worker.trainer.scratch = scratch
+        if shared is not None:
             worker.metrics.log = RankLog(shared, worker.rank)
     began = wall()
     cost.setup_s += began - building

@@ -12,6 +12,7 @@ device-wide synchronization; a step returns once its loss is on the host).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -83,7 +84,9 @@ class FlatModule:
         total = self.num_params + sum(buf.numel() for _, _, buf in buffers)
         self.module = module
         self.flat = torch.empty(total, device=device)
-        self.grad = torch.zeros(total, device=device)
+        self._grad: torch.Tensor | None = None
+        self._viewed: torch.Tensor | None = None  # the vector the ``.grad`` views are of
+        self._slots: list[tuple[nn.Parameter, slice]] = []
         offset = 0
         with torch.no_grad():
             for p in params:
@@ -92,13 +95,40 @@ class FlatModule:
                     self.frozen.append(slice(offset, offset + n))
                 self.flat[offset : offset + n].copy_(p.flatten())
                 p.data = self.flat[offset : offset + n].view_as(p)
-                p.grad = self.grad[offset : offset + n].view_as(p)
+                self._slots.append((p, slice(offset, offset + n)))
                 offset += n
             for owner, name, buf in buffers:
                 n = buf.numel()
                 self.flat[offset : offset + n].copy_(buf.flatten())
                 owner._buffers[name] = self.flat[offset : offset + n].view_as(buf)
                 offset += n
+
+    @property
+    def grad(self) -> torch.Tensor:
+        """The flat gradient, each parameter's ``.grad`` a view into it. Made (zeros) at
+        its first use: a holder that never computes (the server's model, an evaluator)
+        has none, and a trainer's own is made by its first gradient."""
+        if self._grad is None:
+            self.attach_grad(torch.zeros_like(self.flat))
+        assert self._grad is not None
+        return self._grad
+
+    @property
+    def holds_grad(self) -> bool:
+        """Whether a flat gradient is attached (its own or a borrowed one)."""
+        return self._grad is not None
+
+    def attach_grad(self, grad: torch.Tensor | None) -> None:
+        """Make `grad` (the flat vector's length) the flat gradient, every parameter's
+        ``.grad`` a view of it; or hold none (None). The views of the last vector attached
+        stay in place until another is attached: a vector lent again and again to the same
+        module (`ScratchGradients`) is attached once, and a module that holds none is never
+        computed on (the trainer attaches a vector first)."""
+        self._grad = grad
+        if grad is not None and grad is not self._viewed:
+            for p, columns in self._slots:
+                p.grad = grad[columns].view_as(p)
+            self._viewed = grad
 
 
 @contextlib.contextmanager
@@ -139,6 +169,45 @@ class ClosedFormGradient(Protocol):
         ...
 
 
+class ScratchGradients:
+    """Flat gradient vectors lent to trainers for one local step each.
+
+    A local step reads its gradient only inside the step (the next computation zeroes it
+    first), so a trainer given a `ScratchGradients` (`Trainer.scratch`) holds no gradient
+    between its local steps: it borrows one for the step and gives it back. Workers that
+    are not computing then hold their parameters alone. In a virtual run, whose steps run
+    one at a time, one vector serves every worker: 1,000 clients of the cnn keep 0.55 GB
+    of parameters and no longer 0.55 GB of gradients beside them. A plain gradient
+    (`Trainer.gradient`) still goes to the trainer's own vector, which a gradient push may
+    send as it is (`Trainer.gradient_vector`). Thread-safe: each borrower gets a vector of
+    its own.
+
+    A module's ``.grad`` views stay on the last vector it borrowed (`FlatModule.attach_grad`):
+    in a virtual run the one vector comes back every step, and making and setting a view
+    per parameter at every step cost 0.28 ms of a cnn step of 15 ms (profiled on 2 busy
+    cores). They keep alive only vectors this lender made, never a worker's own memory.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: dict[tuple[int, torch.device], list[torch.Tensor]] = {}
+
+    def take(self, numel: int, device: torch.device) -> torch.Tensor:
+        """A vector of `numel` elements on `device`, contents arbitrary, the caller's until
+        it gives it back. A new one is made only when every one made is lent: there are
+        never more than the steps that ran at once (one, in a virtual run)."""
+        with self._lock:
+            free = self._free.get((numel, device))
+            if free:
+                return free.pop()
+        return torch.empty(numel, device=device)
+
+    def give_back(self, vector: torch.Tensor) -> None:
+        """Take back a vector of `take` (its borrower no longer writes to it)."""
+        with self._lock:
+            self._free.setdefault((vector.numel(), vector.device), []).append(vector)
+
+
 class Computed(NamedTuple):
     """What one local computation produced: its loss and the samples it used."""
 
@@ -175,6 +244,9 @@ class Trainer:
         self.optimizer = FlatSGD(lr, momentum, weight_decay)
         self._closed_form = (model if isinstance(model, ClosedFormGradient)
                              and loss_fn is F.cross_entropy else None)
+        self.scratch: ScratchGradients | None = None
+        """Where a local step borrows its gradient when the trainer holds none (None: the
+        trainer's own gradient, kept between steps as ``params.grad``)."""
 
     @property
     def flat(self) -> torch.Tensor:
@@ -215,19 +287,36 @@ class Trainer:
         """One local SGD step on the flat vector; with a `center`, on the proximal objective
         ``f(x) + rho/2 ||x - center||^2``; with a `correction`, on the gradient
         ``g + correction`` (both on the parameters only)."""
-        result = self.gradient(batch_size)
-        with torch.no_grad():
-            n = self.params.num_params
-            params, grad = self.params.flat[:n], self.params.grad[:n]
-            if center is not None:
-                grad = grad + rho * (params - self.copies.stage(center[:n]))
-            if correction is not None:
-                grad = grad + self.copies.stage(correction[:n])
-            step = self.optimizer.update(params, grad)
-            for columns in self.params.frozen:
-                step[columns] = 0.0
-            params.sub_(step)
+        with self._step_gradient():
+            result = self.gradient(batch_size)
+            with torch.no_grad():
+                n = self.params.num_params
+                params, grad = self.params.flat[:n], self.params.grad[:n]
+                if center is not None:
+                    grad = grad + rho * (params - self.copies.stage(center[:n]))
+                if correction is not None:
+                    grad = grad + self.copies.stage(correction[:n])
+                step = self.optimizer.update(params, grad)
+                for columns in self.params.frozen:
+                    step[columns] = 0.0
+                params.sub_(step)
         return result
+
+    @contextlib.contextmanager
+    def _step_gradient(self) -> Iterator[None]:
+        """Inside the block, a local step's gradient: the trainer's own, or, when it holds
+        none and has a `scratch`, one borrowed for the block."""
+        scratch = self.scratch
+        if scratch is None or self.params.holds_grad:
+            yield
+            return
+        grad = scratch.take(self.numel, self.device)
+        self.params.attach_grad(grad)
+        try:
+            yield
+        finally:
+            self.params.attach_grad(None)
+            scratch.give_back(grad)
 
     def gradient_copy(self) -> torch.Tensor:
         """A CPU copy of the last gradient, safe to send while the next step runs.

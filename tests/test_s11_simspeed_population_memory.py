@@ -1,0 +1,99 @@
+"""A 1,000-client virtual population keeps about one model-sized vector per worker.
+
+Workers that are not computing hold their parameters alone: no gradient between local
+steps (`asyncsync.training.trainer.ScratchGradients`). Before, every worker kept a gradient
+vector beside its parameters from its construction on: twice the tensor memory.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from asyncsync.study.recipe import load_recipe
+from asyncsync.study.simulation import simulate
+
+WORKERS = 1000
+HIDDEN = 4
+FEATURES, CLASSES = 32 * 32, 10  # the synthetic task: 1x32x32 images, 10 classes
+SAMPLED = 50  # 5 % of the clients a round
+SERVER = 16
+"""At most this many vectors on the server's side: its model, its commits, its pool."""
+SHARED_ABOVE = 1 << 20
+"""Storages larger than this are the run's, not a worker's (the dataset's splits)."""
+
+RECIPE = f"""
+name = "population"
+[defaults]
+workers = {WORKERS}
+clock = "virtual"
+[defaults.stop]
+time_s = 30
+[defaults.model]
+name = "mlp"
+options = {{ hidden = {HIDDEN} }}
+[defaults.data]
+batch_size = 10
+[defaults.eval]
+interval_s = 10
+[defaults.compute]
+base_step_s = 0.01
+[defaults.network]
+bandwidth_mbps = 20
+latency_ms = 40
+[[runs]]
+name = "fedavg"
+protocol = {{ name = "fedavg", local_steps = 5, fraction = 0.05 }}
+"""
+
+
+def live_storages(at_most: int) -> dict[int, torch.UntypedStorage]:
+    """Every live CPU tensor storage of at most `at_most` bytes, by address (each once,
+    however many tensors view it)."""
+    storages: dict[int, torch.UntypedStorage] = {}
+    for thing in gc.get_objects():
+        if issubclass(type(thing), torch.Tensor) and thing.device.type == "cpu":
+            storage = thing.untyped_storage()
+            if 0 < storage.nbytes() <= at_most:
+                storages[storage.data_ptr()] = storage
+    return storages
+
+
+class FirstRound(Exception):
+    """Raised from the status sink once a round is committed: the run stops there."""
+
+
+def test_a_population_round_keeps_about_one_vector_per_worker(tmp_path: Path) -> None:
+    recipe = tmp_path / "population.toml"
+    recipe.write_text(RECIPE)
+    spec = load_recipe(recipe).run("fedavg")
+    # the mlp's parameters by hand: three linear layers, weights and biases
+    params = FEATURES * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
+    vector_bytes = 4 * params
+    censuses: list[tuple[int, int]] = []  # (version, live bytes) at each status report
+    earlier = live_storages(SHARED_ABOVE)  # other tests' (kept alive: no address reused)
+
+    def census(status: dict[str, Any]) -> None:
+        live = sum(storage.nbytes() for address, storage in
+                   live_storages(SHARED_ABOVE).items() if address not in earlier)
+        censuses.append((status["version"], live))
+        if status["version"] >= 1:
+            raise FirstRound
+
+    with pytest.raises(FirstRound):
+        simulate(spec, tmp_path, "population/fedavg", census)
+    for version, live in censuses:
+        # Every worker's parameters, and at most three vectors for each client of the
+        # rounds begun (`version` committed, one under way): while it waits to be sampled
+        # again, its last delta (held by the frames of its loop, its request and the
+        # transport), the server's clone of it (held by the frame of the server's handling
+        # of the exchange) and its last pulled model (its loop's anchor); the server's few
+        # vectors. Before: every worker also kept a gradient from its construction on, 2
+        # vectors per worker.
+        bound = (WORKERS + 3 * SAMPLED * (version + 1) + SERVER) * vector_bytes
+        assert WORKERS * vector_bytes <= live <= bound, (live / vector_bytes, censuses)
+        assert live < 1.5 * WORKERS * vector_bytes
