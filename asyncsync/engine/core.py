@@ -225,7 +225,8 @@ class ServerCore:
         started = now()  # not the run's clock: a join's wait spans the run's start
         record.state = {"push": "pushing", "pull": "pulling"}.get(op, record.state)
         try:
-            reply = await self._dispatch(op, worker, header, meta, vector, finite)
+            dispatch, vector = self._dispatch(op, worker, header, meta, vector, finite), None
+            reply = await dispatch  # (the vector is not held here while a pull waits)
         except RunStopped:  # (held, e.g. at a barrier, until the run stopped: say how long)
             return {"meta": {HELD: round(now() - started, 6)}, "stop": True}, None
         finally:
@@ -316,6 +317,7 @@ class ServerCore:
         pushed = await self.rule.on_push(push)
         if not then_pull:
             return Reply(meta=pushed)
+        del push, vector  # the rule keeps what it needs: not held while the pull waits
         pulled = await self.rule.on_pull(Pull(worker, base_version, meta))
         reply_meta(pulled.meta, self.protocol.name, "pull")["push"] = pushed
         return pulled

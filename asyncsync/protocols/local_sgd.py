@@ -186,11 +186,14 @@ class LocalSgdWorker(WorkerLoop[LP]):
             for count, size in plan:
                 samples += (await ctx.steps(count, size, proximal=proximal)).samples
             delta = await ctx.delta_since(anchor)
+            del anchor, proximal  # adopted: not held while the worker waits for its next round
             if self.fused:
-                anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
-                                                        samples=samples)
+                exchange = ctx.push_and_pull("delta", delta, steps=steps, samples=samples)
+                del delta  # the request holds it only until it is sent
+                anchor, version, _ = await exchange
             else:
                 await ctx.push("delta", delta, steps=steps, samples=samples)
+                del delta
                 anchor, version, _ = await ctx.pull()
 
 

@@ -80,12 +80,14 @@ class LocalTransport:
             numel = self.core.tensor_numel(op, decoded)
             tensor_spec(decoded, None if numel is None else Limits(numel))
             sent = None if vector is None else vector.clone()
+            del vector  # the caller's: not held while the server holds the request
             # As over HTTP, a request the server has begun runs to its end even when the
             # caller is cancelled (a worker killed mid-request): rules never see half a push.
             # Its refusal then has nobody to hear it, and is not an error to print.
             # A join cancelled while it waits for the run to start is withdrawn instead,
             # as over HTTP when its connection closes: a restarted worker takes the rank.
             handled = asyncio.ensure_future(self.core.handle(op, decoded, sent))
+            del sent  # the server's now: dropped once its rule is done with it
             handled.add_done_callback(_heard)
             try:
                 reply, out = await asyncio.shield(handled)
