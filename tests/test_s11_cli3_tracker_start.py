@@ -5,12 +5,14 @@ error) is named with that cause, once: the follow-up ``finish`` of the run it ne
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from asyncsync.study.executors import SIGTERM_STOP
 from asyncsync.tracking import Point, RunInfo, TrackingError, follow
 from asyncsync.tracking.base import opened
 
@@ -82,8 +84,8 @@ def followed(run_dir: Path, trackers: list[Any]) -> tuple[BaseException, list[st
         try:
             await asyncio.sleep(30)
             fate.append("ran to its end")
-        except asyncio.CancelledError:
-            fate.append("cancelled")
+        except asyncio.CancelledError as exc:
+            fate.append(f"cancelled: {exc}")
             raise
 
     with pytest.raises(Exception) as raised:
@@ -99,7 +101,7 @@ def test_a_tracker_that_cannot_start_is_named_with_its_cause(tmp_path: Path) -> 
                           f"rec/study/bsp-r0: ConnectionError: {CAUSE}")
     assert str(error).count(CAUSE) == 1
     assert unreachable.calls == ["start"]  # never asked to log or finish a run it lacks
-    assert fate == ["cancelled"]
+    assert fate == [f"cancelled: interrupted: {error}"]  # what its summary.json says
 
 
 def test_the_trackers_that_started_still_finish_the_run(tmp_path: Path) -> None:
@@ -144,13 +146,19 @@ def test_the_command_says_the_cause_in_one_line(capsys: pytest.CaptureFixture[st
 
     monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)  # mlflow's absent
     monkeypatch.setattr(runner, "parse_track", lambda spec: Unreachable())
+    # polled at once: the run is cut in its set-up, never after its end
+    monkeypatch.setattr(runner, "follow", functools.partial(follow, every_s=0.01))
     (tmp_path / "small.toml").write_text(SMALL)
     message = one_error(run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain",
-                                 "--logs", str(tmp_path / "logs"), "--track",
-                                 "mlflow=http://127.0.0.1:9"))
+                                 "--jobs", "1", "--logs", str(tmp_path / "logs"),
+                                 "--track", "mlflow=http://127.0.0.1:9"))
     assert message.startswith("error: tracking to mlflow at http://127.0.0.1:9: could not "
                               "start run small/"), message
     assert message.endswith(f"/bsp: ConnectionError: {CAUSE}"), message
+    (summary,) = (tmp_path / "logs" / "small").glob("*/bsp/summary.json")
+    recorded = json.loads(summary.read_text())  # what --resume and the report go by
+    assert recorded["interrupted"] is True  # (it said "interrupted (Ctrl-C)")
+    assert recorded["error"] == f"interrupted: {message.removeprefix('error: ')}"
 
 
 def test_a_real_trackers_failed_start_is_named(tmp_path: Path) -> None:
@@ -165,4 +173,29 @@ def test_a_real_trackers_failed_start_is_named(tmp_path: Path) -> None:
     assert str(error) == (f"tracking to wandb project proj (offline): could not start run "
                           f"rec/study/bsp-r0: FileExistsError: [Errno 17] File exists: "
                           f"'{tmp_path / 'taken'}'")
-    assert fate == ["cancelled"]
+    assert fate == [f"cancelled: interrupted: {error}"]
+
+
+def test_a_stopped_study_stops_the_followed_run_with_its_reason(tmp_path: Path) -> None:
+    """SIGTERM (a Slurm time limit) cancels the supervisor with its message; the run it
+    follows is cancelled with the same message (it was cancelled with none: Ctrl-C's)."""
+    reason = SIGTERM_STOP
+    fate: list[str] = []
+
+    async def run() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError as exc:
+            fate.append(str(exc))
+            raise
+
+    async def study() -> None:
+        following = asyncio.ensure_future(follow(run_folder(tmp_path), run(), [Recorder()],
+                                                 every_s=0.01))
+        await asyncio.sleep(0.05)
+        following.cancel(reason)
+        with pytest.raises(asyncio.CancelledError):
+            await following
+
+    asyncio.run(study())
+    assert fate == [reason]

@@ -257,8 +257,10 @@ async def follow(run_dir: Path, job: Awaitable[T], trackers: Sequence[Tracker],
 
     For the supervisor: the files are read in a thread, every `every_s` seconds, never in a
     node's event loop. The run's summary is sent once `job` is done, also when it failed.
-    A tracker's failure cancels `job`; what raised first is raised, never what the
-    trackers' ``finish`` of the cut run raises after it.
+    A tracker's failure cancels `job` (which records ``interrupted: <the failure>``, so
+    ``--resume`` runs it again); a cancellation of this call passes on to `job` with its
+    message (Ctrl-C's or SIGTERM's). What raised first is raised, never what the trackers'
+    ``finish`` of the cut run raises after it.
     """
     feed = RunFeed(run_dir, trackers)
     task = asyncio.ensure_future(job)
@@ -267,11 +269,22 @@ async def follow(run_dir: Path, job: Awaitable[T], trackers: Sequence[Tracker],
             await asyncio.wait({task}, timeout=every_s)
             await asyncio.to_thread(feed.poll)
         result = task.result()
-    except BaseException:
-        task.cancel()
+    except BaseException as exc:
+        task.cancel(_interruption(exc))
+        await asyncio.wait({task})  # it records why it stopped (a later cancel says Ctrl-C)
+        if not task.cancelled():
+            task.exception()  # retrieved: how it ended, which is not the error to show
         with contextlib.suppress(Exception):  # the first error is the one to see
             await asyncio.to_thread(feed.finish)
         raise
     with contextlib.suppress(LogError):
         await asyncio.to_thread(feed.finish)
     return result
+
+
+def _interruption(exc: BaseException) -> str | None:
+    """The message `follow` cancels its run with when `exc` stops it: a cancellation's own
+    (None for Ctrl-C's), else ``interrupted: <exc>``."""
+    if isinstance(exc, asyncio.CancelledError):
+        return exc.args[0] if exc.args and isinstance(exc.args[0], str) else None
+    return f"interrupted: {exc}"
