@@ -111,7 +111,8 @@ def test_a_narrow_terminal_keeps_every_running_runs_name(tmp_path: Path, width: 
     columns the name column had shrunk to nothing, leaving rows no one could tell apart)."""
     recipe = _recipe(tmp_path, stop=True)
     console = Console(width=width, record=True, color_system=None, file=io.StringIO())
-    dashboard = Dashboard(recipe, live=False, console=console)
+    # the plain lines go elsewhere, whole (a log's lines are not folded at the width)
+    dashboard = Dashboard(recipe, live=False, console=Console(width=width, file=io.StringIO()))
     dashboard.study(total=40)
     names = [f"{recipe.runs[i % 3].name}-lr=0.0001-r{i}" for i in range(12)]
     for i, name in enumerate(names):

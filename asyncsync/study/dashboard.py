@@ -5,7 +5,10 @@ pushing / pulling / waiting), steps, samples/s, compute proportion, bytes up and
 loss, and paced-mode overruns (red when the host could not keep the pace). Above
 `ROWS_MAX` workers (virtual runs of hundreds), one row per state instead: how many workers
 are in it, their slowdown range, median steps, and summed or mean figures. Globally:
-protocol, version, latest and best accuracy, elapsed time against the budget.
+protocol, version, latest and best accuracy, elapsed time against the budget. Where no
+panel is shown (output to a file, a Slurm log), a plain line per status every
+`PLAIN_EVERY_S`, never folded at the console's width, however many workers it names: a log
+reads, and greps, one status a line.
 """
 
 from __future__ import annotations
@@ -121,8 +124,7 @@ class Dashboard:
         elif now() - self._last_plain >= PLAIN_EVERY_S and status.get("started"):
             self._last_plain = now()
             name = spec.name + self._repeat(repeat, " ")
-            self.console.print(self.plain_line(spec, status, name), highlight=False,
-                               markup=False)
+            self._line(self.plain_line(spec, status, name), plain=True)
             self.console.file.flush()
 
     def study(self, total: int, done: int = 0) -> None:
@@ -168,11 +170,10 @@ class Dashboard:
             self._live.update(self.render_study())
         elif now() - self._last_plain >= PLAIN_EVERY_S:
             self._last_plain = now()
-            self.console.print(self.progress(), highlight=False, markup=False)
+            self._line(self.progress(), plain=True)
             for run, (run_spec, run_status) in self._active.items():
                 if run_status.get("started"):
-                    self.console.print(self.plain_line(run_spec, run_status, run),
-                                       highlight=False, markup=False)
+                    self._line(self.plain_line(run_spec, run_status, run), plain=True)
             self.console.file.flush()
 
     def render_study(self) -> Group:
@@ -288,7 +289,14 @@ class Dashboard:
                          f"{escape(str(summary['worker_math_reason']))})[/yellow]")
         count = (f"{self._done}/{self._total}" if self._total
                  else f"{index + 1}/{len(self.recipe.runs)}")
-        self.console.print(f"[{count}] {line}")
+        self._line(f"[{count}] {line}")
+
+    def _line(self, text: str, plain: bool = False) -> None:
+        """Print `text` (with rich markup unless `plain`) as one line, however long, where
+        no panel is shown: a log file or a Slurm log reads one line per status. Above the
+        live panel, rich folds it to the terminal."""
+        self.console.print(text, markup=not plain, highlight=not plain,
+                           soft_wrap=self._live is None)
 
 
 def condensed(status: dict[str, Any]) -> dict[str, Any]:

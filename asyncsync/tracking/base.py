@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
@@ -78,7 +79,8 @@ class Tracker(Protocol):
 
     Several runs may be open at once (a study's parallel runs share one tracker), so a
     tracker keeps its state per ``run.run_id``; calls come one at a time (`RunFeed`
-    serializes them).
+    serializes them). A tracker may have a ``label`` (``tracking to mlflow at URI``) by
+    which errors name it; one without goes by its class's name.
     """
 
     def start(self, run: RunInfo) -> None:
@@ -92,6 +94,31 @@ class Tracker(Protocol):
 
     def close(self) -> None:
         """Flush and release everything (after the last run)."""
+
+
+def label(tracker: object) -> str:
+    """How errors name `tracker`: its ``label``, else its class's name."""
+    given = getattr(tracker, "label", None)
+    return given if isinstance(given, str) else type(tracker).__name__
+
+
+@contextlib.contextmanager
+def naming(tracker: object, call: str, run: RunInfo) -> Iterator[None]:
+    """Turn what `tracker`'s `call` of `run` raises into one line naming the tracker, the
+    call, the run and the cause (its type and message); a `TrackingError`, which names its
+    tool already, goes as it is.
+
+    Raises:
+        TrackingError: the call failed.
+    """
+    try:
+        yield
+    except TrackingError:
+        raise
+    except Exception as exc:
+        cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise TrackingError(f"{label(tracker)}: could not {call} run {run.run_id}: "
+                            f"{cause}") from exc
 
 
 def require(module: str, package: str) -> ModuleType:

@@ -23,7 +23,7 @@ from asyncsync.results.report import summarize_run
 from asyncsync.results.studies import LogError
 from asyncsync.runlog.reading import run_name
 from asyncsync.runlog.schema import KEY, RANK, WORKERS_LOG, Kind, upgrade
-from asyncsync.tracking.base import Point, RunInfo, Tracker, flatten
+from asyncsync.tracking.base import Point, RunInfo, Tracker, TrackingError, flatten, naming
 
 T = TypeVar("T")
 
@@ -131,7 +131,12 @@ def _number(value: Any) -> bool:
 
 
 class RunFeed:
-    """Drives trackers from one run folder; `poll` while it runs, `finish` once it ended."""
+    """Drives trackers from one run folder; `poll` while it runs, `finish` once it ended.
+
+    A tracker's failed call raises a `TrackingError` naming it and the cause. One whose
+    ``start`` failed, and those after it, which were not started, get no further call of
+    this run: their ``log`` or ``finish`` would only fail again, on a run they lack.
+    """
 
     def __init__(self, run_dir: Path, trackers: Sequence[Tracker]) -> None:
         self.run_dir = run_dir
@@ -152,8 +157,7 @@ class RunFeed:
             self._workers = [_Worker(self.run_dir / f"worker-{rank}.jsonl")
                              for rank in range(workers)]
             with TRACKER_CALLS:
-                for tracker in self.trackers:
-                    tracker.start(self.run)
+                self._start(self.run)
         sent = 0
         for record in self._events.read():
             if record.get(KEY) == Kind.EVAL and _number(record.get("t")) and _number(
@@ -161,9 +165,19 @@ class RunFeed:
                 point = self._point(record)
                 with TRACKER_CALLS:
                     for tracker in self.trackers:
-                        tracker.log(self.run, point, self.run.start_wall + point.time_s)
+                        with naming(tracker, "log", self.run):
+                            tracker.log(self.run, point, self.run.start_wall + point.time_s)
                 sent += 1
         return sent
+
+    def _start(self, run: RunInfo) -> None:
+        for at, tracker in enumerate(self.trackers):
+            try:
+                with naming(tracker, "start", run):
+                    tracker.start(run)
+            except TrackingError:
+                self.trackers = self.trackers[:at]  # those that opened the run
+                raise
 
     def _point(self, record: dict[str, Any]) -> Point:
         time_s = float(record["t"])
@@ -202,7 +216,8 @@ class RunFeed:
         step = int(last) if _number(last) else self.step
         with TRACKER_CALLS:
             for tracker in self.trackers:
-                tracker.finish(self.run, figures(summary), step)
+                with naming(tracker, "finish", self.run):
+                    tracker.finish(self.run, figures(summary), step)
         return self.run
 
 
@@ -242,6 +257,10 @@ async def follow(run_dir: Path, job: Awaitable[T], trackers: Sequence[Tracker],
 
     For the supervisor: the files are read in a thread, every `every_s` seconds, never in a
     node's event loop. The run's summary is sent once `job` is done, also when it failed.
+    A tracker's failure cancels `job` (which records ``interrupted: <the failure>``, so
+    ``--resume`` runs it again); a cancellation of this call passes on to `job` with its
+    message (Ctrl-C's or SIGTERM's). What raised first is raised, never what the trackers'
+    ``finish`` of the cut run raises after it.
     """
     feed = RunFeed(run_dir, trackers)
     task = asyncio.ensure_future(job)
@@ -249,9 +268,23 @@ async def follow(run_dir: Path, job: Awaitable[T], trackers: Sequence[Tracker],
         while not task.done():
             await asyncio.wait({task}, timeout=every_s)
             await asyncio.to_thread(feed.poll)
-        return task.result()
-    finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(LogError):
+        result = task.result()
+    except BaseException as exc:
+        task.cancel(_interruption(exc))
+        await asyncio.wait({task})  # it records why it stopped (a later cancel says Ctrl-C)
+        if not task.cancelled():
+            task.exception()  # retrieved: how it ended, which is not the error to show
+        with contextlib.suppress(Exception):  # the first error is the one to see
             await asyncio.to_thread(feed.finish)
+        raise
+    with contextlib.suppress(LogError):
+        await asyncio.to_thread(feed.finish)
+    return result
+
+
+def _interruption(exc: BaseException) -> str | None:
+    """The message `follow` cancels its run with when `exc` stops it: a cancellation's own
+    (None for Ctrl-C's), else ``interrupted: <exc>``."""
+    if isinstance(exc, asyncio.CancelledError):
+        return exc.args[0] if exc.args and isinstance(exc.args[0], str) else None
+    return f"interrupted: {exc}"

@@ -38,6 +38,7 @@ class MlflowTracker:
     def __init__(self, uri: str) -> None:
         mlflow = require("mlflow", "mlflow")
         self._entities = require("mlflow.entities", "mlflow")
+        self.label = f"tracking to mlflow at {store_uri(uri)}"
         self.client = mlflow.MlflowClient(tracking_uri=store_uri(uri))
         self._open_runs: dict[str, str] = {}  # asyncsync run id -> MLflow run id
         self._skip: dict[str, int] = {}  # evaluations MLflow already has, per run

@@ -28,6 +28,7 @@ class TensorBoardTracker:
             TrackingError: the package is missing, or `directory` cannot be made.
         """
         self.directory = directory
+        self.label = f"tracking to tensorboard in {directory}"
         self._module = require("torch.utils.tensorboard", "tensorboard")
         self._writers: dict[str, Any] = {}
         try:

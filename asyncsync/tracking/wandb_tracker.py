@@ -42,6 +42,7 @@ class WandbTracker:
         self.project = project
         self.directory = directory
         self.mode = mode or os.environ.get("WANDB_MODE", "offline")
+        self.label = f"tracking to wandb project {project} ({self.mode})"
         self._runs: dict[str, Any] = {}  # asyncsync run id -> open W&B run
         self._skip: dict[str, int] = {}  # history rows W&B already has, per run
 
