@@ -237,10 +237,12 @@ def test_check_and_run_find_missing_data_before_any_folder(
     missing = ["--set", "data.name=mnist", "--set", f"data.root={tmp_path / 'data'}"]
     code, out = run_main(capsys, "check", QUICKSTART, *missing)
     assert code == 2 and out.splitlines()[-1].startswith(
-        f"error: mnist: files not found in {tmp_path / 'data' / 'MNIST' / 'raw'}"), out
+        f"error: {QUICKSTART}: bsp: data.root: mnist: files not found in "
+        f"{tmp_path / 'data' / 'MNIST' / 'raw'}"), out
     code, out = run_main(capsys, "run", QUICKSTART, "--plain", "--logs", str(tmp_path / "logs"),
                          *missing)
-    assert one_error((code, out)).startswith("error: mnist: files not found")
+    assert one_error((code, out)).startswith(
+        f"error: {QUICKSTART}: bsp: data.root: mnist: files not found")
     assert not (tmp_path / "logs").exists()
 
 
@@ -253,11 +255,12 @@ def test_run_refuses_a_device_this_host_lacks_before_any_folder(
         code, out = run_main(capsys, "run", QUICKSTART, "--plain", "--clock", clock,
                              "--logs", str(tmp_path / "logs"), *device)
         assert one_error((code, out)).startswith(
-            "error: device 'cuda:99' requested but "), out
+            f"error: {QUICKSTART}: device: device 'cuda:99' requested but "), out
         assert "(runs: bsp, asp)" in out
         assert not (tmp_path / "logs").exists()
     code, out = run_main(capsys, "check", QUICKSTART, *device)
-    assert code == 0 and "note: device 'cuda:99' requested but " in " ".join(out.split())
+    assert code == 0 and f"note: {QUICKSTART}: device: device 'cuda:99' requested but " in \
+        " ".join(out.split())
 
 
 def test_protocols_prints_toml_values_own_parameters_first(

@@ -26,7 +26,9 @@ from asyncsync.study.nodes import run_nodes
 from asyncsync.study.recipe import Recipe
 from asyncsync.study.simulation import calibrate_step_s, simulate
 from asyncsync.study.specs import RunSpec
+from asyncsync.training.catalog import DatasetMissing
 from asyncsync.training.data import Dataset
+from asyncsync.training.dataset_files import DatasetFileError
 from asyncsync.training.models import build_model
 from asyncsync.training.trainer import resolve_device
 
@@ -104,7 +106,22 @@ def check_data(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = None)
     load = data or dataset_loader()
     for spec in recipe.runs:
         if spec.data.name != "synthetic":
-            load(spec)
+            _dataset(recipe, load, spec)
+
+
+def _dataset(recipe: Recipe, load: Callable[[RunSpec], Dataset], spec: RunSpec) -> Dataset:
+    """`load(spec)`; its files absent or malformed are named with the recipe file, the run
+    and the key that points at them (``data.root``).
+
+    Raises:
+        DatasetMissing: they are absent.
+        DatasetFileError: one is malformed.
+    """
+    try:
+        return load(spec)
+    except (DatasetMissing, DatasetFileError) as exc:
+        where = f"{recipe.source}: " if recipe.source else ""
+        raise type(exc)(f"{where}{spec.name}: data.root: {exc}") from None
 
 
 def check_models(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = None) -> None:
@@ -132,7 +149,7 @@ def check_models(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = Non
             raise ConfigError(f"{where}{spec.name}: model.name: {name!r} cannot be "
                               f"imported ({exc}); a module is looked up in the working "
                               "directory, then in the installed packages") from None
-        dataset = load(spec)
+        dataset = _dataset(recipe, load, spec)
         shape = (dataset.input_shape, dataset.num_classes)
         key = json.dumps([name, spec.model.options, *shape], sort_keys=True)
         if key in built:
@@ -147,14 +164,15 @@ def check_models(recipe: Recipe, data: Callable[[RunSpec], Dataset] | None = Non
 
 def device_problem(recipe: Recipe) -> str | None:
     """Why this host cannot run some of the recipe's runs on their ``device`` (None: it
-    can), naming the key and the runs."""
+    can), naming the recipe file, the key and the runs."""
     problems: dict[str, list[str]] = {}
     for spec in recipe.runs:
         try:
             resolve_device(spec.device)
         except ValueError as exc:
             problems.setdefault(str(exc), []).append(spec.name)
-    return "; ".join(f"{problem} (runs: {', '.join(names)})"
+    where = f"{recipe.source}: " if recipe.source else ""
+    return "; ".join(f"{where}device: {problem} (runs: {', '.join(names)})"
                      for problem, names in problems.items()) or None
 
 
