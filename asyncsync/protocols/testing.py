@@ -236,7 +236,9 @@ class FakeContext:
     """The `Context` port over a `FakeStore` and its rule, for testing a `WorkerLoop`.
 
     The local model is `local` (the store's model at first). A local step subtracts
-    ``lr * grad_fn(local)`` and takes `step_s` seconds of the store's clock. A computation
+    ``lr * grad_fn(local)`` and takes `step_s` seconds of the store's clock, and then yields
+    to the event loop, as the engine's step awaits its computation: a background exchange
+    (`overlap.Transfers`) or another worker's loop runs between two steps. A computation
     whose steps would pass `max_steps` raises `RunStopped` before any of them, as the
     engine's context does. `shard_size` is the size the context reports for the worker's
     data shard (None: unknown). Pushes are checked as the engine checks them (`max_batch`
@@ -306,6 +308,7 @@ class FakeContext:
         self._settle()
         self._check_budget(1)
         grad = self._step(None, None)
+        await asyncio.sleep(0)  # the engine's step awaits its computation
         return StepResult(float(self.local.norm()), batch_size or self.batch_size,
                           self.step_s), grad if copy else self._grad
 
@@ -313,10 +316,11 @@ class FakeContext:
                     proximal: tuple[torch.Tensor, float] | None = None,
                     correction: torch.Tensor | None = None) -> StepResult:
         size = batch_size or self.batch_size
-        self._settle()
         self._check_budget(count)
         for _ in range(count):
+            self._settle()  # a model adopted during the last step's await, as the engine
             self.local = self.local - self.lr * self._step(correction, proximal)
+            await asyncio.sleep(0)  # the engine's step awaits its computation
         return StepResult(float(self.local.norm()), count * size, count * self.step_s)
 
     async def snapshot(self) -> torch.Tensor:

@@ -1,0 +1,54 @@
+"""The test kit yields to the event loop at each local step, as the engine does, so a
+worker loop that overlaps background exchanges with its steps can be tested with it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from asyncsync.protocols.base import RunStopped
+from asyncsync.protocols.nbsync import NbsyncParams, NbsyncServer, NbsyncWorker
+from asyncsync.protocols.overlap import Transfers
+from asyncsync.protocols.testing import FakeContext, FakeStore
+
+
+async def test_a_background_exchange_runs_while_the_loop_steps() -> None:
+    store = FakeStore(torch.ones(3), workers=1)
+    ctx = FakeContext(store, NbsyncServer(NbsyncParams(), store), max_steps=1)
+    started: list[int] = []
+
+    async def exchange() -> None:
+        started.append(ctx.done)
+
+    async with Transfers[None]() as transfers:
+        transfers.start(0, exchange())
+        await ctx.steps(1)  # the engine's step awaits its computation: the task starts
+        assert started == [1] and not transfers.running(0)
+
+
+async def test_nbsync_overlapped_loop_pushes_under_the_kit() -> None:
+    store = FakeStore(torch.ones(3), workers=1)
+    rule = NbsyncServer(NbsyncParams(), store)
+    ctx = FakeContext(store, rule, max_steps=12)
+    with pytest.raises(RunStopped):
+        await NbsyncWorker(NbsyncParams()).run(ctx)
+    # each exchange is a push then a pull; with one worker each push closes a round
+    assert len(ctx.pushed) >= 2
+    assert store.version == len(ctx.pushed)
+    assert [c.contributions for c in store.commits] == [[(0, v)] for v in range(store.version)]
+    assert sum(push.steps for push in ctx.pushed) <= 12
+    assert all(push.steps >= 1 for push in ctx.pushed)
+
+
+async def test_two_overlapped_workers_share_rounds_under_the_kit() -> None:
+    store = FakeStore(torch.ones(3), workers=2)
+    rule = NbsyncServer(NbsyncParams(), store)
+    contexts = [FakeContext(store, rule, rank=rank, max_steps=10) for rank in (0, 1)]
+    loops = [NbsyncWorker(NbsyncParams()).run(ctx) for ctx in contexts]
+    results = await asyncio.gather(*loops, return_exceptions=True)
+    assert all(isinstance(result, RunStopped) for result in results)
+    # a round needs one delta from each of the two workers
+    assert store.version >= 1
+    assert all(sorted(w for w, _ in c.contributions) == [0, 1] for c in store.commits)
