@@ -52,3 +52,13 @@ async def test_two_overlapped_workers_share_rounds_under_the_kit() -> None:
     # a round needs one delta from each of the two workers
     assert store.version >= 1
     assert all(sorted(w for w, _ in c.contributions) == [0, 1] for c in store.commits)
+
+
+async def test_the_kits_documented_defaults_move_the_model_by_a_tenth_a_step() -> None:
+    store = FakeStore(torch.full((2,), 2.0), workers=1)
+    ctx = FakeContext(store, NbsyncServer(NbsyncParams(), store))
+    result = await ctx.steps(3)
+    # lr 0.1, gradient of |w|^2 / 2: each step multiplies by 0.9; 16 samples a step
+    assert torch.allclose(ctx.local, torch.full((2,), 2.0 * 0.9 ** 3))
+    assert result.samples == 48 and ctx.max_steps == 100
+    assert store.clock == pytest.approx(0.003)

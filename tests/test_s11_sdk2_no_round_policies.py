@@ -3,12 +3,26 @@ reason (the protocol has no such rounds), not as an unknown key."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from asyncsync.protocols.base import ROUND_POLICIES, discover, get_protocol
+from asyncsync.protocols.base import (
+    ROUND_POLICIES,
+    Context,
+    Params,
+    Protocol,
+    Push,
+    ServerRule,
+    WorkerLoop,
+    discover,
+    get_protocol,
+    no_round_policies,
+    option,
+)
 from asyncsync.protocols.rounds import CUTOFF_OPTIONS
 from asyncsync.protocols.testing import FakeStore
 from asyncsync.schema import ConfigError, describe, from_mapping
@@ -52,3 +66,35 @@ def test_a_recipe_names_the_key_and_reason(tmp_path: Path) -> None:
                       'protocol = { name = "asp", deadline_s = 2.0 }\n')
     with pytest.raises(ConfigError, match=r"protocol\.deadline_s: not offered by asp \(it"):
         load_recipe(recipe)
+
+
+@dataclass(frozen=True)
+class _OwnParams(Params):
+    """An author's parameters, as docs/writing-a-protocol.md shows them."""
+
+    NOT_OFFERED = no_round_policies("my_protocol", "it has no rounds: each push is applied "
+                                    "on arrival")
+
+    every: int = option(4, lambda v: v >= 1, "must be >= 1", "k")
+
+
+def test_an_authors_protocol_refuses_round_policies_with_its_reason() -> None:
+    protocol = Protocol("my_protocol", "s", _OwnParams, _Rule, _Loop)
+    assert protocol.make_params({"every": 2}).every == 2
+    with pytest.raises(ValueError, match=r"^protocol_params\.overcommit: not offered by "
+                                         r"my_protocol \(it has no rounds: each push"):
+        protocol.make_params({"overcommit": 0.5})
+    with pytest.raises(ValueError, match=r"protocol_params\.evry: unknown key"):
+        protocol.make_params({"evry": 2})  # a key it does not name is still unknown
+
+
+class _Rule(ServerRule[_OwnParams]):
+    push_kinds = frozenset({"delta"})
+
+    async def on_push(self, push: Push) -> dict[str, Any]:
+        return {}
+
+
+class _Loop(WorkerLoop[_OwnParams]):
+    async def run(self, ctx: Context) -> None:
+        await ctx.steps(1)
