@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from asyncsync.protocols.base import RunStopped
+from asyncsync.protocols.base import RunStopped, get_protocol
 from asyncsync.protocols.nbsync import NbsyncParams, NbsyncServer, NbsyncWorker
 from asyncsync.protocols.overlap import Transfers
 from asyncsync.protocols.testing import FakeContext, FakeStore
@@ -62,3 +62,18 @@ async def test_the_kits_documented_defaults_move_the_model_by_a_tenth_a_step() -
     assert torch.allclose(ctx.local, torch.full((2,), 2.0 * 0.9 ** 3))
     assert result.samples == 48 and ctx.max_steps == 100
     assert store.clock == pytest.approx(0.003)
+
+
+@pytest.mark.parametrize("name", ["nbsync", "wbsp_opt"])
+async def test_every_overlap_worker_exchanges_under_the_kit(name: str) -> None:
+    protocol = get_protocol(name)
+    params = protocol.make_params()
+    store = FakeStore(torch.ones(4), workers=2)
+    rule = protocol.server(params, store)
+    contexts = [FakeContext(store, rule, rank=rank, max_steps=20) for rank in (0, 1)]
+    results = await asyncio.gather(*(protocol.worker(params).run(ctx) for ctx in contexts),
+                                   return_exceptions=True)
+    assert all(isinstance(result, RunStopped) for result in results)
+    assert all(ctx.pushed for ctx in contexts) and store.version >= 1
+    # every step a worker took is in a push or in the progress it had not pushed yet
+    assert all(sum(push.steps for push in ctx.pushed) <= ctx.done for ctx in contexts)
