@@ -30,6 +30,7 @@ from asyncsync.protocols.base import (
     ServerRule,
     WorkerLoop,
     check_fields,
+    no_round_policies,
     option,
     register,
 )
@@ -39,6 +40,9 @@ from asyncsync.protocols.ports import Context
 @dataclass(frozen=True)
 class AspParams:
     """Parameters of ASP."""
+
+    NOT_OFFERED = no_round_policies(
+        "asp", "it has no rounds: each gradient is applied on arrival")
 
     staleness_lr: bool = option(False, help="staleness-aware rate: eta / max(tau, 1) for a "
                                             "gradient of staleness tau")

@@ -49,6 +49,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Generic
 
 import torch
@@ -77,11 +78,12 @@ from asyncsync.schema import check_fields, from_mapping, option
 from asyncsync.training.optim import FlatSGD
 
 __all__ = [
-    "HISTORY", "BadRequest", "CheckpointError", "Context", "FlatSGD", "Forbidden", "NoParams",
-    "NotInRun", "OutOfStep", "P", "Params", "Protocol", "Pull", "Push", "Refused", "Reply",
-    "RunStopped", "ServerRule", "StepResult", "Store", "Unacceptable", "WorkerLoop",
-    "all_finite", "brief", "check_fields", "get_protocol", "option", "register", "require",
-    "require_count", "unchanged_if_refused", "wide_history",
+    "HISTORY", "ROUND_POLICIES", "BadRequest", "CheckpointError", "Context", "FlatSGD",
+    "Forbidden", "NoParams", "NotInRun", "OutOfStep", "P", "Params", "Protocol", "Pull",
+    "Push", "Refused", "Reply", "RunStopped", "ServerRule", "StepResult", "Store",
+    "Unacceptable", "WorkerLoop", "all_finite", "brief", "check_fields", "get_protocol",
+    "no_round_policies", "option", "register", "require", "require_count",
+    "unchanged_if_refused", "wide_history",
 ]
 
 HISTORY = 256
@@ -213,6 +215,26 @@ class WorkerLoop(ABC, Generic[P]):
     @abstractmethod
     async def run(self, ctx: Context) -> None:
         """Interleave local computation and communication through `ctx`."""
+
+
+ROUND_POLICIES = ("backup_workers", "deadline_s", "overcommit", "deadline_quantile",
+                  "deadline_mad_k", "deadline_window")
+"""The round-policy options (`rounds.Cutoff`'s fields): only the protocols whose rounds
+close at the SDK's round barrier take them (docs/populations.md, "Round policies")."""
+
+
+def no_round_policies(protocol: str, why: str) -> Mapping[str, str]:
+    """A parameter class's ``NOT_OFFERED`` for a protocol that takes no round policies.
+
+    A parameter dataclass may map keys it does not take to the reason in a class attribute
+    ``NOT_OFFERED``; a recipe or ``protocol_params`` setting one is refused with that reason
+    (``deadline_s: not offered by asp (it has no rounds: ...)``) instead of as an unknown
+    key. This one maps every key of `ROUND_POLICIES` to `why`, e.g. ``NOT_OFFERED =
+    no_round_policies("asp", "it has no rounds: each gradient is applied on arrival")``.
+    """
+    reason = (f"not offered by {protocol} ({why}); the round policies are taken by the "
+              "protocols whose rounds close at the SDK's round barrier")
+    return MappingProxyType(dict.fromkeys(ROUND_POLICIES, reason))
 
 
 def options(params: type[Any]) -> list[str]:

@@ -56,6 +56,7 @@ from asyncsync.protocols.base import (
     Reply,
     ServerRule,
     check_fields,
+    no_round_policies,
     option,
     register,
 )
@@ -66,6 +67,9 @@ LOG = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DcasgdParams:
     """Parameters of DC-ASGD."""
+
+    NOT_OFFERED = no_round_policies(
+        "dcasgd", "it has no rounds: each gradient is applied on arrival, delay-compensated")
 
     lam: float = option(0.04, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
                         "lambda: weight of the delay compensation g * g * (w - w_pulled)")

@@ -50,6 +50,7 @@ from asyncsync.protocols.base import (
     all_finite,
     brief,
     check_fields,
+    no_round_policies,
     option,
     register,
 )
@@ -62,6 +63,9 @@ Group = tuple[int, ...]
 @dataclass(frozen=True)
 class DsSyncParams:
     """Parameters of DS-Sync."""
+
+    NOT_OFFERED = no_round_policies(
+        "dssync", "it has no round barrier: each worker averages with a small group of its own")
 
     group_size: int = option(2, lambda v: v >= 2, "must be >= 2",
                              "k: workers per group (the last group may be smaller)")

@@ -50,6 +50,7 @@ from asyncsync.protocols.base import (
     ServerRule,
     WorkerLoop,
     check_fields,
+    no_round_policies,
     option,
     register,
 )
@@ -64,6 +65,9 @@ BETA = 0.9
 @dataclass(frozen=True)
 class EasgdParams:
     """Parameters of EASGD (both forms)."""
+
+    NOT_OFFERED = no_round_policies(
+        "easgd_async", "it has no rounds: each elastic exchange is applied on arrival")
 
     local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
                               "tau: local SGD steps between elastic exchanges")
@@ -90,6 +94,9 @@ def check_sync_alpha(params: EasgdParams, workers: int) -> None:
 @dataclass(frozen=True)
 class EasgdSyncParams(EasgdParams):
     """Parameters of synchronous EASGD: EASGD's, with the bound ``N alpha <= 1``."""
+
+    NOT_OFFERED = no_round_policies(
+        "easgd", "its rounds are elastic exchanges of every worker, not the round barrier's")
 
     def check_workers(self, workers: int) -> None:
         """`check_sync_alpha` for a run of `workers` (a recipe check calls it; the server

@@ -54,6 +54,7 @@ from asyncsync.protocols.base import (
     Push,
     WorkerLoop,
     check_fields,
+    no_round_policies,
     option,
     register,
     require_count,
@@ -69,6 +70,10 @@ NOT_STARTED = math.inf
 @dataclass(frozen=True)
 class EsyncParams:
     """ESync's parameters."""
+
+    NOT_OFFERED = no_round_policies(
+        "esync", "its rounds wait for every worker: its state oracle sizes local steps so that all "
+                "arrive together")
 
     eps: float = option(0.5, lambda v: math.isfinite(v) and v >= 0, "must be finite and >= 0",
                         "readiness slack, relative to the worker's own step time")

@@ -55,6 +55,7 @@ from asyncsync.protocols.base import (
     Reply,
     WorkerLoop,
     check_fields,
+    no_round_policies,
     option,
     register,
 )
@@ -71,6 +72,9 @@ overflow to inf or vanish, and the batch sizes derived from the speeds would not
 @dataclass(frozen=True)
 class LbbspParams:
     """Parameters of LB-BSP."""
+
+    NOT_OFFERED = no_round_policies(
+        "lbbsp", "its rounds wait for every worker: it balances batch sizes so that none straggles")
 
     global_batch: int = option(0, lambda v: v >= 0, "must be >= 0",
                                "X: samples per iteration over all workers (0: N x batch_size)")

@@ -29,7 +29,16 @@ from typing import Any
 
 import torch
 
-from asyncsync.protocols.base import Protocol, Pull, Push, Reply, check_fields, option, register
+from asyncsync.protocols.base import (
+    Protocol,
+    Pull,
+    Push,
+    Reply,
+    check_fields,
+    no_round_policies,
+    option,
+    register,
+)
 from asyncsync.protocols.overlap import OverlapWorker, Pulled
 from asyncsync.protocols.ports import Context, Store
 from asyncsync.protocols.rounds import RoundServer
@@ -40,6 +49,9 @@ SERVER_MODES = ("sync", "async")
 @dataclass(frozen=True)
 class NbsyncParams:
     """NBSync's parameters."""
+
+    NOT_OFFERED = no_round_policies(
+        "nbsync", "its rounds overlap local steps: no worker waits for one to close")
 
     server_mode: str = option("sync", lambda v: v in SERVER_MODES,
                               f"must be one of {', '.join(SERVER_MODES)}",

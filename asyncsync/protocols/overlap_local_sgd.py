@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncsync.protocols.base import Protocol, WorkerLoop, check_fields, option, register
+from asyncsync.protocols.base import (
+    Protocol,
+    WorkerLoop,
+    check_fields,
+    no_round_policies,
+    option,
+    register,
+)
 from asyncsync.protocols.overlap import Pulled, Transfers, push_then_pull
 from asyncsync.protocols.ports import Context
 from asyncsync.protocols.rounds import RoundServer
@@ -35,6 +42,9 @@ from asyncsync.protocols.rounds import RoundServer
 @dataclass(frozen=True)
 class OverlapLocalSgdParams:
     """Parameters of Overlap Local SGD."""
+
+    NOT_OFFERED = no_round_policies(
+        "overlap_local_sgd", "its rounds overlap local steps: no worker waits for one to close")
 
     local_steps: int = option(8, lambda v: v >= 1, "must be >= 1",
                               "tau: local steps between synchronization points")

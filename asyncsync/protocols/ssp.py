@@ -36,6 +36,7 @@ from asyncsync.protocols.base import (
     Reply,
     ServerRule,
     check_fields,
+    no_round_policies,
     option,
     register,
 )
@@ -45,6 +46,10 @@ from asyncsync.protocols.ports import Store
 @dataclass(frozen=True)
 class SspParams:
     """Parameters of SSP."""
+
+    NOT_OFFERED = no_round_policies(
+        "ssp", "it has no rounds: each gradient is applied on arrival, within a bound on the "
+              "workers' clock gap")
 
     staleness: int = option(3, lambda v: v >= 0, "must be >= 0",
                             "s: the largest clock gap to the slowest worker")

@@ -2,7 +2,12 @@
 
 `FakeStore` implements the `Store` port in memory and changes membership as the engine
 does (`join` adds a rank to ``live`` and calls the rule's `on_join`; `leave` removes it,
-calls `on_leave` and wakes waiters). `FakeContext` implements the `Context` port over a
+calls `on_leave` and wakes waiters). `leave` ends the worker's session, as the engine's
+`ParameterStore.drop` does when a worker is lost or a restarted copy takes its rank over:
+a request of it held in the rule (`wait_for`) raises `NotInRun` (the engine answers 410),
+even when ``join`` readmits the rank before the request wakes, so a test of a takeover
+sees the old session's pull end rather than be answered in the new session's name.
+`FakeContext` implements the `Context` port over a
 `FakeStore` and its rule: its pushes and pulls go straight to the rule, and its local
 model is a flat vector that each local step moves by ``lr * grad_fn(local)``. Both are
 SDK-only, so a rule or a loop can be tested without the engine, a transport or a model;
@@ -113,6 +118,7 @@ class FakeStore:
         self.joined_at: dict[int, int] = {}
         """The version each worker that `join` admitted (re)joined at."""
         self._live = LiveSet(range(workers) if live is None else live)
+        self._sessions: dict[int, int] = {}  # per worker: how many of its sessions ended
         self._changed = asyncio.Event()
         self._published = (vector, vector.clone())
 
@@ -172,11 +178,13 @@ class FakeStore:
         changed.set()
 
     async def wait_for(self, ready: Callable[[], bool], worker: int) -> None:
+        session = self._sessions.get(worker, 0)
         while not ready():
             if self.stopping:
                 raise RunStopped
-            if worker not in self._live:
-                raise NotInRun(f"worker {worker} was dropped while its request waited")
+            if worker not in self._live or self._sessions.get(worker, 0) != session:
+                raise NotInRun(f"worker {worker} was dropped (left or taken over) while its "
+                               "request waited")
             await self._changed.wait()
 
     async def join(self, rule: ServerRule[Any], worker: int) -> None:
@@ -188,9 +196,11 @@ class FakeStore:
         self.notify()
 
     async def leave(self, rule: ServerRule[Any], worker: int) -> None:
-        """`worker` leaves or is lost, as the engine drops it."""
+        """`worker` leaves or is lost, as the engine drops it: its session ends, and its
+        requests held in `wait_for` raise `NotInRun`, even if it rejoins before they wake."""
         self.keep_state_of(rule)
         self._live.discard(worker)
+        self._sessions[worker] = self._sessions.get(worker, 0) + 1
         if not self.stopping:
             await rule.on_leave(worker)
         self.notify()
@@ -236,7 +246,9 @@ class FakeContext:
     """The `Context` port over a `FakeStore` and its rule, for testing a `WorkerLoop`.
 
     The local model is `local` (the store's model at first). A local step subtracts
-    ``lr * grad_fn(local)`` and takes `step_s` seconds of the store's clock. A computation
+    ``lr * grad_fn(local)`` and takes `step_s` seconds of the store's clock, and then yields
+    to the event loop, as the engine's step awaits its computation: a background exchange
+    (`overlap.Transfers`) or another worker's loop runs between two steps. A computation
     whose steps would pass `max_steps` raises `RunStopped` before any of them, as the
     engine's context does. `shard_size` is the size the context reports for the worker's
     data shard (None: unknown). Pushes are checked as the engine checks them (`max_batch`
@@ -306,6 +318,7 @@ class FakeContext:
         self._settle()
         self._check_budget(1)
         grad = self._step(None, None)
+        await asyncio.sleep(0)  # the engine's step awaits its computation
         return StepResult(float(self.local.norm()), batch_size or self.batch_size,
                           self.step_s), grad if copy else self._grad
 
@@ -313,10 +326,11 @@ class FakeContext:
                     proximal: tuple[torch.Tensor, float] | None = None,
                     correction: torch.Tensor | None = None) -> StepResult:
         size = batch_size or self.batch_size
-        self._settle()
         self._check_budget(count)
         for _ in range(count):
+            self._settle()  # a model adopted during the last step's await, as the engine
             self.local = self.local - self.lr * self._step(correction, proximal)
+            await asyncio.sleep(0)  # the engine's step awaits its computation
         return StepResult(float(self.local.norm()), count * size, count * self.step_s)
 
     async def snapshot(self) -> torch.Tensor:

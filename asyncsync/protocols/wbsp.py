@@ -48,6 +48,7 @@ from asyncsync.protocols.base import (
     WorkerLoop,
     all_finite,
     check_fields,
+    no_round_policies,
     option,
     register,
 )
@@ -62,6 +63,10 @@ with the noise of their steps, do not each publish versions."""
 @dataclass(frozen=True)
 class WbspParams:
     """WBSP's parameters (shared by wbsp_opt)."""
+
+    NOT_OFFERED = no_round_policies(
+        "wbsp and wbsp_opt", "they have no rounds: deltas are added on arrival and the slowest "
+                            "worker's pushes publish versions")
 
     slow_worker: int | None = option(None, lambda v: v is None or v >= 0, "must be >= 0",
                                      "rank of the slowest worker (default: detected from "
