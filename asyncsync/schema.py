@@ -44,7 +44,10 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], path: str,
         raise ConfigError(f"{locate('') or path}: expected a table, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = get_type_hints(cls)
+    not_offered: Mapping[str, str] = getattr(cls, "NOT_OFFERED", {})
     for key in data:
+        if key in not_offered:  # a key the class names as refused, with the reason
+            raise ConfigError(f"{locate(key)}: {not_offered[key]}")
         if key not in fields:
             known = ", ".join(name for name, f in fields.items()
                               if not f.metadata.get("internal")) or "none"

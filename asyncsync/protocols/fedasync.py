@@ -27,6 +27,7 @@ from asyncsync.protocols.base import (
     ServerRule,
     WorkerLoop,
     check_fields,
+    no_round_policies,
     option,
     register,
 )
@@ -37,6 +38,9 @@ from asyncsync.protocols.staleness import StalenessOptions
 @dataclass(frozen=True)
 class FedAsyncParams(StalenessOptions):
     """Parameters of FedAsync (with the staleness function's)."""
+
+    NOT_OFFERED = no_round_policies(
+        "fedasync", "it has no rounds: each model is mixed in on arrival")
 
     alpha: float = option(0.6, lambda v: 0 < v <= 1, "must be in (0, 1]",
                           "mixing hyperparameter alpha")

@@ -41,6 +41,9 @@ PLAIN_EVERY_S = 5.0
 ROWS_MAX = 16
 STATE_STYLE = {"computing": "green", "pushing": "cyan", "pulling": "cyan",
                "waiting": "yellow", "left": "dim", "starting": "dim"}
+NAME_MIN = 15
+"""The columns a running run's name keeps before the study table drops a figure's column
+(a longer name folds onto more lines)."""
 
 
 def _mb(value: float) -> str:
@@ -200,7 +203,7 @@ class Dashboard:
         shown = list(range(len(headers)))
         for column in STUDY_DROPS:
             room = self.console.width - 2 - sum(widths[i] + 2 for i in shown[1:])
-            if room >= min(widths[0], 16):
+            if room >= min(widths[0], NAME_MIN):
                 break
             shown.remove(column)
         runs = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
