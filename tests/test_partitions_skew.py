@@ -102,7 +102,8 @@ def test_a_partition_that_leaves_a_worker_without_a_sample_is_refused_by_check(
                     full.num_classes)
     monkeypatch.setattr(assembly, "load_dataset", lambda *_: small)
     recipe = tmp_path / "parts.toml"
-    recipe.write_text(RECIPE.format(workers=40).replace('"label_quantity"', '"iid"'))
+    recipe.write_text(RECIPE.format(workers=40).replace('"label_quantity"', '"iid"')
+                      .replace("classes_per_worker = 3\n", ""))  # (iid reads no such key)
     assert cli.main(["check", str(recipe)]) == 2
     lines = capsys.readouterr().out.splitlines()
     assert [line[:7] for line in lines if line.startswith("error:")] == ["error: "]
