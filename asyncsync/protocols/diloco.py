@@ -139,8 +139,10 @@ class DilocoWorker(WorkerLoop[DilocoParams]):
         while True:
             result = await ctx.steps(steps)
             delta = await ctx.delta_since(anchor)
-            anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
-                                                    samples=result.samples)
+            del anchor  # not held while the worker waits for the next global model
+            exchange = ctx.push_and_pull("delta", delta, steps=steps, samples=result.samples)
+            del delta  # the request holds it only until it is sent
+            anchor, version, _ = await exchange
             await ctx.adopt(anchor, version)
 
 

@@ -54,7 +54,6 @@ from asyncsync.protocols.base import (
     option,
     register,
 )
-from asyncsync.protocols.overlap import push_then_pull
 from asyncsync.protocols.ports import Context, Store
 from asyncsync.protocols.rounds import RoundServer, contributions
 
@@ -160,7 +159,10 @@ class EasgdWorker(WorkerLoop[EasgdParams]):
             samples = (await ctx.steps(tau)).samples
             difference = await ctx.delta_since(center)
             await ctx.mix_toward(center, alpha)
-            center, version = await push_then_pull(ctx, "delta", difference, tau, samples, version)
+            del center  # the next round's center is pulled below
+            await ctx.push("delta", difference, steps=tau, samples=samples, base_version=version)
+            del difference  # not held while the worker waits for the round's center
+            center, version, _ = await ctx.pull(base_version=version)
 
 
 class EasgdAsyncWorker(WorkerLoop[EasgdParams]):
@@ -173,8 +175,10 @@ class EasgdAsyncWorker(WorkerLoop[EasgdParams]):
             center, version, _ = await ctx.pull()
             difference = await ctx.delta_since(center)
             await ctx.mix_toward(center, alpha)
+            del center  # read afresh after the next tau steps
             await ctx.push("delta", difference, steps=tau, samples=samples,
                            base_version=version)
+            del difference
 
 
 EASGD = register(Protocol("easgd", "elastic averaging SGD, synchronous: every tau steps "

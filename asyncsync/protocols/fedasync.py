@@ -81,10 +81,14 @@ class FedAsyncWorker(WorkerLoop[FedAsyncParams]):
         while True:
             anchor, version, _ = await ctx.pull()
             await ctx.adopt(anchor, version)
-            result = await ctx.steps(steps, proximal=(anchor, rho) if rho > 0 else None)
+            proximal = (anchor, rho) if rho > 0 else None
+            del anchor  # adopted: kept only as the proximal term's center
+            result = await ctx.steps(steps, proximal=proximal)
+            del proximal
             model = await ctx.snapshot()
             await ctx.push("model", model, steps=steps, samples=result.samples,
                            base_version=version)
+            del model
 
 
 FEDASYNC = register(Protocol("fedasync", "asynchronous federated optimization: models mixed "

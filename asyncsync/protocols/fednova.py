@@ -158,9 +158,11 @@ class FedNovaWorker(WorkerLoop):
             await ctx.adopt(anchor, version)
             steps, samples = await self.local_work(ctx)
             delta = await ctx.delta_since(anchor)
+            del anchor  # adopted: not held while the worker waits for its next round
             meta = None if ctx.shard_size is None else {"shard": ctx.shard_size}
-            anchor, version, _ = await ctx.push_and_pull("delta", delta, steps=steps,
-                                                    samples=samples, meta=meta)
+            exchange = ctx.push_and_pull("delta", delta, steps=steps, samples=samples, meta=meta)
+            del delta  # the request holds it only until it is sent
+            anchor, version, _ = await exchange
 
     async def local_work(self, ctx: Context) -> tuple[int, int]:
         """Run this round's local steps; ``(steps, samples)``."""

@@ -193,9 +193,12 @@ class ScaffoldWorker(WorkerLoop):
             correction = await ctx.compute(torch.sub, server, own)
             result = await ctx.steps(steps, correction=correction)
             delta = await ctx.delta_since(anchor)
+            del anchor, correction  # used: not held while the worker waits for its next round
             own = await ctx.compute(next_control, own, server, delta, steps * ctx.lr)
+            del server  # ``own`` (c_i) is the state this loop keeps across rounds
             await ctx.push("control", own, steps=steps, samples=result.samples)
             await ctx.push("delta", delta, steps=steps, samples=result.samples)
+            del delta
 
 
 SCAFFOLD = register(Protocol("scaffold", "controlled averaging: local steps corrected by "
