@@ -78,6 +78,7 @@ async def push_then_pull(ctx: Context, kind: str, vector: torch.Tensor, steps: i
     """Push `vector`, then pull the answer (with the same `meta` and base version): two
     requests, so the rule may answer the pull after other workers' pushes."""
     await ctx.push(kind, vector, steps, samples, meta=meta, base_version=base_version)
+    del vector  # not held while the pull waits (in a population, perhaps for rounds)
     pulled, version, _ = await ctx.pull(meta=meta, base_version=base_version)
     return pulled, version
 
