@@ -8,24 +8,16 @@ for SCAFFOLD, the pulled ``c`` and the correction alive across that wait.
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 
-from asyncsync.study.recipe import load_recipe
-from asyncsync.study.simulation import simulate
+from tests.test_s11_simspeed_population_memory import HIDDEN, vector_censuses
 
 WORKERS = 100
-HIDDEN = 4
-FEATURES, CLASSES = 32 * 32, 10  # the synthetic task: 1x32x32 images, 10 classes
 SERVER = 24
 """At most this many vectors besides the workers': the server's model and optimizer state,
 the straggler's vectors for its step under way, the evaluation's."""
-SHARED_ABOVE = 1 << 20
-"""Storages larger than this are the run's, not a worker's (the dataset's splits)."""
 IN_TRANSIT = 2
 """A pushed vector as it travels, and the server's copy of it for the open round."""
 
@@ -73,43 +65,10 @@ protocol = {{ {protocol} }}
 """
 
 
-def live_storages(at_most: int) -> dict[int, torch.UntypedStorage]:
-    """Every live CPU tensor storage of at most `at_most` bytes, by address (each once,
-    however many tensors view it)."""
-    storages: dict[int, torch.UntypedStorage] = {}
-    for thing in gc.get_objects():
-        if issubclass(type(thing), torch.Tensor) and thing.device.type == "cpu":
-            storage = thing.untyped_storage()
-            if 0 < storage.nbytes() <= at_most:
-                storages[storage.data_ptr()] = storage
-    return storages
-
-
-class Enough(Exception):
-    """Raised from the status sink once two versions are made: the run stops there."""
-
-
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_a_waiting_worker_keeps_only_its_state(tmp_path: Path, protocol: str) -> None:
     options, kept, pushes = PROTOCOLS[protocol]
-    recipe = tmp_path / "population.toml"
-    recipe.write_text(recipe_text(options))
-    spec = load_recipe(recipe).run("run")
-    # the mlp's parameters by hand: three linear layers, weights and biases
-    params = FEATURES * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
-    vector_bytes = 4 * params
-    censuses: list[tuple[int, float]] = []  # (version, live vectors) at each status report
-    earlier = live_storages(SHARED_ABOVE)  # other tests' (kept alive: no address reused)
-
-    def census(status: dict[str, Any]) -> None:
-        live = sum(storage.nbytes() for address, storage in
-                   live_storages(SHARED_ABOVE).items() if address not in earlier)
-        censuses.append((status["version"], live / vector_bytes))
-        if status["version"] >= 2:
-            raise Enough
-
-    with pytest.raises(Enough):
-        simulate(spec, tmp_path, f"population/{protocol}", census)
+    censuses = vector_censuses(recipe_text(options), "run", tmp_path, versions=2)
     # each worker: its parameters, the state it must keep, its pushes of the open round
     bound = WORKERS * (1 + kept + IN_TRANSIT * pushes) + SERVER
     for _, live in censuses:
