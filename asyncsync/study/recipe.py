@@ -164,8 +164,8 @@ def resolve(raw: dict[str, Any], default_name: str, overrides: Sequence[str] = (
     data = defaults.get("data")
     for key in unused_keys("", data if isinstance(data, dict) and not written else {}):
         if not any(key in PARTITION_KEYS[run.data.partition] for run in runs):
-            raise ConfigError(f"defaults.data.{key}: no run's partition reads it; leave this "
-                              "key out")
+            raise ConfigError(_naming_set(f"defaults.data.{key}: no run's partition reads "
+                                          "it; leave this key out", set_items))
     names = [r.name for r in runs]
     duplicates = sorted({r.base_name for r in runs if names.count(r.name) > 1})
     if duplicates:  # named as the recipe names them, not as each sweep point does
