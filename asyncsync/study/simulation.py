@@ -57,6 +57,7 @@ from asyncsync.study.assembly import (
 )
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
 from asyncsync.study.worker_math import WorkerMath, choose_worker_math
+from asyncsync.training.buffers import VectorPool
 from asyncsync.training.data import Dataset
 from asyncsync.training.models import TimingModel
 from asyncsync.training.trainer import BatchSource, ScratchGradients, Trainer
@@ -222,9 +223,10 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
     workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
                                timed(rank), None if shared else run_dir, math.device)
                for rank in range(spec.workers)]
-    scratch = ScratchGradients()  # one step computes at a time: one gradient serves all
+    scratch, warm = ScratchGradients(), VectorPool()  # steps run one at a time: one serves all
     for worker in workers:
         worker.trainer.scratch = scratch
+        worker.trainer.share_warm_vectors(warm)
         if shared is not None:
             worker.metrics.log = RankLog(shared, worker.rank)
     began = wall()
@@ -284,8 +286,7 @@ class StandIn(TimingModel):
     tensors (a timing run's batches are the same two tensors every step).
     """
 
-    MEMO_SIZE = 4096
-    BATCHES_KEPT = 64
+    MEMO_SIZE, BATCHES_KEPT = 4096, 64
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int,
                  memo: dict[bytes, tuple[torch.Tensor, torch.Tensor]] | None = None,

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncsync.training.device_copies import copies_for
+from asyncsync.training.buffers import VectorPool
+from asyncsync.training.device_copies import PlainCopies, copies_for
 from asyncsync.training.optim import FlatSGD
 
 BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -247,6 +248,17 @@ class Trainer:
         self.scratch: ScratchGradients | None = None
         """Where a local step borrows its gradient when the trainer holds none (None: the
         trainer's own gradient, kept between steps as ``params.grad``)."""
+
+    def share_warm_vectors(self, pool: VectorPool) -> None:
+        """Take this trainer's warm host vectors (its snapshots and gradient copies) from
+        `pool`, which the process's other trainers share, not from a pool of its own.
+
+        A pool keeps a few free vectors for reuse; in a virtual run of 100 DiLoCo workers
+        each worker's pool kept one, a third of the run's vectors. On CUDA the copies
+        stage through pinned buffers and take no warm vector, so nothing changes there.
+        """
+        if isinstance(self.copies, PlainCopies):
+            self.copies.buffers = pool
 
     @property
     def flat(self) -> torch.Tensor:
