@@ -89,12 +89,14 @@ def test_uneven_local_epochs_batched_on_the_gpu_equal_one_by_one(tmp_path: Path,
     assert sum(r["event"] == "compute" and r["samples"] < 150 for r in records) > 3
 
 
-def test_two_batched_runs_on_the_gpu_give_identical_logs(tmp_path: Path) -> None:
-    """Deterministic on a GPU too (with TF32 as a user gets it): a virtual run asks cuDNN
-    for deterministic kernels (a convolution's backward may otherwise sum with atomics)."""
+@pytest.mark.parametrize("batched", ["on", "off"])
+def test_two_runs_on_the_gpu_give_identical_logs(tmp_path: Path, batched: str) -> None:
+    """Deterministic on a GPU too (with TF32 as a user gets it), batched and one by one: a
+    virtual run asks cuDNN for deterministic kernels (a convolution's backward may
+    otherwise sum with atomics)."""
     recipe = RECIPE.replace('clock = "virtual"', 'clock = "virtual"\ndevice = "cuda"')
-    first, _ = _run(tmp_path, "esync", "on", "a", recipe)
-    second, _ = _run(tmp_path, "esync", "on", "b", recipe)
+    first, _ = _run(tmp_path, "esync", batched, "a", recipe)
+    second, _ = _run(tmp_path, "esync", batched, "b", recipe)
     for path in sorted(first.glob("*.jsonl")):
         assert path.read_bytes() == (second / path.name).read_bytes(), path.name
 
