@@ -43,8 +43,8 @@ PROBE_BATCH = 2
 
 @dataclass
 class WorkerMath:
-    """The chosen path: the workers' device (the run's, on either path; the CPU for the
-    timing model), the cohort (None: one by one), why, and whether it fell back from
+    """The chosen path: the workers' device (the run's with its index, on either path; the
+    CPU for the timing model), the cohort (None: one by one), why, and whether it fell back from
     batching that was asked for."""
 
     path: str
@@ -70,7 +70,7 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
     asked = spec.compute.batched
     device = resolve_device(spec.device)
     timing = spec.model.name == TIMING_MODEL
-    workers_device = "cpu" if timing else str(device)
+    workers_device = "cpu" if timing else str(with_index(device))
     if asked == "off":
         return WorkerMath(ONE_BY_ONE, 'compute.batched = "off"', workers_device)
     if asked == "auto":
@@ -91,8 +91,23 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
     why = ("asked (compute.batched = \"on\")" if asked == "on"
            else f"auto: {device.type} device")
     LOG.info("the workers' steps run batched on %s (%s)", device, why)
-    return WorkerMath(BATCHED, why, str(device),
+    return WorkerMath(BATCHED, why, workers_device,
                       Cohort(BatchedModel(model(), device)))
+
+
+def with_index(device: torch.device) -> torch.device:
+    """`device` naming its index (``cuda`` is ``cuda:0`` where that is the current device),
+    as the tensors made there name it.
+
+    A trainer's device keys its borrowed gradients (`ScratchGradients`: taken by the
+    trainer's device, given back by the vector's): with ``cuda`` against ``cuda:0`` no
+    vector given back was ever found again, and each local step of a virtual run on a GPU
+    made a new one and kept it (one model's size a step, 137 MB a round of the 1,000-client
+    population's cnn, until the GPU ran out of memory).
+    """
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def auto_refusal(device_type: str, workers: int) -> str | None:
