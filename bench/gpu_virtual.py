@@ -380,6 +380,9 @@ def main() -> None:
     if unknown := only - set(SECTIONS):
         sys.exit(f"error: --only: unknown sections {sorted(unknown)}; known: {SECTIONS}")
     torch.set_num_threads(1)  # as a virtual run (one torch thread a process)
+    # and cuDNN's kernels as a virtual run picks them (`simulate`): deterministic ones,
+    # not timed, so the per-step table costs the convolutions a run computes
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     name = torch.cuda.get_device_name(device) if gpu else "CPU"
     print(f"device: {device} ({name}), torch {torch.__version__}, one torch thread")
     figures: dict[str, Any] = {"device": str(device), "device_name": name,
