@@ -103,7 +103,8 @@ def with_index(device: torch.device) -> torch.device:
     trainer's device, given back by the vector's): with ``cuda`` against ``cuda:0`` no
     vector given back was ever found again, and each local step of a virtual run on a GPU
     made a new one and kept it (one model's size a step, 137 MB a round of the 1,000-client
-    population's cnn, until the GPU ran out of memory).
+    population's cnn: its memory full after some 570 rounds on an 80 GB GPU, by
+    arithmetic; not seen, no GPU was lent).
     """
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
