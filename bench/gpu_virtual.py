@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +134,9 @@ def step_cost(name: str, workers: int, device: torch.device, batch: int, reps: i
     return out
 
 
-def steps_section(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
-    rows = []
+def steps_section(args: argparse.Namespace, device: torch.device, rows: list[dict[str, Any]],
+                  save: Callable[[], None]) -> None:
+    """Append each row to `rows` as it is measured, and `save` after each."""
     print(f"\n1. per worker-step cost, batch {args.batch} (ratio = one by one / batched)")
     print(f"{'model':9} {'workers':>7} {'one by one':>12} {'batched':>12} {'ratio':>7}")
     for name in args.models.split(","):
@@ -151,7 +153,7 @@ def steps_section(args: argparse.Namespace, device: torch.device) -> list[dict[s
                 print(f"{name:9} {workers:>7} {row['one_by_one_s'] * 1e3:>9.3f} ms "
                       f"{row['batched_s'] * 1e3:>9.3f} ms {row['speedup']:>6.2f}x")
             rows.append(row)
-    return rows
+            save()
 
 
 def study_wall(device: str, jobs: int, logs: Path, limit_s: float) -> dict[str, Any]:
@@ -378,26 +380,40 @@ def main() -> None:
     if unknown := only - set(SECTIONS):
         sys.exit(f"error: --only: unknown sections {sorted(unknown)}; known: {SECTIONS}")
     torch.set_num_threads(1)  # as a virtual run (one torch thread a process)
+    # and cuDNN's kernels as a virtual run picks them (`simulate`): deterministic ones,
+    # not timed, so the per-step table costs the convolutions a run computes
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     name = torch.cuda.get_device_name(device) if gpu else "CPU"
     print(f"device: {device} ({name}), torch {torch.__version__}, one torch thread")
     figures: dict[str, Any] = {"device": str(device), "device_name": name,
                                "torch": torch.__version__, "args": {
                                    k: str(v) for k, v in vars(args).items()}}
     began = time.perf_counter()
+
+    def save() -> None:
+        """Write the figures so far: a bench cut off (a lent machine's time cap) keeps the
+        sections it finished."""
+        figures["bench_wall_s"] = time.perf_counter() - began
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2))
+
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         if "steps" in only:
-            figures["steps"] = steps_section(args, device)
+            figures["steps"] = []
+            steps_section(args, device, figures["steps"], save)
         if "study" in only:
             figures["study"] = study_section(args, device, tmp)
+            save()
         if "resnet" in only:
             figures["resnet18"] = resnet_section(args, device, tmp)
+            save()
         if "population" in only:
             figures["population"] = population_section(args, device, tmp)
-    figures["bench_wall_s"] = time.perf_counter() - began
+            save()
+    save()
     print(f"\nbench wall time: {figures['bench_wall_s']:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
         print(f"figures written to {args.json}")
 
 

@@ -15,14 +15,17 @@ import pytest
 import torch
 
 from asyncsync.engine.cohort import Cohort
+from asyncsync.study import simulation
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import simulate
 from asyncsync.training.batched import BatchedModel
+from asyncsync.training.trainer import ScratchGradients
 from tests.helpers import tiny_bn_cnn
 from tests.test_cohort import (
     RECIPE,
     _agree,
     _compare,
+    _records,
     _round,
     _run,
     _trainers,
@@ -89,12 +92,14 @@ def test_uneven_local_epochs_batched_on_the_gpu_equal_one_by_one(tmp_path: Path,
     assert sum(r["event"] == "compute" and r["samples"] < 150 for r in records) > 3
 
 
-def test_two_batched_runs_on_the_gpu_give_identical_logs(tmp_path: Path) -> None:
-    """Deterministic on a GPU too (with TF32 as a user gets it): a virtual run asks cuDNN
-    for deterministic kernels (a convolution's backward may otherwise sum with atomics)."""
+@pytest.mark.parametrize("batched", ["on", "off"])
+def test_two_runs_on_the_gpu_give_identical_logs(tmp_path: Path, batched: str) -> None:
+    """Deterministic on a GPU too (with TF32 as a user gets it), batched and one by one: a
+    virtual run asks cuDNN for deterministic kernels (a convolution's backward may
+    otherwise sum with atomics)."""
     recipe = RECIPE.replace('clock = "virtual"', 'clock = "virtual"\ndevice = "cuda"')
-    first, _ = _run(tmp_path, "esync", "on", "a", recipe)
-    second, _ = _run(tmp_path, "esync", "on", "b", recipe)
+    first, _ = _run(tmp_path, "esync", batched, "a", recipe)
+    second, _ = _run(tmp_path, "esync", batched, "b", recipe)
     for path in sorted(first.glob("*.jsonl")):
         assert path.read_bytes() == (second / path.name).read_bytes(), path.name
 
@@ -128,3 +133,27 @@ def test_a_virtual_run_on_cuda_batches_by_default_from_8_workers(tmp_path: Path)
 
 def test_batches_gathered_on_the_gpu_are_the_stacked_batches_to_the_bit() -> None:
     gathered_rows_equal_stacked_batches("cuda")
+
+
+def test_one_by_one_local_steps_on_the_gpu_reuse_one_borrowed_gradient(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers' device names its index, as their gradients' does: a gradient given
+    back is lent again (tests/test_s12_gpuaudit_scratch_device.py, on the CPU)."""
+    made: list[int] = []
+
+    class Counting(ScratchGradients):
+        def take(self, numel: int, device: torch.device) -> torch.Tensor:
+            free = sum(len(vectors) for vectors in self._free.values())
+            vector = super().take(numel, device)
+            if sum(len(vectors) for vectors in self._free.values()) == free:
+                made.append(numel)
+            return vector
+
+    monkeypatch.setattr(simulation, "ScratchGradients", Counting)
+    recipe = RECIPE.replace('clock = "virtual"', 'clock = "virtual"\ndevice = "cuda"')
+    run_dir, facts = _run(tmp_path, "local_sgd", "off", "one", recipe)
+    assert facts["worker_math"] == "one-by-one"
+    steps = sum(r.get("event") == "compute" for records in _records(run_dir).values()
+                for r in records)
+    assert steps > 3
+    assert len(made) == 1, f"{len(made)} gradients made for {steps} local steps"

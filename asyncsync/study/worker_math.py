@@ -11,6 +11,11 @@ model is the timing stand-in, which never batches). ``auto``'s own choice of one
 reason, at INFO: it is the expected path, not a failure. summary.json records the path
 and why (`WorkerMath.facts`), and ``worker_math_fallback`` where the log warned, so a
 study's line for the run says it too (a child process's log is not shown).
+
+**(choice)** The timing model's workers compute on the CPU whatever the run's ``device``:
+its closed-form gradient keys its memo by the parameters' and batch's bytes, read on the
+host (a stand-in on a GPU failed at its first step), and its few parameters would gain
+nothing there.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ PROBE_BATCH = 2
 
 @dataclass
 class WorkerMath:
-    """The chosen path: the workers' device (the run's, on either path), the cohort (None:
-    one by one), why, and whether it fell back from batching that was asked for."""
+    """The chosen path: the workers' device (the run's with its index, on either path; the
+    CPU for the timing model), the cohort (None: one by one), why, and whether it fell back from
+    batching that was asked for."""
 
     path: str
     reason: str
@@ -63,28 +69,46 @@ def choose_worker_math(spec: RunSpec, model: Callable[[], torch.nn.Module],
     """The path of `spec`'s virtual run (`model` and `batches` as the run builds them)."""
     asked = spec.compute.batched
     device = resolve_device(spec.device)
+    timing = spec.model.name == TIMING_MODEL
+    workers_device = "cpu" if timing else str(with_index(device))
     if asked == "off":
-        return WorkerMath(ONE_BY_ONE, 'compute.batched = "off"', str(device))
+        return WorkerMath(ONE_BY_ONE, 'compute.batched = "off"', workers_device)
     if asked == "auto":
         refusal = auto_refusal(device.type, spec.workers)
         if refusal is not None:
             LOG.info("compute.batched = 'auto': the workers' steps run one by one: %s",
                      refusal)
-            return WorkerMath(ONE_BY_ONE, f"auto: {refusal}", str(device))
+            return WorkerMath(ONE_BY_ONE, f"auto: {refusal}", workers_device)
     reason: str | None = "the timing model computes its gradient in closed form"
-    if spec.model.name != TIMING_MODEL:
+    if not timing:
         reason = _probe(model(), batches, device)
     if reason is not None:  # the timing model is meant to: no warning
-        level = logging.INFO if spec.model.name == TIMING_MODEL else logging.WARNING
+        level = logging.INFO if timing else logging.WARNING
         LOG.log(level, "compute.batched = %r: the workers' steps run one by one: %s", asked,
                 reason)
-        return WorkerMath(ONE_BY_ONE, reason, str(device),
+        return WorkerMath(ONE_BY_ONE, reason, workers_device,
                           fell_back=level == logging.WARNING)
     why = ("asked (compute.batched = \"on\")" if asked == "on"
            else f"auto: {device.type} device")
     LOG.info("the workers' steps run batched on %s (%s)", device, why)
-    return WorkerMath(BATCHED, why, str(device),
+    return WorkerMath(BATCHED, why, workers_device,
                       Cohort(BatchedModel(model(), device)))
+
+
+def with_index(device: torch.device) -> torch.device:
+    """`device` naming its index (``cuda`` is ``cuda:0`` where that is the current device),
+    as the tensors made there name it.
+
+    A trainer's device keys its borrowed gradients (`ScratchGradients`: taken by the
+    trainer's device, given back by the vector's): with ``cuda`` against ``cuda:0`` no
+    vector given back was ever found again, and each local step of a virtual run on a GPU
+    made a new one and kept it (one model's size a step, 137 MB a round of the 1,000-client
+    population's cnn: its memory full after some 570 rounds on an 80 GB GPU, by
+    arithmetic; not seen, no GPU was lent).
+    """
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def auto_refusal(device_type: str, workers: int) -> str | None:
