@@ -237,8 +237,10 @@ class Trainer:
         loss_fn: LossFn = F.cross_entropy,
         device: str = "auto",
     ) -> None:
-        self.device = resolve_device(device)
-        self.params = FlatModule(model, self.device)
+        self.params = FlatModule(model, resolve_device(device))
+        self.device = self.params.flat.device
+        """Where the vectors live, with its index as their tensors name it (``cuda:0``, not
+        ``cuda``): `ScratchGradients` lends by it and takes back by the vector's device."""
         self.copies = copies_for(self.device, self.numel)
         self.batches = batches
         self.loss_fn = loss_fn
