@@ -9,6 +9,7 @@ Only paths and plain strings go in, nothing but the folder comes back (no pickle
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -70,10 +71,14 @@ SUPERVISOR_KILLED = "interrupted (its supervisor was killed)"
 """What cut a run short, as its summary's error and the report's note say it."""
 
 
-def cause(cancelled: BaseException) -> str:
-    """What cut a run short, from its cancellation: the message SIGTERM's handler cancels
-    with (`SIGTERM_STOP`), else Ctrl-C's (asyncio.run cancels without one)."""
-    message = cancelled.args[0] if cancelled.args else None
+def cause(stopped: BaseException) -> str:
+    """What cut a run short, from what stopped it: a cancellation's message (SIGTERM's
+    handler's `SIGTERM_STOP`, or the error that stopped the study), else Ctrl-C's
+    (asyncio.run cancels without one); an error (a tracker's failure) as
+    ``interrupted: <the error>``."""
+    if not isinstance(stopped, asyncio.CancelledError):
+        return f"interrupted: {stopped}"
+    message = stopped.args[0] if stopped.args else None
     return message if isinstance(message, str) and message.startswith("interrupted") \
         else CTRL_C
 

@@ -237,8 +237,9 @@ async def _pool(study: _Study, todo: list[int], jobs: int, spares: Spares | None
             summary: dict[str, Any] = json.loads((slot.run_dir / "summary.json").read_text())
         except RuntimeError as exc:  # no summary.json: --resume runs it again
             summary = failure(slot.run_dir, error_line(exc))
-        except asyncio.CancelledError as exc:
-            write_summary(slot.run_dir, interrupted(slot.run_dir, cause(exc)))
+        except BaseException as exc:  # Ctrl-C, SIGTERM, a tracker's failure: --resume
+            if not (slot.run_dir / "summary.json").exists():  # else it ended first: kept
+                write_summary(slot.run_dir, interrupted(slot.run_dir, cause(exc)))
             raise
         return summary
 
@@ -256,11 +257,15 @@ async def _pool(study: _Study, todo: list[int], jobs: int, spares: Spares | None
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(min(jobs, len(todo)))]
     plots = asyncio.ensure_future(asyncio.to_thread(preload_plots))  # while the runs go
+    stopped: str | None = None  # why the runs still going stop: Ctrl-C's None, or an error
     try:
         await asyncio.gather(*tasks)
+    except Exception as exc:  # one run's tracker failed: the others are cut by that
+        stopped = cause(exc)
+        raise
     finally:
         for task in tasks:
-            task.cancel()
+            task.cancel(stopped)
         await asyncio.gather(*tasks, plots, return_exceptions=True)
 
 
