@@ -15,6 +15,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.dashboard import condensed
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import StatusSink, simulate
+from asyncsync.training.trainer import resolve_device
 
 STATUS_EVERY_S = 0.5
 """How often (real seconds) a child reports its run's status to the supervisor."""
@@ -114,6 +116,7 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
     known: dict[str, Any] = {}
     try:
         spec = load_recipe(folder / "recipe.json").runs[0]
+        _check_device(spec.device)
         facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s,
                          known)
         summary = {**summarize_run(folder), **facts}
@@ -123,6 +126,20 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
         summary = {**failure(folder, error_line(exc)), **known}
     write_summary(folder, summary)
     return "error" not in summary
+
+
+def _check_device(device: str) -> None:
+    """Refuse a run whose ``device`` this node lacks, naming the key (the supervisor
+    checked its own host; a Slurm task's node may have other devices).
+
+    Raises:
+        RuntimeError: the device is not here (its first line is the run's error).
+    """
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        raise RuntimeError(f"device: {exc} on node {socket.gethostname()}; ask Slurm for "
+                           'GPUs (--slurm-gpus N), or use device = "cpu"') from None
 
 
 def slurm_task(run_dir: str, calibrated_s: str) -> None:
