@@ -92,10 +92,20 @@ def interrupted(run_dir: Path, why: str) -> dict[str, Any]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """summary.json, replaced at once (a reader on another node never sees half of it)."""
-    partial = run_dir / "summary.json.tmp"
-    partial.write_text(json.dumps(summary, indent=2))
-    partial.replace(run_dir / "summary.json")
+    """summary.json, replaced at once (a reader on another node never sees half of it).
+
+    Raises:
+        OSError: it could not be written (a full disk), naming summary.json; no partial
+            file is left, and the run counts as unfinished.
+    """
+    written, partial = run_dir / "summary.json", run_dir / "summary.json.tmp"
+    try:
+        partial.write_text(json.dumps(summary, indent=2))
+        partial.replace(written)
+    except OSError as exc:  # a failed write() names no file
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(written)) from exc
 
 
 def run_folder(run_dir: str, calibrated_s: float | None = None,
