@@ -264,7 +264,8 @@ async def _pool(study: _Study, todo: list[int], jobs: int, spares: Spares | None
     stopped: str | None = None  # why the runs still going stop: Ctrl-C's None, or an error
     try:
         await asyncio.gather(*tasks)
-    except Exception as exc:  # one run's tracker failed: the others are cut by that
+    except Exception as exc:  # a run's error stopped the study (its tracker failed):
+        # the runs beside it are cut by that, not by a Ctrl-C
         stopped = cause(exc)
         raise
     finally:
@@ -330,10 +331,11 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                     ended.setdefault(position, now())
                     if now() - ended[position] < SLURM_GRACE_S:
                         continue
+                    state = job.state  # (sacct asked)
                     summary = interrupted(run_dir, f"interrupted: its Slurm task ended "
-                                          f"({job.state}) without a summary.json; see "
+                                          f"({state}) without a summary.json; see "
                                           f"{job.paths.stderr}")
-                    if job.state != "COMPLETED":  # else it may yet show (a cache): kept
+                    if state != "COMPLETED":  # else it may yet show (a cache): kept
                         write_summary(run_dir, summary)  # report says why; --resume runs it
                 if summary is not None:
                     del pending[position]
