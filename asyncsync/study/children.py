@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -112,6 +113,19 @@ async def _reader(pipe: IO[bytes]) -> tuple[asyncio.StreamReader, asyncio.ReadTr
     return reader, transport
 
 
+def ending(code: int) -> str:
+    """How a child's process ended, from its exit status (a signal's number, negated):
+    ``ended with status 1``, ``was killed by SIGKILL (...)``."""
+    if code >= 0:
+        return f"ended with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    return f"was killed by {name}" + (" (the out-of-memory killer, or kill -9)"
+                                      if -code == signal.SIGKILL else "")
+
+
 class Child:
     """A started child, its status lines read on the event loop."""
 
@@ -145,7 +159,8 @@ class Child:
         """Run one folder, passing its status lines to `on_status`.
 
         Raises:
-            RuntimeError: the child ended before the run did (killed, crashed).
+            RuntimeError: the child ended before the run did (killed, crashed): how
+                (`ending`) and its last line on stderr.
         """
         assert self.process.stdin is not None
         with contextlib.suppress(BrokenPipeError):  # it ended: said below
@@ -159,8 +174,8 @@ class Child:
                 on_status(message)
         code = await asyncio.to_thread(self.process.wait)
         await self._drain
-        last = next((e for e in reversed(self.errors) if e.strip()), "no output")
-        raise RuntimeError(f"its process ended with status {code}: {last}")
+        last = next((e for e in reversed(self.errors) if e.strip()), None)
+        raise RuntimeError(f"its process {ending(code)}" + (f": {last}" if last else ""))
 
     async def close(self) -> None:
         """Terminate the child (idle, or on Ctrl-C in the middle of a run)."""

@@ -9,11 +9,13 @@ Only paths and plain strings go in, nothing but the folder comes back (no pickle
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -27,6 +29,7 @@ from asyncsync.schema import ConfigError
 from asyncsync.study.dashboard import condensed
 from asyncsync.study.recipe import load_recipe
 from asyncsync.study.simulation import StatusSink, simulate
+from asyncsync.training.trainer import resolve_device
 
 STATUS_EVERY_S = 0.5
 """How often (real seconds) a child reports its run's status to the supervisor."""
@@ -70,10 +73,14 @@ SUPERVISOR_KILLED = "interrupted (its supervisor was killed)"
 """What cut a run short, as its summary's error and the report's note say it."""
 
 
-def cause(cancelled: BaseException) -> str:
-    """What cut a run short, from its cancellation: the message SIGTERM's handler cancels
-    with (`SIGTERM_STOP`), else Ctrl-C's (asyncio.run cancels without one)."""
-    message = cancelled.args[0] if cancelled.args else None
+def cause(stopped: BaseException) -> str:
+    """What cut a run short, from what stopped it: a cancellation's message (SIGTERM's
+    handler's `SIGTERM_STOP`, or the error that stopped the study), else Ctrl-C's
+    (asyncio.run cancels without one); an error (a tracker's failure) as
+    ``interrupted: <the error>``."""
+    if not isinstance(stopped, asyncio.CancelledError):
+        return f"interrupted: {stopped}"
+    message = stopped.args[0] if stopped.args else None
     return message if isinstance(message, str) and message.startswith("interrupted") \
         else CTRL_C
 
@@ -85,10 +92,20 @@ def interrupted(run_dir: Path, why: str) -> dict[str, Any]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """summary.json, replaced at once (a reader on another node never sees half of it)."""
-    partial = run_dir / "summary.json.tmp"
-    partial.write_text(json.dumps(summary, indent=2))
-    partial.replace(run_dir / "summary.json")
+    """summary.json, replaced at once (a reader on another node never sees half of it).
+
+    Raises:
+        OSError: it could not be written (a full disk), naming summary.json; no partial
+            file is left, and the run counts as unfinished.
+    """
+    written, partial = run_dir / "summary.json", run_dir / "summary.json.tmp"
+    try:
+        partial.write_text(json.dumps(summary, indent=2))
+        partial.replace(written)
+    except OSError as exc:  # a failed write() names no file
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(written)) from exc
 
 
 def run_folder(run_dir: str, calibrated_s: float | None = None,
@@ -109,6 +126,7 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
     known: dict[str, Any] = {}
     try:
         spec = load_recipe(folder / "recipe.json").runs[0]
+        _check_device(spec.device)
         facts = simulate(spec, folder, f"{written['name']}/{spec.name}", status, calibrated_s,
                          known)
         summary = {**summarize_run(folder), **facts}
@@ -118,6 +136,20 @@ def run_folder(run_dir: str, calibrated_s: float | None = None,
         summary = {**failure(folder, error_line(exc)), **known}
     write_summary(folder, summary)
     return "error" not in summary
+
+
+def _check_device(device: str) -> None:
+    """Refuse a run whose ``device`` this node lacks, naming the key (the supervisor
+    checked its own host; a Slurm task's node may have other devices).
+
+    Raises:
+        RuntimeError: the device is not here (its first line is the run's error).
+    """
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        raise RuntimeError(f"device: {exc} on node {socket.gethostname()}; ask Slurm for "
+                           'GPUs (--slurm-gpus N), or use device = "cpu"') from None
 
 
 def slurm_task(run_dir: str, calibrated_s: str) -> None:

@@ -30,6 +30,7 @@ from typing import IO, Any
 from asyncsync.clock import now
 from asyncsync.protocols.base import Refused
 from asyncsync.study.assembly import WORKER_TOKEN_ENV, run_client_tls
+from asyncsync.study.children import ending
 from asyncsync.study.launch import SUPERVISOR_ENV, TOKEN_ENV
 from asyncsync.study.netns import SHAPED_ENV, RunNetwork, call_in, owner
 from asyncsync.study.specs import RunSpec
@@ -187,14 +188,17 @@ async def _watch(spec: RunSpec, status: StatusPoll, nodes: list[_Node],
                                    f"see {server.output.name}")
             with contextlib.suppress(OSError, asyncio.TimeoutError, Refused):
                 on_status(await status())
-            dead = [n.name for n in nodes[1:] if n.process.poll() not in (None, 0)]
-            if dead:
-                raise RuntimeError(f"{', '.join(dead)} failed; see its .log in the run directory")
+            dead = [n for n in nodes[1:] if n.process.poll() not in (None, 0)]
+            if dead:  # how: a crash, or killed (SIGKILL: out of memory) with no word in its log
+                raise RuntimeError("; ".join(f"{n.name} {ending(n.process.returncode)}"
+                                             for n in dead) + "; see its .log in the run "
+                                   "directory")
             await asyncio.sleep(0.5)
     finally:
         await status.close()
     if server.process.returncode != 0:
-        raise RuntimeError(f"the server failed; see {server.output.name}")
+        raise RuntimeError(f"the server {ending(server.process.returncode)}; see "
+                           f"{server.output.name}")
 
 
 async def _reap(nodes: list[_Node], grace_s: float = 20.0) -> None:

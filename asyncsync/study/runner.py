@@ -40,8 +40,6 @@ from asyncsync.study.executors import (
     SUBMITTED,
     SlurmOptions,
     cause,
-    error_line,
-    failure,
     interrupted,
     shared_problem,
     slurm_executor,
@@ -63,6 +61,7 @@ from asyncsync.study.study_folder import claimed, reopen
 from asyncsync.tracking import (
     RunFeed,
     Tracker,
+    TrackingError,
     follow,
     parse_track,
     refuse_missing,
@@ -92,6 +91,8 @@ class _Study:
     dashboard: Dashboard
     trackers: Sequence[Tracker]
     done: dict[int, dict[str, Any]]
+    untracked: TrackingError | None = None
+    """A Slurm array's tracker failure: the tasks ran on, the supervisor watched on."""
 
     def base(self, slot: _Slot) -> RunSpec:
         return self.recipe.runs[slot.index]
@@ -181,6 +182,8 @@ async def _run_study(recipe: Recipe, root: Path, live: bool | None,
         for tracker in trackers:
             tracker.close()
     _publish(study)
+    if study.untracked is not None:  # said when it happened; the exit status says it too
+        raise study.untracked
     return [study.done[i] for i in sorted(study.done)]
 
 
@@ -235,10 +238,12 @@ async def _pool(study: _Study, todo: list[int], jobs: int, spares: Spares | None
         try:
             await (follow(slot.run_dir, job, study.trackers) if study.trackers else job)
             summary: dict[str, Any] = json.loads((slot.run_dir / "summary.json").read_text())
-        except RuntimeError as exc:  # no summary.json: --resume runs it again
-            summary = failure(slot.run_dir, error_line(exc))
-        except asyncio.CancelledError as exc:
-            write_summary(slot.run_dir, interrupted(slot.run_dir, cause(exc)))
+        except RuntimeError as exc:  # its process died (out of memory?): --resume runs it
+            summary = interrupted(slot.run_dir, cause(exc))
+            write_summary(slot.run_dir, summary)
+        except BaseException as exc:  # Ctrl-C, SIGTERM, a tracker's failure: --resume
+            if not (slot.run_dir / "summary.json").exists():  # else it ended first: kept
+                write_summary(slot.run_dir, interrupted(slot.run_dir, cause(exc)))
             raise
         return summary
 
@@ -256,11 +261,16 @@ async def _pool(study: _Study, todo: list[int], jobs: int, spares: Spares | None
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(min(jobs, len(todo)))]
     plots = asyncio.ensure_future(asyncio.to_thread(preload_plots))  # while the runs go
+    stopped: str | None = None  # why the runs still going stop: Ctrl-C's None, or an error
     try:
         await asyncio.gather(*tasks)
+    except Exception as exc:  # a run's error stopped the study (its tracker failed):
+        # the runs beside it are cut by that, not by a Ctrl-C
+        stopped = cause(exc)
+        raise
     finally:
         for task in tasks:
-            task.cancel()
+            task.cancel(stopped)
         await asyncio.gather(*tasks, plots, return_exceptions=True)
 
 
@@ -315,20 +325,21 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
         while pending:
             for position, job in list(pending.items()):
                 run_dir = study.slots[position].run_dir
-                if position in feeds:
-                    await asyncio.to_thread(feeds[position].poll)
+                await _feed(study, feeds, position, "poll")
                 summary = _kept_summary(run_dir)
                 if summary is None and await asyncio.to_thread(job.done):
                     ended.setdefault(position, now())
                     if now() - ended[position] < SLURM_GRACE_S:
                         continue
-                    summary = failure(run_dir, f"its Slurm task ended ({job.state}) without "
-                                               f"a summary.json; see {job.paths.stderr}")
+                    state = job.state  # (sacct asked)
+                    summary = interrupted(run_dir, f"interrupted: its Slurm task ended "
+                                          f"({state}) without a summary.json; see "
+                                          f"{job.paths.stderr}")
+                    if state != "COMPLETED":  # else it may yet show (a cache): kept
+                        write_summary(run_dir, summary)  # report says why; --resume runs it
                 if summary is not None:
                     del pending[position]
-                    if position in feeds:
-                        with contextlib.suppress(LogError):
-                            await asyncio.to_thread(feeds.pop(position).finish)
+                    await _feed(study, feeds, position, "finish")
                     study.record(position, summary)
             if pending:
                 await asyncio.sleep(SLURM_POLL_S)
@@ -340,6 +351,26 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
             write_summary(run_dir, interrupted(run_dir, cause(exc)))
         raise
     return True
+
+
+async def _feed(study: _Study, feeds: dict[int, RunFeed], position: int, call: str) -> None:
+    """`RunFeed.poll` (or ``finish``, the feed then dropped) of the run at `position`, if
+    it is tracked. A tracker's failure stops the study's tracking, not the supervisor: the
+    array's tasks run on without it, and it collects them (`_Study.untracked`)."""
+    if position not in feeds:
+        return
+    try:
+        with contextlib.suppress(LogError):  # a damaged run folder: the report names it
+            await asyncio.to_thread(getattr(feeds[position], call))
+    except TrackingError as exc:
+        study.untracked = TrackingError(
+            f"{exc}; the job array's runs go on, untracked from here: once they are done, "
+            f"asyncsync report {study.root} --track SPEC sends them")
+        feeds.clear()
+        study.dashboard.console.print(f"[yellow]warning:[/yellow] {escape(str(study.untracked))}",
+                                      highlight=False, soft_wrap=True)
+    if call == "finish":
+        feeds.pop(position, None)
 
 
 def _kept_summary(run_dir: Path) -> dict[str, Any] | None:

@@ -1,0 +1,82 @@
+"""A tracker that fails in the middle of a ``--jobs 2`` study: the run it cut gets a
+summary.json saying so (it had none), and the run beside it, cut because the study stopped,
+says that cause too (it said "interrupted (Ctrl-C)"), as a ``--jobs 1`` study records its
+one run; ``report`` then names both, and ``--resume`` runs them again."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncsync.study import runner
+from asyncsync.tracking import Point, RunInfo, follow
+from tests.test_cli import run_main
+
+RECIPE = """
+name = "small"
+repeats = 2
+[defaults]
+workers = 3
+clock = "virtual"
+[defaults.stop]
+time_s = 30
+[defaults.model]
+name = "mlp"
+[defaults.eval]
+interval_s = 2
+[defaults.compute]
+base_step_s = 0.1
+[[runs]]
+name = "bsp"
+protocol = "bsp"
+"""
+CAUSE = "ConnectionError: the tracking server went away"
+
+
+class FailsOnFirstRepeat:
+    """A tracker whose ``log`` of repeat 0 fails; repeat 1's calls all succeed."""
+
+    label = "tracking to flaky"
+
+    def start(self, run: RunInfo) -> None:
+        pass
+
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
+        if run.repeat == 0:
+            raise ConnectionError("the tracking server went away")
+
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_tracker_failure_in_a_parallel_study_is_recorded_in_both_runs(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)
+    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnFirstRepeat())
+    monkeypatch.setattr(runner, "follow", functools.partial(follow, every_s=0.01))
+    (tmp_path / "small.toml").write_text(RECIPE)
+    code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--jobs",
+                         "2", "--logs", str(tmp_path / "logs"), "--track", "flaky")
+    assert code == 2 and "Traceback" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    (study,) = (tmp_path / "logs" / "small").iterdir()
+    failed = f"tracking to flaky: could not log run small/{study.name}/bsp-r0: {CAUSE}"
+    assert errors == [f"error: {failed}"], out
+    for run in ("bsp-r0", "bsp-r1"):  # repeat 1 was cut by repeat 0's failure
+        summary = json.loads((study / run / "summary.json").read_text())
+        assert summary["interrupted"] is True, run
+        assert summary["error"] == f"interrupted: {failed}", run
+
+    code, out = run_main(capsys, "report", str(study))
+    flat = " ".join(out.split())
+    assert code == 2, out
+    for run in ("bsp-r0", "bsp-r1"):
+        assert f"{study / run}: left out, it was interrupted: {failed}" in flat, out
+    assert "no summary.json" not in flat, out
