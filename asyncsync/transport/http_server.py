@@ -36,7 +36,7 @@ from asyncsync.transport.answers import BodyPace, BodySlots, Intake, answer_fram
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import PATH as STREAM_PATH
 from asyncsync.transport.frame_stream import serve_stream
-from asyncsync.transport.gc_tuning import tune_gc
+from asyncsync.transport.gc_tuning import GcHold
 from asyncsync.transport.log_filters import PeerErrorFilter, RepeatFilter
 from asyncsync.transport.tokens import BearerTokens, bearer_auth, expect_continue
 from asyncsync.wire.frames import CONTENT_TYPE, Limits, frame_size, tensor_chunks
@@ -218,6 +218,7 @@ class ParameterServer:
         self.gate = ConnectionGate(connections or ConnectionLimits())
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
+        self._gc: GcHold | None = None
         self._closed = False
 
     @property
@@ -240,7 +241,7 @@ class ParameterServer:
         if self.token is None and not is_loopback(self.host):
             LOG.warning("listening on %s without a token: anyone who can reach it may push "
                         "updates (set ASYNCSYNC_TOKEN)", self.host)
-        tune_gc()
+        self._gc = GcHold()  # (released by close, or below when it cannot listen)
         limits = self.gate.limits
         runner = web.AppRunner(make_app(self.core, self.token, self.gate), access_log=None,
                                logger=HTTP_LOG, keepalive_timeout=limits.keepalive_s)
@@ -252,6 +253,7 @@ class ParameterServer:
                 backlog=self.gate.backlog, ssl=self.tls,
                 ssl_handshake_timeout=limits.header_timeout_s if self.tls else None)
         except BaseException:
+            self._gc.release()
             await runner.cleanup()
             raise
         self._runner = runner
@@ -295,6 +297,8 @@ class ParameterServer:
             await self._listener.wait_closed()
             self._listener = None
             leave_loop()
+        if self._gc is not None:
+            self._gc.release()
         await self.core.close()
 
     async def __aenter__(self) -> ParameterServer:
