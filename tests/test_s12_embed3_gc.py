@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -69,6 +70,18 @@ async def test_a_threshold_the_program_set_meanwhile_is_kept() -> None:
     gc.set_threshold(5_000, 20, 20)
     await host.close()
     assert gc.get_threshold() == (5_000, 20, 20)
+
+
+async def test_a_start_that_cannot_listen_holds_nothing() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = ParameterServer(nn.Linear(4, 2), "asp", 1, port=taken.getsockname()[1])
+        with pytest.raises(OSError):
+            await busy.start()
+    assert gc.get_threshold() == PROGRAMS_OWN
+    await busy.close()
+    assert gc.get_threshold() == PROGRAMS_OWN
 
 
 async def test_set_enabled_false_leaves_the_collector_alone() -> None:
