@@ -223,11 +223,13 @@ class ParameterServer:
 
     @property
     def url(self) -> str:
-        """The base URL; with port 0, known once `start` has picked the port."""
+        """The base URL (an IPv6 host in brackets); with port 0, known once `start` has
+        picked the port."""
         if not self.port:
             raise RuntimeError("the server has no port yet: `await server.start()` picks a "
                                "free one and returns the URL (or give port=...)")
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     async def start(self) -> str:
         """Start listening; returns the base URL. A server starts once (a closed one cannot
