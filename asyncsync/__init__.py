@@ -7,6 +7,8 @@ transfers overlap it. See docs/getting-started.md and docs/embedding.md.
 The names below are imported when first used, so ``import asyncsync.protocols.base`` (a
 protocol module) does not load the transports, the runner or the dashboard.
 `PROTOCOLS` is the registry with every protocol module of the package imported.
+``asyncsync.Worker`` comes with the HTTP transport registered, so `Worker.connect` dials an
+``http(s)://`` URL in a program that serves nothing itself.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def __getattr__(name: str) -> Any:
     """Import an exported name on first use; `PROTOCOLS` with every protocol registered."""
     if name == "PROTOCOLS":
         return importlib.import_module("asyncsync.protocols.base").discover()
+    if name == "Worker":  # (registers the http and https schemes for Worker.connect)
+        importlib.import_module("asyncsync.transport")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'asyncsync' has no attribute {name!r}")

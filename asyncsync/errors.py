@@ -10,3 +10,11 @@ class InputError(Exception):
     The command line catches this one type, so it need not import the modules (torch
     among them) that define its subclasses before the command runs.
     """
+
+
+class LoopWentOn(BaseException):
+    """A worker loop asked for more after `RunStopped` told it the run was over: it caught
+    the stop (a broad ``except Exception`` does) and went on. A `BaseException`, as
+    `asyncio.CancelledError` is, so that the loop's own ``except Exception`` lets it
+    through and its worker ends with it, instead of training on and asking a stopped
+    server forever."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from numbers import Real
 from pathlib import Path
 
 
@@ -24,7 +26,8 @@ class ServerSettings:
         patience_s: end the run once its best accuracy has not risen by `PATIENCE_GAIN`
             for this long (None: never).
         worker_timeout_s: drop a worker not heard from for this long (None: never).
-        checkpoint_path: where to checkpoint (None: no checkpoints), every checkpoint_s.
+        checkpoint_path: where to checkpoint (None: no checkpoints), every checkpoint_s;
+            a str is taken as a `Path`.
         max_batch: the most samples one step of a push may claim (a push weighs at most
             ``steps x max_batch`` samples where protocols weight by samples).
     """
@@ -49,6 +52,17 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not self.run_id:
             raise ValueError(f"run_id must be a non-empty str, got {self.run_id!r}")
+        for name in NUMBERS:
+            value = getattr(self, name)
+            if not (value is None and name in OPTIONAL) and (
+                    not isinstance(value, Real) or isinstance(value, bool)):
+                raise ValueError(f"{name} must be a number"
+                                 f"{' (or None)' if name in OPTIONAL else ''}, got {value!r}")
+        if self.checkpoint_path is not None:
+            if not isinstance(self.checkpoint_path, str | os.PathLike):
+                raise ValueError(f"checkpoint_path must be a path (a str or Path; None: no "
+                                 f"checkpoints), got {self.checkpoint_path!r}")
+            object.__setattr__(self, "checkpoint_path", Path(self.checkpoint_path))
         for name in ("lr", "eval_interval_s", "checkpoint_s"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a finite number > 0, got "
@@ -68,6 +82,13 @@ class ServerSettings:
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy must be in (0, 1] (or None), got "
                              f"{self.target_accuracy}")
+
+
+NUMBERS = ("lr", "momentum", "weight_decay", "eval_interval_s", "time_s", "target_accuracy",
+           "patience_s", "worker_timeout_s", "checkpoint_s")
+"""The settings that are numbers (a bool is not one)."""
+OPTIONAL = frozenset({"time_s", "target_accuracy", "patience_s", "worker_timeout_s"})
+"""Those of them that may be None."""
 
 
 def require_int(name: str, value: object, least: int) -> None:

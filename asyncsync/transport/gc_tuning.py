@@ -2,9 +2,13 @@
 
 A process that has imported torch holds several hundred thousand long-lived objects, and
 each full collection walks all of them (12-20 ms seen in the server, stalling its loop).
-`tune_gc` moves what exists after start-up into the collector's permanent generation
-(`gc.freeze`), so later collections walk only what the run itself allocates, and raises
-the young generation's threshold so collections come less often.
+While a server or an HTTP worker is open (`GcHold`), the young generation's threshold is
+raised to `YOUNG_THRESHOLD`, so collections come less often; the last one to close puts
+the threshold back. The first hold of the process also moves what exists then into the
+collector's permanent generation (`gc.freeze`), once, so later collections walk only what
+runs allocate; that is not undone (reference counting still frees those objects; only
+garbage cycles among them wait for a `gc.unfreeze()`). `set_enabled(False)` leaves the
+collector alone.
 """
 
 from __future__ import annotations
@@ -17,20 +21,59 @@ YOUNG_THRESHOLD = 20_000
 """Allocations (less deallocations) between young-generation collections (Python's
 default: 700)."""
 
-_tuned = False
+_enabled = True
+_frozen = False  # the start-up objects were frozen (once per process)
+_holds = 0  # open holds
+_restore: tuple[tuple[int, int, int], int] | None = None  # (the thresholds before, ours)
+
+
+def set_enabled(enabled: bool) -> None:
+    """Whether servers and HTTP workers opened from now on tune the collector (default:
+    True). An embedding program that manages the collector itself calls
+    ``set_enabled(False)`` before its first server or worker starts."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+class GcHold:
+    """The collector tuned while held: `release` (idempotent) ends this hold, and the last
+    hold of the process to end puts the young threshold back (unless the program set
+    another meanwhile). Made while tuning is disabled, it holds nothing."""
+
+    def __init__(self) -> None:
+        global _frozen, _holds, _restore
+        self.held = _enabled
+        if not self.held:
+            return
+        if not _frozen:
+            _frozen = True
+            gc.collect()
+            gc.freeze()
+        if _holds == 0:
+            young, middle, old = before = gc.get_threshold()
+            ours = max(YOUNG_THRESHOLD, young)
+            gc.set_threshold(ours, middle, old)
+            _restore = (before, ours)
+        _holds += 1
+
+    def release(self) -> None:
+        """End this hold (a second call does nothing)."""
+        global _holds, _restore
+        if not self.held:
+            return
+        self.held = False
+        _holds -= 1
+        if _holds == 0 and _restore is not None:
+            before, ours = _restore
+            _restore = None
+            if gc.get_threshold()[0] == ours:  # (else the program set its own)
+                gc.set_threshold(*before)
 
 
 def tune_gc() -> None:
-    """Freeze the objects alive now and raise the young threshold, once per process (later
-    calls do nothing, so embedding several servers or transports costs one collection)."""
-    global _tuned
-    if _tuned:
-        return
-    _tuned = True
-    gc.collect()
-    gc.freeze()
-    young, middle, old = gc.get_threshold()
-    gc.set_threshold(max(YOUNG_THRESHOLD, young), middle, old)
+    """Tune the collector for the rest of the process (a hold never released), as a
+    virtual-time run's process does."""
+    GcHold()
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from asyncsync.errors import InputError
 from asyncsync.hetero.network import Link
 from asyncsync.training.buffers import VectorPool
 from asyncsync.transport.frame_stream import StreamConnection, StreamRefused
-from asyncsync.transport.gc_tuning import tune_gc
+from asyncsync.transport.gc_tuning import GcHold
 from asyncsync.transport.status import refusal_from
 from asyncsync.wire.frames import (
     CONTENT_TYPE,
@@ -111,7 +111,6 @@ class HttpTransport:
                  tls: ssl.SSLContext | None = None, channel: str = "stream") -> None:
         if channel not in CHANNELS:
             raise ValueError(f"channel must be one of {', '.join(CHANNELS)}, got {channel!r}")
-        tune_gc()
         self.limits = Limits(numel)
         self.channel = channel
         self._streams: list[StreamConnection] = []
@@ -126,6 +125,7 @@ class HttpTransport:
         self.timeout_s = timeout_s
         self._opened: aiohttp.ClientSession | None = None  # made at the first POST
         self._answered = False  # whether the server has answered an upgrade yet
+        self._gc: GcHold | None = None  # the collector tuned from the first request to close
         self.sent = dict.fromkeys(NUMBERED_OPS, 0)
         """Requests sent of each numbered op: each carries its number, ``seq`` (see
         `asyncsync.engine.membership`)."""
@@ -164,6 +164,8 @@ class HttpTransport:
         is not resent: it was applied once or not at all, and the worker re-syncs
         (docs/failure-handling.md).
         """
+        if self._gc is None:
+            self._gc = GcHold()
         if op in NUMBERED_OPS:
             self.sent[op] += 1
             header = {**header, "seq": self.sent[op]}
@@ -315,6 +317,10 @@ class HttpTransport:
         return 0 if vector is None else vector.nbytes
 
     async def close(self) -> None:
+        """Close its connections and end its hold on the collector's settings."""
+        if self._gc is not None:
+            self._gc.release()
+            self._gc = None
         for stream in self._streams:
             stream.close()
         self._streams.clear()

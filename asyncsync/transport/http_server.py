@@ -36,7 +36,7 @@ from asyncsync.transport.answers import BodyPace, BodySlots, Intake, answer_fram
 from asyncsync.transport.connection_gate import ConnectionGate, ConnectionLimits
 from asyncsync.transport.frame_stream import PATH as STREAM_PATH
 from asyncsync.transport.frame_stream import serve_stream
-from asyncsync.transport.gc_tuning import tune_gc
+from asyncsync.transport.gc_tuning import GcHold
 from asyncsync.transport.log_filters import PeerErrorFilter, RepeatFilter
 from asyncsync.transport.tokens import BearerTokens, bearer_auth, expect_continue
 from asyncsync.wire.frames import CONTENT_TYPE, Limits, frame_size, tensor_chunks
@@ -218,15 +218,18 @@ class ParameterServer:
         self.gate = ConnectionGate(connections or ConnectionLimits())
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
+        self._gc: GcHold | None = None
         self._closed = False
 
     @property
     def url(self) -> str:
-        """The base URL; with port 0, known once `start` has picked the port."""
+        """The base URL (an IPv6 host in brackets); with port 0, known once `start` has
+        picked the port."""
         if not self.port:
             raise RuntimeError("the server has no port yet: `await server.start()` picks a "
                                "free one and returns the URL (or give port=...)")
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     async def start(self) -> str:
         """Start listening; returns the base URL. A server starts once (a closed one cannot
@@ -240,7 +243,7 @@ class ParameterServer:
         if self.token is None and not is_loopback(self.host):
             LOG.warning("listening on %s without a token: anyone who can reach it may push "
                         "updates (set ASYNCSYNC_TOKEN)", self.host)
-        tune_gc()
+        self._gc = GcHold()  # (released by close, or below when it cannot listen)
         limits = self.gate.limits
         runner = web.AppRunner(make_app(self.core, self.token, self.gate), access_log=None,
                                logger=HTTP_LOG, keepalive_timeout=limits.keepalive_s)
@@ -252,6 +255,7 @@ class ParameterServer:
                 backlog=self.gate.backlog, ssl=self.tls,
                 ssl_handshake_timeout=limits.header_timeout_s if self.tls else None)
         except BaseException:
+            self._gc.release()
             await runner.cleanup()
             raise
         self._runner = runner
@@ -295,6 +299,8 @@ class ParameterServer:
             await self._listener.wait_closed()
             self._listener = None
             leave_loop()
+        if self._gc is not None:
+            self._gc.release()
         await self.core.close()
 
     async def __aenter__(self) -> ParameterServer:
