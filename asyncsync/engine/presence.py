@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 from asyncsync.clock import sleep
+from asyncsync.errors import LoopWentOn
 from asyncsync.hetero.availability import OnlineTimes
 from asyncsync.protocols.base import NotInRun, OutOfStep, RunStopped
 from asyncsync.runlog.metrics import WorkerMetrics
@@ -21,6 +23,42 @@ from asyncsync.runlog.schema import Kind, record
 
 SLACK_S = 1e-6
 """A wake-up this close to an interval's edge counts as past it (clock arithmetic rounds)."""
+
+STOP_GRACE = 64
+"""How many times a worker is told `RunStopped`, the first included, before its next
+request or computation ends it with `LoopWentOn`: room for the exchanges its loop started
+in the background before the loop saw the stop (Streaming DiLoCo: two requests a
+fragment)."""
+
+
+class StopLatch:
+    """The end of a worker's run, once seen, for its later requests and computations.
+
+    After the first `RunStopped` (the server's ``stop``, or the step budget), a request
+    (but ``leave``) raises `RunStopped` again without reaching the server, as a computation
+    past the budget does, so that a background exchange that started late ends as the loop
+    does. A loop whose own ``except Exception`` swallows the stop and asks on ends with
+    `LoopWentOn` once told `STOP_GRACE` times, instead of training on for ever.
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.after = 0  # RunStopped raised so far (0: the run goes on for this worker)
+
+    def stop(self, what: str) -> NoReturn:
+        """Raise `RunStopped` at a `what` (an operation, a computation) and count it;
+        `LoopWentOn` once past the grace."""
+        self.after += 1
+        if self.after > STOP_GRACE:
+            raise LoopWentOn(f"worker {self.rank}: its loop asked for a {what} after being "
+                             f"told RunStopped {STOP_GRACE} times (an `except Exception` "
+                             "swallows it; let RunStopped through)")
+        raise RunStopped
+
+    def check(self, what: str) -> None:
+        """`stop` at `what` if the run has stopped, unless `what` is a leave."""
+        if self.after and what != "leave":
+            self.stop(what)
 
 
 class WentOffline(Exception):

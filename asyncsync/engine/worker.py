@@ -22,7 +22,7 @@ from torch import nn
 from asyncsync.clock import now, sleep
 from asyncsync.engine.channel import Dial, Transport, checked_transport, connect
 from asyncsync.engine.compute import Charged, ThreadedWorkerSeam, WorkerSeam, enter_loop, leave_loop
-from asyncsync.engine.presence import Presence, WentOffline
+from asyncsync.engine.presence import Presence, StopLatch, WentOffline
 from asyncsync.engine.settings import require_int
 from asyncsync.engine.work import LocalWork
 from asyncsync.hetero.availability import OnlineTimes
@@ -78,6 +78,7 @@ class WorkerContext:
         self._session = ""  # the secret of this worker's session, from its join reply
         self._compressor = compressor  # encodes gradient and delta pushes (None: float32)
         self._requests = 0  # under way (a step may hold the event loop only when none is)
+        self.stopped = StopLatch(rank)  # after RunStopped: RunStopped, then LoopWentOn
         self._gradients: dict[tuple[int, bool], LocalWork] = {}  # by batch size and copy
         seam.watch(lambda: self._requests > 0)
 
@@ -110,8 +111,8 @@ class WorkerContext:
             charges.append(await self._seam.step(work, batch=size))
         return self._account(start, charges, [c.result[0] for c in charges])
 
-    def _account(self, start: float, charges: list[Charged],
-                 results: list[Computed]) -> StepResult:
+    def _account(self, start: float, charges: list[Charged], results: list[Computed]
+                 ) -> StepResult:
         out = StepResult(results[-1].loss, sum(r.samples for r in results),
                          sum(c.seconds for c in charges))
         self._metrics.computed(start, len(results), out.samples, out.compute_s, out.loss,
@@ -205,6 +206,7 @@ class WorkerContext:
                        ) -> tuple[dict[str, Any], torch.Tensor | None]:
         """Send one message with this worker's identity and stats; account its time (logged
         as `label`, the operation by default)."""
+        self.stopped.check(op)
         start = self._metrics.now()
         began = now()
         self._requests += 1
@@ -226,12 +228,12 @@ class WorkerContext:
                                   self._transport.wire_bytes(out), reply.get("version"))
         self._metrics.take_bytes(self._transport.bytes_up, self._transport.bytes_down)
         if reply.get("stop"):
-            raise RunStopped
+            self.stopped.stop(op)
         return reply, out
 
     def _check_budget(self, count: int = 1) -> None:  # a call runs whole or not at all
         if self._max_steps is not None and self._metrics.stats.steps + count > self._max_steps:
-            raise RunStopped
+            self.stopped.stop("computation")
 
 
 class Worker:
@@ -297,14 +299,11 @@ class Worker:
         self._ran = False  # a Worker runs once
         self.protocol = protocol if isinstance(protocol, Protocol) else get_protocol(protocol)
         self.protocol_params = self.protocol.make_params(protocol_params)
-        if callable(batches):
-            source = batches
-        elif self.protocol.resizes_batches:
+        if not callable(batches) and self.protocol.resizes_batches:
             raise ValueError(f"{self.protocol.name} assigns batch sizes, which an iterable of "
                              "fixed batches cannot follow: pass a callable batch source "
                              "(batch_size -> (inputs, targets))")
-        else:
-            source = cycle_batches(batches)
+        source = batches if callable(batches) else cycle_batches(batches)
         self.trainer = Trainer(model, source, lr, momentum, weight_decay, device=device,
                                **({} if loss_fn is None else {"loss_fn": loss_fn}))
         self.seam = seam or ThreadedWorkerSeam(StaticSlowdown(1.0), f"asyncsync-compute-{rank}")

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from asyncsync.errors import LoopWentOn as LoopWentOn  # (the kit's name, re-exported)
 from asyncsync.protocols.base import ServerRule, all_finite, unchanged_if_refused
 from asyncsync.protocols.messages import (
     BadRequest,
@@ -53,10 +54,6 @@ from asyncsync.protocols.ports import Context, Contributions, LiveSet, StepResul
 
 T = TypeVar("T")
 
-
-class LoopWentOn(BaseException):
-    """A worker loop made a request after `RunStopped` (a `BaseException`, like
-    `asyncio.CancelledError`, so that the loop's own ``except Exception`` lets it through)."""
 
 NONFINITE_RESULT = "the update would make the global model non-finite; refused, unchanged"
 
