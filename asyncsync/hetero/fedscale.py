@@ -140,7 +140,7 @@ def _refusal(data: bytes) -> str | None:
                 stack.append((depth, tuples))
             elif name in ("PUT", "BINPUT", "LONG_BINPUT") and isinstance(arg, int) \
                     and arg > len(data):
-                return f"refused memo slot {arg}: a pickle of {len(data)} bytes numbers " \
+                return f"refused memo slot {_label(arg)}: a pickle of {len(data)} bytes numbers " \
                        "its memo from 0"
             elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
                 memo[len(memo) if name == "MEMOIZE" else arg] = (popped or stack)[-1]

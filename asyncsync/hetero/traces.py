@@ -74,14 +74,15 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
     rows = _csv_lines(path, lines)
     head_line, names = next(rows)
     header = [name.strip() for name in names]
+    numbers = [name for name in header if _plain_float(name) is not None]
+    if numbers:
+        raise TraceError(path, head_line, f"no header: the first row must name the columns "
+                                          f"({', '.join(required)}), not hold numbers "
+                                          f"({shown(numbers[0])})")
     repeated = [name for index, name in enumerate(header) if name in header[:index]]
     if repeated:
         raise TraceError(path, head_line, f"column {shown(repeated[0])} repeats")
     unknown = [name for name in header if name not in (*required, *optional)]
-    if unknown and _plain_float(unknown[0]) is not None:
-        raise TraceError(path, head_line, f"no header: the first row must name the columns "
-                                          f"({', '.join(required)}), not hold numbers "
-                                          f"({shown(unknown[0])})")
     if unknown:
         raise TraceError(path, head_line, f"unknown column {shown(unknown[0])} (known: "
                                           f"{', '.join((*required, *optional))})")
