@@ -190,3 +190,13 @@ def test_a_figure_of_shared_lists_is_named_in_a_short_line(tmp_path: Path, key: 
         tracemalloc.stop()
     assert str(caught.value).startswith(f"{path}: client 3: '{key}' is [[[")
     assert len(str(caught.value)) < len(str(path)) + 200 and peak < 2**22
+
+
+@pytest.mark.timeout(20)
+def test_a_header_of_many_columns_is_refused_in_linear_time(tmp_path: Path) -> None:
+    """The repeated-column check compared each name with all before it: 200,000 names
+    (a 1.5 MB line) took some ten minutes."""
+    path = tmp_path / "a.csv"
+    path.write_text(",".join(f"c{index}" for index in range(200_000)) + "\n0,0,5\n")
+    with pytest.raises(TraceError, match=rf"^{path}:1: unknown column 'c0'"):
+        load_availability(path, 2)

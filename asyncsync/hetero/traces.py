@@ -79,9 +79,9 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
         raise TraceError(path, head_line, f"no header: the first row must name the columns "
                                           f"({', '.join(required)}), not hold numbers "
                                           f"({shown(numbers[0])})")
-    repeated = [name for index, name in enumerate(header) if name in header[:index]]
-    if repeated:
-        raise TraceError(path, head_line, f"column {shown(repeated[0])} repeats")
+    repeated = _first_repeat(header)
+    if repeated is not None:
+        raise TraceError(path, head_line, f"column {shown(repeated)} repeats")
     unknown = [name for name in header if name not in (*required, *optional)]
     if unknown:
         raise TraceError(path, head_line, f"unknown column {shown(unknown[0])} (known: "
@@ -98,6 +98,17 @@ def csv_rows(path: str | Path, required: Sequence[str], optional: Sequence[str] 
             raise TraceError(path, number, f"{len(cells)} fields, the header has "
                                            f"{len(header)}")
         yield number, {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
+
+
+def _first_repeat(names: list[str]) -> str | None:
+    """The first of `names` that an earlier one repeats (None: none does), in linear time
+    (a header may hold a million names)."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
 
 
 def read_bytes(path: str | Path) -> bytes:
