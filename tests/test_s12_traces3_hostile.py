@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncsync import cli
 from asyncsync.hetero import compute
 from asyncsync.hetero.availability import load_availability
 from asyncsync.hetero.capacity import load_capacity
@@ -200,3 +201,18 @@ def test_a_header_of_many_columns_is_refused_in_linear_time(tmp_path: Path) -> N
     path.write_text(",".join(f"c{index}" for index in range(200_000)) + "\n0,0,5\n")
     with pytest.raises(TraceError, match=rf"^{path}:1: unknown column 'c0'"):
         load_availability(path, 2)
+
+
+@pytest.mark.parametrize("kind", ["behave", "capacity"])
+def test_an_output_that_cannot_be_written_is_named_not_its_temporary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    """The error named the hidden temporary file beside it (``.a.csv.k3j2``), or, for a
+    folder given as the output, a temporary in the folder above."""
+    source = tmp_path / "x.pkl"
+    source.write_bytes(pickle.dumps({0: {"active": [0], "inactive": [5], "computation": 1.0,
+                                         "communication": 100}}))
+    extra = ["--horizon-s", "100"] if kind == "behave" else []
+    for out, problem in ((tmp_path / "none" / "a.csv", "No such file or directory"),
+                         (tmp_path, "Is a directory")):
+        assert cli.main(["traces", "convert", kind, str(source), str(out), *extra]) == 2
+        assert capsys.readouterr().out.strip() == f"error: {out}: {problem}"

@@ -229,9 +229,13 @@ def rank_of(path: str | Path, line: int, row: dict[str, str], workers: int | Non
 def write_whole(path: str | Path, text: str) -> None:
     """Write `text` to `path` whole or not at all: into a temporary file beside it, then
     renamed over it, so that a write cut short (a full disk) leaves the old file as it
-    was rather than a shorter trace that still reads as a valid one."""
+    was rather than a shorter trace that still reads as a valid one. An OSError names
+    `path`, not the temporary file."""
     target = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    except OSError as exc:
+        raise _naming(exc, target) from None
     umask = os.umask(0)
     os.umask(umask)
     try:
@@ -239,6 +243,13 @@ def write_whole(path: str | Path, text: str) -> None:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
         os.replace(temporary, target)
-    except BaseException:
+    except BaseException as exc:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _naming(exc, target) from None
         raise
+
+
+def _naming(exc: OSError, target: Path) -> OSError:
+    """`exc` (of its errno's class) naming `target`."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(target))
