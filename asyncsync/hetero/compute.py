@@ -383,10 +383,10 @@ def _parse_trace(path: Path, workers: int | None) -> dict[int, list[tuple[float,
                                          "slowdown (1: full speed)")
         if rank in last and t <= last[rank][0]:
             earlier, at = last[rank]
-            raise TraceError(path, line, f"worker {rank}: time_s {t:g} repeats line {at} (one "
-                                         "row per time)" if t == earlier else
-                             f"worker {rank}: time_s {t:g} comes before line {at}'s "
-                             f"{earlier:g} (a worker's rows must be in time order)")
+            order = (f"repeats line {at} (one row per time)" if t == earlier else
+                     f"comes before line {at}'s {earlier:g} (a worker's rows must be in time "
+                     "order)")
+            raise TraceError(path, line, f"worker {rank}: time_s {t:g} {order}")
         last[rank] = (t, line)
         points.setdefault(rank, []).append((t, factor))
     return points
@@ -395,9 +395,8 @@ def _parse_trace(path: Path, workers: int | None) -> dict[int, list[tuple[float,
 TRACE_COLUMNS = ("time_s", "worker", "factor")
 """A compute trace's columns (the header names them, in any order)."""
 MAX_FACTOR = 1e6
-"""The largest slowdown read: a million times slower is no device running (as a capacity
-trace's `asyncsync.hetero.capacity.LIMITS`), and a step of some 10^15 virtual seconds
-stalls the virtual clock."""
+"""The largest slowdown read: a million times slower is no device running (a capacity
+trace's `asyncsync.hetero.capacity.LIMITS` end at a million seconds a sample)."""
 
 
 class Scaled(ComputeProfile):

@@ -101,9 +101,9 @@ _FILLS = frozenset({"APPEND", "APPENDS", "SETITEM", "SETITEMS"})
 
 def _refusal(data: bytes) -> str | None:
     """Why the pickle `data` is refused before it is unpickled (None: it is not): it nests
-    containers beyond `MAX_DEPTH`, or stores into a memo slot past its own length (a pickle
-    numbers its memo from 0; a slot of 2^32 - 1 would have the unpickler allocate
-    gigabytes for a few bytes).
+    containers beyond `MAX_DEPTH`, builds a tuple reaching over `MAX_TUPLES` tuples, or
+    stores into a memo slot past its own length (a pickle numbers its memo from 0; a slot
+    of 2^32 - 1 would have the unpickler allocate gigabytes for a few bytes).
 
     A dry run of the pickle machine's stack over the opcodes (`pickletools.genops`,
     iterative: no object is built) that tracks each item's nesting depth (a new container
@@ -151,7 +151,6 @@ def _refusal(data: bytes) -> str | None:
                 stack.extend(popped * 2 if name == "DUP" else [(0, 0)] * len(op.stack_after))
     except (ValueError, IndexError):
         return None
-    return None
     return None
 
 
