@@ -30,7 +30,6 @@ counts overruns).
 from __future__ import annotations
 
 import bisect
-import csv
 import math
 import random
 from abc import abstractmethod
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from asyncsync.hetero.traces import TraceError, content_lines, number, rank_of, unreadable
+from asyncsync.hetero.traces import TraceError, csv_rows, number, rank_of, unreadable
 from asyncsync.schema import check_fields, from_mapping, option
 
 
@@ -339,9 +338,12 @@ def read_trace(path: str | Path, workers: int | None = None,
                ) -> dict[int, list[tuple[float, float]]]:
     """Parse a trace CSV into sorted ``(time_s, factor)`` points per worker.
 
-    A header row is optional; blank lines and ``#`` comments are skipped. Each row needs a
-    finite ``time_s >= 0``, a rank (below `workers` when given) and a finite factor >= 1:
-    anything else is a `TraceError` naming the file and line. The last file parsed is
+    The file is read as every CSV trace is (`asyncsync.hetero.traces.csv_rows`: a header
+    naming ``time_s, worker, factor``, ``#`` comments and blank lines skipped, every row as
+    wide as the header). Each row needs a ``time_s >= 0``, a rank (below `workers` when
+    given) and a factor in ``[1, MAX_FACTOR]``; a worker's times must increase down the
+    file (a time repeated would leave its factor to chance): anything else is a
+    `TraceError` naming the file and line. The last file parsed is
     kept (by path, size and modification time): each rank's profile reads the same file,
     and a thousand ranks would otherwise parse it a thousand times.
     """
@@ -366,37 +368,35 @@ _LAST_TRACE: dict[tuple[str, int, int], dict[int, list[tuple[float, float]]]] = 
 
 def _parse_trace(path: Path, workers: int | None) -> dict[int, list[tuple[float, float]]]:
     """`read_trace`'s parse of the file, read afresh."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        raise TraceError(path, 0, unreadable(path, exc)) from exc
-    except UnicodeDecodeError as exc:
-        raise TraceError(path, 0, f"not UTF-8 text (byte {exc.start})") from None
     points: dict[int, list[tuple[float, float]]] = {}
-    for index, (line, content) in enumerate(content_lines(text)):
-        cells = [cell.strip() for cell in next(csv.reader([content]))]
-        if index == 0 and cells and not _is_number(cells[0]):
-            continue  # the header
-        if len(cells) != len(TRACE_COLUMNS):
-            raise TraceError(path, line, "expected time_s,worker,factor")
-        row = dict(zip(TRACE_COLUMNS, cells, strict=True))
-        t, value = number(path, line, row, "time_s"), number(path, line, row, "factor")
-        if value < 1 or t < 0:
-            raise TraceError(path, line, "need time_s >= 0 and factor >= 1")
-        points.setdefault(rank_of(path, line, row, workers), []).append((t, value))
-    return {worker: sorted(p) for worker, p in points.items()}
+    last: dict[int, tuple[float, int]] = {}  # each worker's latest time and its line
+    for line, row in csv_rows(path, TRACE_COLUMNS):
+        t = number(path, line, row, "time_s")
+        rank = rank_of(path, line, row, workers)
+        factor = number(path, line, row, "factor")
+        if t < 0:
+            raise TraceError(path, line, f"time_s {t:g} is negative: times are seconds since "
+                                         "the run's start")
+        if not 1 <= factor <= MAX_FACTOR:
+            bound = "below 1" if factor < 1 else f"over {MAX_FACTOR:g}"
+            raise TraceError(path, line, f"factor {factor:g} is {bound}: a factor is a "
+                                         "slowdown (1: full speed)")
+        if rank in last and t <= last[rank][0]:
+            earlier, at = last[rank]
+            order = (f"repeats line {at} (one row per time)" if t == earlier else
+                     f"comes before line {at}'s {earlier:g} (a worker's rows must be in time "
+                     "order)")
+            raise TraceError(path, line, f"worker {rank}: time_s {t:g} {order}")
+        last[rank] = (t, line)
+        points.setdefault(rank, []).append((t, factor))
+    return points
 
 
 TRACE_COLUMNS = ("time_s", "worker", "factor")
-"""A compute trace's columns, in order."""
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+"""A compute trace's columns (the header names them, in any order)."""
+MAX_FACTOR = 1e6
+"""The largest slowdown read: a million times slower is no device running (a capacity
+trace's `asyncsync.hetero.capacity.LIMITS` end at a million seconds a sample)."""
 
 
 class Scaled(ComputeProfile):

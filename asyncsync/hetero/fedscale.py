@@ -27,6 +27,7 @@ import io
 import math
 import pickle
 import pickletools
+import reprlib
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -34,7 +35,7 @@ import numpy as np
 
 from asyncsync.hetero.availability import OnlineTimes, merged, write_availability
 from asyncsync.hetero.capacity import Capacity, write_capacity
-from asyncsync.hetero.traces import TraceError, unreadable
+from asyncsync.hetero.traces import TraceError, read_bytes
 
 PLAIN = (dict, list, tuple, int, float, str, bool, type(None))
 MAX_INT_BITS = 64
@@ -46,7 +47,12 @@ MAX_DEPTH = 32
 """The deepest nesting of containers read (a trace needs 3: a map of clients, each a map
 of lists). Deeper, Python's own recursion through the structure (hashing a tuple key,
 printing a value) can overflow the C stack and kill the process, so the pickle's
-opcodes are scanned for it before anything is built (`_too_deep`)."""
+opcodes are scanned for it before anything is built (`_refusal`)."""
+MAX_TUPLES = 1_000_000
+"""The most tuples a tuple may reach, itself included and counted unfolded (one shared
+through the memo counts each time it is reached): hashing a tuple, as a dict key, walks
+it unfolded, and a few hundred bytes of pickle can unfold to 2^31 tuples (a trace needs
+none)."""
 MAX_INTERVALS = 1_000_000
 """The most online intervals one client's replay may write (a guard against a
 ``finish_time`` far shorter than the horizon)."""
@@ -93,23 +99,27 @@ _BUILDS = frozenset({"EMPTY_LIST", "LIST", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TU
 _FILLS = frozenset({"APPEND", "APPENDS", "SETITEM", "SETITEMS"})
 
 
-def _too_deep(data: bytes) -> int | None:
-    """The first nesting depth beyond `MAX_DEPTH` the pickle `data` builds (None: none).
+def _refusal(data: bytes) -> str | None:
+    """Why the pickle `data` is refused before it is unpickled (None: it is not): it nests
+    containers beyond `MAX_DEPTH`, builds a tuple reaching over `MAX_TUPLES` tuples, or
+    stores into a memo slot past its own length (a pickle numbers its memo from 0; a slot
+    of 2^32 - 1 would have the unpickler allocate gigabytes for a few bytes).
 
     A dry run of the pickle machine's stack over the opcodes (`pickletools.genops`,
-    iterative: no object is built) that tracks each item's nesting depth: a new container
-    is one deeper than its deepest item, and a filled one at least that. A malformed
-    pickle is left to the unpickler to refuse (None)."""
-    stack: list[int] = []
+    iterative: no object is built) that tracks each item's nesting depth (a new container
+    is one deeper than its deepest item, and a filled one at least that) and each tuple's
+    count of tuples unfolded (`MAX_TUPLES`). A malformed pickle is left to the unpickler to
+    refuse (None)."""
+    stack: list[tuple[int, int]] = []  # each item's (depth, tuples unfolded)
     marks: list[int] = []  # where each open mark is on the stack
-    memo: dict[Any, int] = {}
+    memo: dict[Any, tuple[int, int]] = {}
     try:
         for op, arg, _ in pickletools.genops(data):
             name, before = op.name, op.stack_before
             if name == "MARK":
                 marks.append(len(stack))
                 continue
-            items: list[int] = []
+            items: list[tuple[int, int]] = []
             fixed = len(before)
             if pickletools.markobject in before:
                 fixed = before.index(pickletools.markobject)
@@ -117,18 +127,28 @@ def _too_deep(data: bytes) -> int | None:
                 items, stack[start:] = stack[start:], []
             popped = [stack.pop() for _ in range(fixed)][::-1] + items
             if name in _BUILDS or name in _FILLS:
-                filled = popped[0] if name in _FILLS else 0
-                depth = max(filled, 1 + max(popped[1 if name in _FILLS else 0:], default=0))
+                filled = popped[0][0] if name in _FILLS else 0
+                inner = popped[1 if name in _FILLS else 0:]
+                depth = max(filled, 1 + max((d for d, _ in inner), default=0))
+                tuples = 1 + sum(n for _, n in inner) if "TUPLE" in name else 0
                 if depth > MAX_DEPTH:
-                    return depth
-                stack.append(depth)
+                    return f"refused containers nested {depth} deep: no trace needs over " \
+                           f"{MAX_DEPTH}"
+                if tuples > MAX_TUPLES:
+                    return f"refused a tuple reaching over {MAX_TUPLES:,} tuples (shared " \
+                           "through the memo): no trace needs one"
+                stack.append((depth, tuples))
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT") and isinstance(arg, int) \
+                    and arg > len(data):
+                return f"refused memo slot {_label(arg)}: a pickle of {len(data)} bytes numbers " \
+                       "its memo from 0"
             elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
                 memo[len(memo) if name == "MEMOIZE" else arg] = (popped or stack)[-1]
                 stack.extend(popped)
             elif name in ("GET", "BINGET", "LONG_BINGET"):
-                stack.append(memo.get(arg, 0))
+                stack.append(memo.get(arg, (0, 0)))
             else:  # DUP copies its item; every other item is no container
-                stack.extend(popped * 2 if name == "DUP" else [0] * len(op.stack_after))
+                stack.extend(popped * 2 if name == "DUP" else [(0, 0)] * len(op.stack_after))
     except (ValueError, IndexError):
         return None
     return None
@@ -140,21 +160,25 @@ def read_plain_pickle(path: str | Path) -> Any:
     Raises:
         TraceError: it is unreadable, or holds anything but plain containers and numbers.
     """
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise TraceError(path, 0, unreadable(path, exc)) from exc
-    depth = _too_deep(data)
-    if depth is not None:
-        raise TraceError(path, 0, f"refused containers nested {depth} deep: no trace needs "
-                                  f"over {MAX_DEPTH}")
+    data = read_bytes(path)
+    problem = _refusal(data)
+    if problem:
+        raise TraceError(path, 0, problem)
     try:
         value = _PlainUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
-            KeyError, AttributeError, MemoryError) as exc:
-        raise TraceError(path, 0, f"not a plain pickle: {exc}") from None
+    except RecursionError:
+        raise  # (`convert` names the nesting)
+    except Exception as exc:  # (no code of the pickle runs: any error is its malformed data)
+        raise TraceError(path, 0, f"not a plain pickle: {_one_line(str(exc))}") from None
     _check_plain(value, path)
     return value
+
+
+def _one_line(text: str) -> str:
+    """An unpickler's message as one line of at most `SHOWN_CHARS` x 3 characters (it may
+    quote the pickle's bytes, line breaks included)."""
+    escaped = text.encode("unicode_escape").decode("ascii")
+    return escaped if len(escaped) <= 3 * SHOWN_CHARS else escaped[:3 * SHOWN_CHARS - 3] + "..."
 
 
 def _clients(value: Any, path: str | Path) -> list[tuple[Any, dict[str, Any]]]:
@@ -220,10 +244,17 @@ def _not_seconds(values: list[Any] | tuple[Any, ...], key: str) -> str | None:
     return None
 
 
+_CONTAINER_REPR = reprlib.Repr()
+_CONTAINER_REPR.maxlevel = _CONTAINER_REPR.maxdict = _CONTAINER_REPR.maxlist = 3
+_CONTAINER_REPR.maxtuple = 3
+_CONTAINER_REPR.maxstring = _CONTAINER_REPR.maxlong = _CONTAINER_REPR.maxother = SHOWN_CHARS
+
+
 def _label(value: Any) -> str:
     """`value` (a client id or a figure) as an error message shows it: its repr, cut to
-    `SHOWN_CHARS` characters (a key of a megabyte would make an error line of one)."""
-    text = repr(value)
+    `SHOWN_CHARS` characters (a key of a megabyte would make an error line of one), a
+    container's cut as it is written (its full repr may be exponentially long: memo)."""
+    text = _CONTAINER_REPR.repr(value) if isinstance(value, dict | list | tuple) else repr(value)
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
@@ -333,7 +364,7 @@ def convert(kind: str, source: str | Path, out: str | Path, horizon_s: float,
             count = convert_behave_trace(source, out, horizon_s, workers, seed)
             return f"{out}: availability of {_count(count, 'worker')} over {horizon_s:g} s"
         return f"{out}: capacity of {_count(convert_device_capacity(source, out), 'client')}"
-    except RecursionError:  # lists nested through the memo, which `_too_deep` cannot see
+    except RecursionError:  # lists nested through the memo, which `_refusal` cannot see
         raise TraceError(source, 0, f"refused containers nested over {MAX_DEPTH} deep: no "
                                     "trace needs them") from None
 
