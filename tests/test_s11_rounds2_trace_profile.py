@@ -16,22 +16,24 @@ from asyncsync.hetero.compute import TraceSlowdown, build_profile
 
 
 def write_trace(path: Path, workers: int, rows: int, seed: int) -> dict[int, list[tuple]]:
-    """A trace of `rows` rows per worker at random times (some repeated, in any order);
-    returns the rows per worker in file order."""
+    """A trace of `rows` rows per worker at distinct random times, each worker's in time
+    order, the workers' rows interleaved at random; returns the rows per worker."""
     rng = random.Random(seed)
-    given: dict[int, list[tuple]] = {w: [] for w in range(workers)}
-    lines = ["time_s,worker,factor"]
-    for _ in range(rows * workers):
-        worker, t, factor = rng.randrange(workers), float(rng.randrange(50)), 1 + rng.random()
-        given[worker].append((t, factor))
+    given = {w: [(float(t), 1 + rng.random()) for t in sorted(rng.sample(range(50), rows))]
+             for w in range(workers)}
+    turns = [w for w in range(workers) for _ in range(rows)]
+    rng.shuffle(turns)
+    lines, written = ["time_s,worker,factor"], dict.fromkeys(given, 0)
+    for worker in turns:
+        t, factor = given[worker][written[worker]]
+        written[worker] += 1
         lines.append(f"{t},{worker},{factor!r}")
     path.write_text("\n".join(lines) + "\n")
     return given
 
 
 def walked(rows: list[tuple], t: float) -> float:
-    """The factor in force at `t`: the largest (time, factor) at or before t, 1 before all
-    (rows at one time: the larger factor, as the rows are sorted by time then factor)."""
+    """The factor in force at `t`: that of the latest row at or before t, 1 before all."""
     due = [row for row in rows if row[0] <= t]
     return max(due)[1] if due else 1.0
 
