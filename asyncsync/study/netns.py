@@ -34,10 +34,12 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from asyncsync.hetero.network import kernel_rate_problem
+from asyncsync.hetero.capacity import LINK_COLUMNS, Capacity
+from asyncsync.hetero.network import KERNEL_MBPS, Links, LinkSpec, kernel_rate_problem
 from asyncsync.schema import ConfigError
 from asyncsync.study.hetero_specs import NetworkSpec
 from asyncsync.study.specs import RunSpec
@@ -169,11 +171,53 @@ def preflight(runs: Iterable[RunSpec]) -> None:
     """
     kernel = [run for run in runs if run.network.emulation == "kernel"]
     for run in kernel:
-        problem = kernel_rate_problem(run.network, run.workers)
+        problem = rate_problem(run_links(run), run.workers)
         if problem:
             raise ConfigError(f"run {run.name}: {problem}")
     if kernel:
         check_host(any(needs_netem(run.network, run.workers) for run in kernel))
+
+
+@dataclass(frozen=True)
+class TracedLinks:
+    """A run's network keys with each worker's rates from its row of capacity trace
+    `trace` (the recipe may not set them too: `RunSpec._check_capacity`)."""
+
+    network: NetworkSpec
+    trace: str
+    rows: list[Capacity]
+
+    @property
+    def server_mbps(self) -> float:
+        return self.network.server_mbps
+
+    def link(self, rank: int) -> LinkSpec:
+        row = self.rows[rank]
+        return replace(self.network.link(rank), uplink_mbps=row.up_mbps,
+                       downlink_mbps=row.down_mbps)
+
+
+def run_links(run: RunSpec) -> Links:
+    """The links kernel shaping gives run `run`: its network keys, with its capacity
+    trace's bandwidths in place of the rates where it has one (as app pacing takes them,
+    `asyncsync.study.assembly.worker_link`)."""
+    rows = run.population().capacity
+    return run.network if rows is None else TracedLinks(run.network, run.capacity.trace, rows)
+
+
+def rate_problem(links: Links, workers: int) -> str | None:
+    """The first rate of `links` a tbf cannot shape, naming its key (a trace: its file, row
+    and column); None when every rate can be shaped."""
+    if isinstance(links, TracedLinks):
+        low, high = KERNEL_MBPS
+        for rank, row in enumerate(links.rows[:workers]):
+            for column in LINK_COLUMNS:
+                mbps = getattr(row, column)
+                if not low <= mbps <= high:
+                    return (f"capacity.trace {links.trace}: worker {row.row}'s {column} = "
+                            f"{mbps:g} (rank {rank}) is outside the rates emulation = "
+                            f"\"kernel\" shapes, {low:g} to {high:g} Mbit/s")
+    return kernel_rate_problem(links, workers)
 
 
 def run_namespaces() -> list[str]:
@@ -267,14 +311,15 @@ class RunNetwork:
     """The namespaces of one run: ``server``, ``w0`` ... and the bridge's ``br``.
 
     Args:
-        network: the run's network keys (per-worker lists as in app pacing).
+        network: the run's links (its network keys, per-worker lists as in app pacing;
+            `of` adds a capacity trace's rates).
         workers: how many workers.
     """
 
-    def __init__(self, network: NetworkSpec, workers: int) -> None:
+    def __init__(self, network: Links, workers: int) -> None:
         if not 0 < workers <= MAX_WORKERS:
             raise ValueError(f"kernel shaping takes 1 to {MAX_WORKERS} workers, got {workers}")
-        problem = kernel_rate_problem(network, workers)
+        problem = rate_problem(network, workers)
         if problem:
             raise ValueError(problem)
         self.network = network
@@ -282,6 +327,11 @@ class RunNetwork:
         self.tag = secrets.token_hex(3)
         self.owner = owner()
         self.created: list[str] = []
+
+    @classmethod
+    def of(cls, run: RunSpec) -> RunNetwork:
+        """The namespaces of run `run`, shaped as `run_links` gives its links."""
+        return cls(run_links(run), run.workers)
 
     def namespace(self, role: str) -> str:
         """The namespace of `role` (``server``, ``w<rank>`` or ``br``)."""
