@@ -33,13 +33,11 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from asyncsync.hetero.capacity import LINK_COLUMNS, Capacity
-from asyncsync.hetero.network import KERNEL_MBPS, Links, LinkSpec, kernel_rate_problem
+from asyncsync.hetero.network import Links, TracedLinks, kernel_rate_problem
 from asyncsync.schema import ConfigError
 from asyncsync.study.hetero_specs import NetworkSpec
 from asyncsync.study.specs import RunSpec
@@ -171,30 +169,11 @@ def preflight(runs: Iterable[RunSpec]) -> None:
     """
     kernel = [run for run in runs if run.network.emulation == "kernel"]
     for run in kernel:
-        problem = rate_problem(run_links(run), run.workers)
+        problem = kernel_rate_problem(run_links(run), run.workers)
         if problem:
             raise ConfigError(f"run {run.name}: {problem}")
     if kernel:
         check_host(any(needs_netem(run.network, run.workers) for run in kernel))
-
-
-@dataclass(frozen=True)
-class TracedLinks:
-    """A run's network keys with each worker's rates from its row of capacity trace
-    `trace` (the recipe may not set them too: `RunSpec._check_capacity`)."""
-
-    network: NetworkSpec
-    trace: str
-    rows: list[Capacity]
-
-    @property
-    def server_mbps(self) -> float:
-        return self.network.server_mbps
-
-    def link(self, rank: int) -> LinkSpec:
-        row = self.rows[rank]
-        return replace(self.network.link(rank), uplink_mbps=row.up_mbps,
-                       downlink_mbps=row.down_mbps)
 
 
 def run_links(run: RunSpec) -> Links:
@@ -203,21 +182,6 @@ def run_links(run: RunSpec) -> Links:
     `asyncsync.study.assembly.worker_link`)."""
     rows = run.population().capacity
     return run.network if rows is None else TracedLinks(run.network, run.capacity.trace, rows)
-
-
-def rate_problem(links: Links, workers: int) -> str | None:
-    """The first rate of `links` a tbf cannot shape, naming its key (a trace: its file, row
-    and column); None when every rate can be shaped."""
-    if isinstance(links, TracedLinks):
-        low, high = KERNEL_MBPS
-        for rank, row in enumerate(links.rows[:workers]):
-            for column in LINK_COLUMNS:
-                mbps = getattr(row, column)
-                if not low <= mbps <= high:
-                    return (f"capacity.trace {links.trace}: worker {row.row}'s {column} = "
-                            f"{mbps:g} (rank {rank}) is outside the rates emulation = "
-                            f"\"kernel\" shapes, {low:g} to {high:g} Mbit/s")
-    return kernel_rate_problem(links, workers)
 
 
 def run_namespaces() -> list[str]:
@@ -319,7 +283,7 @@ class RunNetwork:
     def __init__(self, network: Links, workers: int) -> None:
         if not 0 < workers <= MAX_WORKERS:
             raise ValueError(f"kernel shaping takes 1 to {MAX_WORKERS} workers, got {workers}")
-        problem = rate_problem(network, workers)
+        problem = kernel_rate_problem(network, workers)
         if problem:
             raise ValueError(problem)
         self.network = network
@@ -363,8 +327,8 @@ class RunNetwork:
 
     def _add(self, role: str) -> str:
         name = self.namespace(role)
+        self.created.append(name)  # (first: a Ctrl-C just after `add` would leave it)
         _run("ip", "netns", "add", name)
-        self.created.append(name)
         return name
 
     def _join(self, role: str, bridge_ns: str, bridge: str) -> None:
@@ -398,15 +362,36 @@ class RunNetwork:
 
     def remove(self) -> None:
         """Delete the run's namespaces with everything in them (processes are killed);
-        one that will not go does not keep the others (its error is raised after)."""
+        one that will not go does not keep the others (its error is raised after). A
+        Ctrl-C meanwhile (a user pressing it again) takes effect once all are gone."""
         failures: list[NetnsError] = []
-        while self.created:
-            try:
-                _delete(self.created.pop())
-            except NetnsError as exc:
-                failures.append(exc)
+        with _ctrl_c_held():
+            for namespace in reversed(self.created):
+                try:
+                    _delete(namespace)
+                except NetnsError as exc:
+                    failures.append(exc)
+            self.created.clear()
         if failures:
             raise failures[0]
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold back SIGINT while the body runs (in the main thread, where its handler runs)
+    and raise it again after, for the handler it had."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is None:  # (None: set outside Python)
+        yield
+        return
+    came: list[int] = []
+    handler = signal.signal(signal.SIGINT, lambda number, _: came.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if came:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _shape(namespace: str, device: str, mbps: float, delay_ms: float = 0.0,
