@@ -237,8 +237,13 @@ def main() -> None:
         tables(args, args.tables_from, run=False)
         return
     print(f"load before: {load()} ({os.cpu_count()} CPUs)", flush=True)
-    if args.transfer_mb and netns.missing() is None:
-        print(wire_time(20.0, args.transfer_mb), flush=True)
+    if args.transfer_mb:
+        try:
+            netns.check_host(netem=False)
+        except ConfigError as exc:  # not root, or root in a user namespace
+            print(f"no wire-time transfer: {exc}", flush=True)
+        else:
+            print(wire_time(20.0, args.transfer_mb), flush=True)
     if args.logs:
         tables(args, args.logs, run=True)
     else:

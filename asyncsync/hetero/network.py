@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from asyncsync.clock import now as clock_now
 from asyncsync.clock import sleep
+from asyncsync.hetero.capacity import LINK_COLUMNS, Capacity
 from asyncsync.wire.frames import ReadAny
 
 EMULATIONS = ("app", "kernel")
@@ -103,9 +104,37 @@ class Links(Protocol):
     def link(self, rank: int) -> LinkSpec: ...
 
 
+@dataclass(frozen=True)
+class TracedLinks:
+    """A run's network keys with each worker's rates from its row of capacity trace
+    `trace` (which the recipe may not set too)."""
+
+    network: Links
+    trace: str
+    rows: list[Capacity]
+
+    @property
+    def server_mbps(self) -> float:
+        return self.network.server_mbps
+
+    def link(self, rank: int) -> LinkSpec:
+        row = self.rows[rank]
+        return replace(self.network.link(rank), uplink_mbps=row.up_mbps,
+                       downlink_mbps=row.down_mbps)
+
+
 def kernel_rate_problem(network: Links, workers: int) -> str | None:
     """The first rate of `network` that kernel shaping cannot shape (`KERNEL_MBPS`), as
-    ``network.<key>: <problem>``; None when every rate can be shaped."""
+    ``network.<key>: <problem>`` (a trace's: its file, row and column); None when every
+    rate can be shaped."""
+    low, high = KERNEL_MBPS
+    if isinstance(network, TracedLinks):
+        for rank, row in enumerate(network.rows[:workers]):
+            for column in LINK_COLUMNS:
+                if not low <= (mbps := getattr(row, column)) <= high:
+                    return (f"capacity.trace {network.trace}: worker {row.row}'s {column} = "
+                            f"{mbps:g} (rank {rank}) is outside the rates emulation = "
+                            f"\"kernel\" shapes, {low:g} to {high:g} Mbit/s")
     rates = [("server_mbps", "the server's link", network.server_mbps)]
     for rank in range(workers):
         link = network.link(rank)
@@ -113,7 +142,6 @@ def kernel_rate_problem(network: Links, workers: int) -> str | None:
                    link.uplink_mbps),
                   (_rate_key(network, "downlink_mbps"), f"worker {rank}'s downlink",
                    link.downlink_mbps)]
-    low, high = KERNEL_MBPS
     for key, what, mbps in rates:
         if mbps and not low <= mbps <= high:
             return (f"network.{key}: {mbps:g} Mbit/s ({what}) is outside the rates "

@@ -33,11 +33,11 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from asyncsync.hetero.network import kernel_rate_problem
+from asyncsync.hetero.network import Links, TracedLinks, kernel_rate_problem
 from asyncsync.schema import ConfigError
 from asyncsync.study.hetero_specs import NetworkSpec
 from asyncsync.study.specs import RunSpec
@@ -169,11 +169,19 @@ def preflight(runs: Iterable[RunSpec]) -> None:
     """
     kernel = [run for run in runs if run.network.emulation == "kernel"]
     for run in kernel:
-        problem = kernel_rate_problem(run.network, run.workers)
+        problem = kernel_rate_problem(run_links(run), run.workers)
         if problem:
             raise ConfigError(f"run {run.name}: {problem}")
     if kernel:
         check_host(any(needs_netem(run.network, run.workers) for run in kernel))
+
+
+def run_links(run: RunSpec) -> Links:
+    """The links kernel shaping gives run `run`: its network keys, with its capacity
+    trace's bandwidths in place of the rates where it has one (as app pacing takes them,
+    `asyncsync.study.assembly.worker_link`)."""
+    rows = run.population().capacity
+    return run.network if rows is None else TracedLinks(run.network, run.capacity.trace, rows)
 
 
 def run_namespaces() -> list[str]:
@@ -267,11 +275,12 @@ class RunNetwork:
     """The namespaces of one run: ``server``, ``w0`` ... and the bridge's ``br``.
 
     Args:
-        network: the run's network keys (per-worker lists as in app pacing).
+        network: the run's links (its network keys, per-worker lists as in app pacing;
+            `of` adds a capacity trace's rates).
         workers: how many workers.
     """
 
-    def __init__(self, network: NetworkSpec, workers: int) -> None:
+    def __init__(self, network: Links, workers: int) -> None:
         if not 0 < workers <= MAX_WORKERS:
             raise ValueError(f"kernel shaping takes 1 to {MAX_WORKERS} workers, got {workers}")
         problem = kernel_rate_problem(network, workers)
@@ -282,6 +291,11 @@ class RunNetwork:
         self.tag = secrets.token_hex(3)
         self.owner = owner()
         self.created: list[str] = []
+
+    @classmethod
+    def of(cls, run: RunSpec) -> RunNetwork:
+        """The namespaces of run `run`, shaped as `run_links` gives its links."""
+        return cls(run_links(run), run.workers)
 
     def namespace(self, role: str) -> str:
         """The namespace of `role` (``server``, ``w<rank>`` or ``br``)."""
@@ -313,8 +327,8 @@ class RunNetwork:
 
     def _add(self, role: str) -> str:
         name = self.namespace(role)
+        self.created.append(name)  # (first: a Ctrl-C just after `add` would leave it)
         _run("ip", "netns", "add", name)
-        self.created.append(name)
         return name
 
     def _join(self, role: str, bridge_ns: str, bridge: str) -> None:
@@ -348,15 +362,36 @@ class RunNetwork:
 
     def remove(self) -> None:
         """Delete the run's namespaces with everything in them (processes are killed);
-        one that will not go does not keep the others (its error is raised after)."""
+        one that will not go does not keep the others (its error is raised after). A
+        Ctrl-C meanwhile (a user pressing it again) takes effect once all are gone."""
         failures: list[NetnsError] = []
-        while self.created:
-            try:
-                _delete(self.created.pop())
-            except NetnsError as exc:
-                failures.append(exc)
+        with _ctrl_c_held():
+            for namespace in reversed(self.created):
+                try:
+                    _delete(namespace)
+                except NetnsError as exc:
+                    failures.append(exc)
+            self.created.clear()
         if failures:
             raise failures[0]
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold back SIGINT while the body runs (in the main thread, where its handler runs)
+    and raise it again after, for the handler it had."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is None:  # (None: set outside Python)
+        yield
+        return
+    came: list[int] = []
+    handler = signal.signal(signal.SIGINT, lambda number, _: came.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if came:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _shape(namespace: str, device: str, mbps: float, delay_ms: float = 0.0,
