@@ -96,7 +96,7 @@ async def run_nodes(spec: RunSpec, recipe_name: str, run_dir: Path,
     if spec.network.emulation != "kernel":
         await _run_nodes(spec, recipe_name, run_dir, on_status, None)
         return
-    network = RunNetwork(spec.network, spec.workers)
+    network = RunNetwork.of(spec)
     network.create()  # (these two block the loop briefly: nothing may interrupt them)
     try:
         await _run_nodes(spec, recipe_name, run_dir, on_status, network)
