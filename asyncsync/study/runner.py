@@ -121,7 +121,9 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
 
     On Ctrl-C or SIGTERM (the task is cancelled, see `_terminable`) it prints which stopped
     it, the table of the runs that finished and the log path, marks the runs in progress
-    interrupted by it, then lets the cancellation go on.
+    interrupted by it, then lets the cancellation go on. A tracker's failure stops the study
+    too (`TrackingError`, raised): the run it cut is marked interrupted by it, and where runs
+    had finished, the same lines come first (with none, only the error is said).
     """
     datasets = dataset_loader()  # each loaded once for both checks
     check_models(recipe, datasets)
@@ -177,6 +179,14 @@ async def _run_study(recipe: Recipe, root: Path, live: bool | None,
             f"interrupted in their summary.json; continue with --resume {root}",
             highlight=False, soft_wrap=True)
         _publish(study)
+        raise
+    except TrackingError:  # a run's tracker failed: the study stopped, its runs recorded
+        if study.done:  # else nothing to table or resume: the error line says it all
+            study.dashboard.console.print(
+                f"[yellow]a tracker failed[/yellow]: the runs in progress are marked "
+                f"interrupted in their summary.json; continue with --resume "
+                f"{escape(str(root))}", highlight=False, soft_wrap=True)
+            _publish(study)
         raise
     finally:
         for tracker in trackers:
