@@ -30,14 +30,13 @@ from rich.markup import escape
 
 from asyncsync.clock import now
 from asyncsync.results.report import preload_plots, publish
-from asyncsync.results.studies import LogError, written_summary
+from asyncsync.results.studies import SUBMITTED, LogError, written_summary
 from asyncsync.schema import ConfigError
 from asyncsync.study.assembly import dataset_loader
 from asyncsync.study.children import Child, Spares
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import (
     SIGTERM_STOP,
-    SUBMITTED,
     SlurmOptions,
     cause,
     interrupted,
