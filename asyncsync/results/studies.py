@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,8 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
 
     Only finished runs are reported: those with a summary.json (the runner writes it last).
     A run folder without one has not finished: prepared but not started (a queued Slurm
-    task), still running, or killed; one note per study names these runs. A run whose
+    task), still running, or killed; one note per study names these runs (with, for a
+    study submitted to Slurm, each task's state as sacct says it: `slurm_states`). A run whose
     summary.json marks it interrupted is left out with a note of its own; one that failed
     is reported (its error), also when it failed before it logged anything. A DIR that is
     one unfinished (or interrupted) run folder, or whose chosen studies have no finished
@@ -114,15 +116,8 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             done = [r for r, summary in written.items() if not summary.get("interrupted")]
             said += [f"{r}: left out, it was {_interruption(written[r])}" for r in cut]
             if waiting or unstarted:
-                names = [r.name for r in waiting] + unstarted
-                holder = supervisor(study)
-                said.append(f"{len(names)} of {len(runs) + len(unstarted)} runs "
-                            f"{'has' if len(names) == 1 else 'have'} no summary.json yet"
-                            + (f": {', '.join(names)}; the study is still running (pid "
-                               f"{holder} holds {study})" if holder else
-                               f" (not started, still running, or killed): "
-                               f"{', '.join(names)}; asyncsync run RECIPE --resume {study} "
-                               "runs them"))
+                said.append(_unfinished([r.name for r in waiting] + unstarted,
+                                        len(runs) + len(unstarted), study))
             reported += len(done)
             if every:
                 reports.append(done)
@@ -132,6 +127,72 @@ def find_reports(dirs: list[Path], every: bool = False) -> tuple[list[list[Path]
             raise LogError("; ".join([f"{root}: no finished run to report", *said]))
         notes += said
     return [r for r in reports if r], notes
+
+
+def _unfinished(names: list[str], total: int, study: Path) -> str:
+    """The note on a study's runs without a summary.json: the supervisor still running
+    them, else each one's Slurm state where `slurm_states` knows it, and how to run them."""
+    said = f"{len(names)} of {total} runs {'has' if len(names) == 1 else 'have'} no " \
+        "summary.json yet"
+    if holder := supervisor(study):
+        return f"{said}: {', '.join(names)}; the study is still running (pid {holder} holds " \
+            f"{study})"
+    states = slurm_states(study)
+    known = [states[name][1] for name in names if name in states]
+    listed = ", ".join(f"{name} (Slurm task {states[name][0]}: {states[name][1]})"
+                       if name in states else name for name in names)
+    if len(known) < len(names):
+        said += " (not started, still running, or killed)"
+    if known:
+        listed += f"; task logs: {study / '.submitit'}"
+    if any(state.split()[0] in ACTIVE for state in known):
+        return f"{said}: {listed}; report again once these tasks have ended"
+    resume = f"; asyncsync run RECIPE --resume {study} runs them" if (
+        study / "recipe.json").is_file() else ""  # a study's folder; no other resumes
+    return f"{said}: {listed}{resume}"
+
+
+SUBMITTED = "submitted.json"
+"""A study folder's record of its Slurm job array: its id, its cluster (``slurm``, or
+submitit's ``local`` without Slurm) and its tasks' run folders, in the array's order
+(``--resume`` asks squeue about it, ``report`` sacct)."""
+
+ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING",
+          "COMPLETING", "STAGE_OUT", "SIGNALING", "REQUEUE_HOLD", "REQUEUE_FED")
+"""Slurm job states of a task that has not ended."""
+
+
+def slurm_states(study: Path) -> dict[str, tuple[str, str]]:
+    """The task id and state of each run of the study's Slurm job array, as ``sacct`` says
+    them (``4242_1``, ``OUT_OF_MEMORY``; TIMEOUT, NODE_FAIL, PENDING, ...), by run folder
+    name; {} where the study was not submitted to Slurm or sacct cannot say (not on the
+    PATH, accounting off, the job purged from its database)."""
+    with contextlib.suppress(OSError, ValueError, LookupError, TypeError,
+                             subprocess.SubprocessError):
+        submitted = json.loads((study / SUBMITTED).read_text())
+        array, runs = str(submitted["job_array"]), list(submitted["runs"])
+        if submitted["cluster"] != "slurm":
+            return {}
+        listed = subprocess.run(["sacct", "-n", "-P", "-X", "-j", array, "-o", "JobID,State"],
+                                capture_output=True, text=True, timeout=30, check=True)
+        states = {}
+        for line in listed.stdout.splitlines():  # 4242_1|OUT_OF_MEMORY, 4242_[2-5%2]|PENDING
+            job, _, state = line.strip().partition("|")
+            head, _, tasks = job.partition("_")
+            for index in _task_indices(tasks) if head == array and tasks and state else []:
+                if index < len(runs):
+                    states[str(runs[index])] = (f"{head}_{index}", state)
+        return states
+    return {}
+
+
+def _task_indices(tasks: str) -> list[int]:
+    """The array task indices of sacct's ``3`` or ``[0-3,7%2]`` (throttle after ``%``)."""
+    indices: list[int] = []
+    for part in tasks.strip("[]").partition("%")[0].split(","):
+        low, _, high = part.partition("-")
+        indices += range(int(low), int(high or low) + 1)
+    return indices
 
 
 SUPERVISOR_LOCK = ".supervisor.lock"

@@ -25,6 +25,7 @@ from typing import Any
 
 from asyncsync.clock import wall
 from asyncsync.results.report import summarize_run
+from asyncsync.results.studies import SUBMITTED
 from asyncsync.schema import ConfigError
 from asyncsync.study.dashboard import condensed
 from asyncsync.study.recipe import load_recipe
@@ -39,9 +40,6 @@ class SupervisorGone(Exception):
     """The supervisor reading a child's status lines is gone (its pipe broke): killed
     outright, so it could not mark the child's run interrupted itself."""
 
-
-SUBMITTED = "submitted.json"
-"""A study folder's record of its Slurm job array (``--resume`` asks squeue about it)."""
 
 LOCAL_FILESYSTEMS = ("tmpfs", "ramfs", "overlay")
 """Filesystem types that compute nodes do not share with a login node."""

@@ -30,14 +30,13 @@ from rich.markup import escape
 
 from asyncsync.clock import now
 from asyncsync.results.report import preload_plots, publish
-from asyncsync.results.studies import LogError
+from asyncsync.results.studies import SUBMITTED, LogError, written_summary
 from asyncsync.schema import ConfigError
 from asyncsync.study.assembly import dataset_loader
 from asyncsync.study.children import Child, Spares
 from asyncsync.study.dashboard import Dashboard
 from asyncsync.study.executors import (
     SIGTERM_STOP,
-    SUBMITTED,
     SlurmOptions,
     cause,
     interrupted,
@@ -121,7 +120,8 @@ async def run_recipe(recipe: Recipe, logs: Path = Path("logs"), live: bool | Non
 
     On Ctrl-C or SIGTERM (the task is cancelled, see `_terminable`) it prints which stopped
     it, the table of the runs that finished and the log path, marks the runs in progress
-    interrupted by it, then lets the cancellation go on.
+    interrupted by it, then lets the cancellation go on; so too on a tracker's failure
+    (`TrackingError`, raised after), where some run had finished (else only it is said).
     """
     datasets = dataset_loader()  # each loaded once for both checks
     check_models(recipe, datasets)
@@ -177,6 +177,14 @@ async def _run_study(recipe: Recipe, root: Path, live: bool | None,
             f"interrupted in their summary.json; continue with --resume {root}",
             highlight=False, soft_wrap=True)
         _publish(study)
+        raise
+    except TrackingError:  # a run's tracker failed: the study stopped, its runs recorded
+        if study.done:  # else nothing to table or resume: the error line says it all
+            study.dashboard.console.print(f"[yellow]a tracker failed[/yellow]: the runs in "
+                                          "progress are marked interrupted in their summary"
+                                          f".json; continue with --resume {escape(str(root))}",
+                                          highlight=False, soft_wrap=True)
+            _publish(study)
         raise
     finally:
         for tracker in trackers:
@@ -326,12 +334,12 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
             for position, job in list(pending.items()):
                 run_dir = study.slots[position].run_dir
                 await _feed(study, feeds, position, "poll")
-                summary = _kept_summary(run_dir)
+                summary = written_summary(run_dir) or None  # once it is there
                 if summary is None and await asyncio.to_thread(job.done):
                     ended.setdefault(position, now())
                     if now() - ended[position] < SLURM_GRACE_S:
                         continue
-                    state = job.state  # (sacct asked)
+                    state = await asyncio.to_thread(getattr, job, "state")  # sacct asked
                     summary = interrupted(run_dir, f"interrupted: its Slurm task ended "
                                           f"({state}) without a summary.json; see "
                                           f"{job.paths.stderr}")
@@ -371,14 +379,6 @@ async def _feed(study: _Study, feeds: dict[int, RunFeed], position: int, call: s
                                       highlight=False, soft_wrap=True)
     if call == "finish":
         feeds.pop(position, None)
-
-
-def _kept_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The run's summary.json, once it is there."""
-    with contextlib.suppress(OSError, ValueError):
-        summary = json.loads((run_dir / "summary.json").read_text())
-        return summary if isinstance(summary, dict) else None
-    return None
 
 
 def _publish(study: _Study) -> None:

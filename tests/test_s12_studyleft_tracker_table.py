@@ -1,0 +1,81 @@
+"""A tracker that fails in the middle of a ``--jobs 1`` study: the study stops, as it does
+with ``--jobs 2``, but it also prints the table of the runs that finished before, where the
+logs are and how to go on (``--resume``), before its one ``error:`` line; it said only that
+line. (A tracker that fails at the study's first run, with nothing finished, still says the
+one line: tests/test_s11_cli3_tracker_start.py.)"""
+
+from __future__ import annotations
+
+import csv
+import functools
+from pathlib import Path
+
+import pytest
+
+from asyncsync.study import runner
+from asyncsync.tracking import Point, RunInfo, follow
+from tests.test_cli import run_main
+
+RECIPE = """
+name = "small"
+repeats = 2
+[defaults]
+workers = 2
+clock = "virtual"
+[defaults.stop]
+time_s = 4
+[defaults.model]
+name = "mlp"
+[defaults.eval]
+interval_s = 1
+[defaults.compute]
+base_step_s = 0.1
+[[runs]]
+name = "bsp"
+protocol = "bsp"
+"""
+CAUSE = "ConnectionError: the tracking server went away"
+
+
+class FailsOnSecondRepeat:
+    """A tracker whose ``log`` of repeat 1 fails; repeat 0's calls all succeed."""
+
+    label = "tracking to flaky"
+
+    def start(self, run: RunInfo) -> None:
+        pass
+
+    def log(self, run: RunInfo, point: Point, wall: float) -> None:
+        if run.repeat == 1:
+            raise ConnectionError("the tracking server went away")
+
+    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_runs_done_before_a_tracker_failure_are_tabled(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)
+    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnSecondRepeat())
+    monkeypatch.setattr(runner, "follow", functools.partial(follow, every_s=0.01))
+    (tmp_path / "small.toml").write_text(RECIPE)
+    code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--jobs",
+                         "1", "--logs", str(tmp_path / "logs"), "--track", "flaky")
+    (study,) = (tmp_path / "logs" / "small").iterdir()
+    failed = f"tracking to flaky: could not log run small/{study.name}/bsp-r1: {CAUSE}"
+    lines = [" ".join(line.split()) for line in out.splitlines() if line.strip()]
+    flat = " ".join(lines)
+    assert code == 2 and "Traceback" not in out, out
+    assert [line for line in lines if line.startswith("error: ")] == [f"error: {failed}"]
+    assert lines[-1] == f"error: {failed}", out  # the cause is the last word
+    assert (f"a tracker failed: the runs in progress are marked interrupted in their "
+            f"summary.json; continue with --resume {study}") in flat, out
+    assert f"logs: {study}" in flat, out
+    with (study / "table.csv").open() as table:  # the one run that finished, tabled
+        rows = list(csv.DictReader(table))
+    assert [(row["run"], row["repeat"]) for row in rows] == [("bsp", "0")], rows
+    assert f"wrote {study / 'table.csv'}" in flat, out
