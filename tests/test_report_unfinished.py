@@ -155,10 +155,11 @@ def test_logs_with_the_stop_record_but_no_summary_are_not_finished(
     run_dir = fake_run(tmp_path, "r", "bsp", "bsp", [0.1, 0.6])
     (run_dir / "summary.json").unlink()
     assert any(e.get(KEY) == Kind.STOP for e in read_jsonl(run_dir / "events.jsonl"))
-    assert one_error(run_main(capsys, "report", str(run_dir.parent))) == (
-        f"error: {run_dir.parent}: no finished run to report; 1 of 1 runs has no "
+    study = study_recipe(run_dir.parent, "bsp")  # a study's folder: --resume takes it
+    assert one_error(run_main(capsys, "report", str(study))) == (
+        f"error: {study}: no finished run to report; 1 of 1 runs has no "
         f"summary.json yet (not started, still running, or killed): bsp; {RESUME} "
-        f"{run_dir.parent} runs them")
+        f"{study} runs them")
 
 
 @pytest.mark.parametrize("logged", [True, False], ids=["mid-run", "before-logging"])
