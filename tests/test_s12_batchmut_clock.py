@@ -1,13 +1,15 @@
 """The virtual loop where the other clock tests do not look: a timer set in the past, a
 delay just under a whole tick, a sleep cancelled at the instant it wakes, a timer's
 `when()`, the `watch` cadence, a zero sleep, a timer at infinity, a rebuilt heap, a
-failing callback and a cancelled timer. Expected values are closed forms."""
+failing callback, a cancelled timer, what one iteration runs, and a socket. Expected
+values are closed forms (and asyncio's own order)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import random
+import socket
 
 import pytest
 
@@ -186,3 +188,40 @@ def test_a_cancelled_timer_is_never_jumped_to() -> None:
 
     run(loop, main())
     assert seen == [5.0]
+
+
+def test_callbacks_made_ready_wait_for_the_next_iteration_behind_timers_now_due() -> None:
+    """As asyncio: an iteration runs only what was ready when it began; a timer due now
+    joins the ready queue at the next iteration, behind what is already there. So a
+    call_soon chain started beside a zero-delay timer runs one link, then the timer's
+    turn comes after the second link: soon1 (sets the timer, queues soon2), then soon2
+    (queues soon3) and the timer, then soon3."""
+    loop = VirtualTimeLoop()
+    order: list[str] = []
+
+    def soon(k: int) -> None:
+        order.append(f"soon{k}")
+        if k == 1:
+            loop.call_later(0, order.append, "timer")
+        if k < 3:
+            loop.call_soon(soon, k + 1)
+
+    async def main() -> None:
+        loop.call_soon(soon, 1)
+        await sleep(1.0)
+
+    run(loop, main())
+    assert order == ["soon1", "soon2", "timer", "soon3"]
+
+
+def test_a_socket_watched_in_virtual_time_is_refused() -> None:
+    """A socket's readiness comes in real time, which a virtual loop would jump past."""
+    loop = VirtualTimeLoop()
+    first, second = socket.socketpair()
+    try:
+        with pytest.raises(VirtualTimeError, match="sockets"):
+            loop.add_reader(first.fileno(), print)
+    finally:
+        first.close()
+        second.close()
+        loop.close()
