@@ -104,9 +104,11 @@ def with_index(device: torch.device) -> torch.device:
     vector given back was ever found again, and each local step of a virtual run on a GPU
     made a new one and kept it (one model's size a step, 137 MB a round of the 1,000-client
     population's cnn: its memory full after some 570 rounds on an 80 GB GPU, by
-    arithmetic; not seen, no GPU was lent).
+    arithmetic; not seen, no GPU was lent). Where CUDA is absent (a test declaring it, a
+    host without a driver) `device` is returned as it is: asking for the current device
+    there raised instead of the run saying what it computes on.
     """
-    if device.type == "cuda" and device.index is None:
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return device
 

@@ -184,7 +184,8 @@ class BatchedModel:
         """The gradient of each row's loss on its batch, and the losses.
 
         `rows` (``(n, numel)``, on the device) get their buffer columns updated in place as
-        each row's forward updates them; `counters` (name to ``(n, ...)``) likewise. Row
+        each row's forward updates them; `counters` (name to ``(n, ...)``) likewise: they
+        are the very tensors the forward is given, and it counts into them in place. Row
         ``i``'s batch is ``x[i]``, ``y[i]`` (on the device), its samples weighted by
         ``weight[i]`` when the batches were padded (`stack`).
         Returns the gradients ``(n, num_params)`` and the losses ``(n,)``.
@@ -212,8 +213,6 @@ class BatchedModel:
             for name, _, size in self.buffers:
                 rows[:, offset : offset + size].copy_(buffers[name].reshape(n, size))
                 offset += size
-            for name in self.counters:
-                counters[name].copy_(buffers[name])
         return flat, losses.detach()
 
     def stack(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
