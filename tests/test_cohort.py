@@ -116,8 +116,8 @@ def test_batched_steps_equal_one_by_one_with_batchnorm_momentum_and_terms() -> N
     center = torch.randn(one[0].numel)
     correction = 0.01 * torch.randn(one[0].numel)
     rounds = [
-        [dict(batch_size=8, local=True)] * 3,
-        # a gradient of rank 2 only: ranks 0 and 1 have momentum state, rank 2 not yet
+        # gradients of rank 2 only: ranks 0 and 1 have momentum state, rank 2 not yet
+        [dict(batch_size=8, local=True)] * 2 + [dict(batch_size=8)],
         [dict(batch_size=8, local=True)] * 2 + [dict(batch_size=8)],
         [dict(batch_size=8, local=True, center=center, rho=0.5)] * 3,
         [dict(batch_size=8, local=True, correction=correction)] * 3,
