@@ -1,0 +1,130 @@
+"""The server core's checks and events, found by mutation testing of `engine.core`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.settings import ServerSettings
+from asyncsync.protocols.base import BadRequest, OutOfStep, get_protocol
+from asyncsync.runlog.metrics import JsonlLog
+from asyncsync.runlog.reading import read_jsonl
+from asyncsync.runlog.schema import KEY, Kind
+from tests.helpers import tiny_model
+
+
+@pytest.mark.parametrize("workers", [0, -2])
+def test_a_core_of_no_workers_is_refused(workers: int) -> None:
+    asp = get_protocol("asp")
+    with pytest.raises(ValueError, match=f"workers must be an int >= 1, got {workers}"):
+        ServerCore(torch.zeros(3), asp, asp.make_params(None, 1), workers, ServerSettings())
+
+
+async def test_a_resumed_run_logs_its_resume_not_a_second_start(tmp_path: Path) -> None:
+    settings = ServerSettings(checkpoint_path=tmp_path / "checkpoint.npz",
+                              worker_timeout_s=None)
+    first = build_core(tiny_model(), "asp", 1, settings,
+                       events=JsonlLog(tmp_path / "first.jsonl"))
+    await first.handle("join", {"run_id": "run", "worker": 0}, None)
+    await first.stop()  # writes the checkpoint
+    await first.close()
+    second = build_core(tiny_model(), "asp", 1, settings,
+                        events=JsonlLog(tmp_path / "second.jsonl"))
+    second.resume(tmp_path / "checkpoint.npz")
+    await second.stop()
+    await second.close()
+    kinds = [[e[KEY] for e in read_jsonl(tmp_path / f"{name}.jsonl")]
+             for name in ("first", "second")]
+    assert kinds[0].count(Kind.START) == 1 and Kind.RESUME not in kinds[0]
+    assert kinds[1].count(Kind.RESUME) == 1 and Kind.START not in kinds[1]
+
+
+RUN = "run"
+
+
+def head(rank: int, session: str, **fields: object) -> dict[str, object]:
+    return {"run_id": RUN, "worker": rank, "session": session, **fields}
+
+
+async def joined(core: ServerCore) -> list[str]:
+    replies = await asyncio.gather(*(core.handle("join", {"run_id": RUN, "worker": rank},
+                                                 None) for rank in range(len(core.workers))))
+    return [str(reply["meta"]["session"]) for reply, _ in replies]
+
+
+async def test_a_stopped_run_finishes_once_its_last_worker_has_left() -> None:
+    core = build_core(tiny_model(), "asp", 2, ServerSettings(worker_timeout_s=None))
+    sessions = await joined(core)
+    await core.stop()
+    assert not core.finished.is_set() and core.status()["finished"] is False
+    await core.handle("leave", head(0, sessions[0]), None)
+    assert not core.finished.is_set()  # worker 1 is still in
+    await core.handle("leave", head(1, sessions[1]), None)
+    assert core.finished.is_set() and core.status()["finished"] is True
+    await core.close()
+
+
+async def test_a_leave_after_the_stop_completes_no_round() -> None:
+    # BSP of 3: workers 0 and 1 have pushed, 2 has not. Once the run has stopped, 2's
+    # leave does not close the round without it: the model stays at version 0
+    core = build_core(tiny_model(), "bsp", 3, ServerSettings(worker_timeout_s=None))
+    sessions = await joined(core)
+    numel = core.store.numel
+    for rank in (0, 1):
+        await core.handle("push", head(rank, sessions[rank], seq=1, base_version=0,
+                                       kind="gradient", steps=1, samples=1),
+                          torch.ones(numel))
+    await core.stop()
+    reply, _ = await core.handle("leave", head(2, sessions[2]), None)
+    assert reply == {"stop": True} and core.store.version == 0
+    await core.close()
+
+
+async def test_a_report_that_is_not_a_map_is_ignored_and_the_status_still_answers() -> None:
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(worker_timeout_s=None))
+    (session,) = await joined(core)
+    await core.handle("heartbeat", head(0, session, stats={"steps": 4, "loss": 0.5}), None)
+    await core.handle("heartbeat", head(0, session, stats=[1, 2]), None)
+    worker = core.status()["workers"][0]
+    assert (worker["steps"], worker["loss"]) == (4, 0.5)  # the last map's totals
+    await core.stop()
+    await core.close()
+
+
+@pytest.mark.parametrize("op", ["pull", "query"])
+async def test_only_a_push_may_be_compressed(op: str) -> None:
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(worker_timeout_s=None))
+    (session,) = await joined(core)
+    with pytest.raises(BadRequest, match=f"only pushes may be compressed, not {op}"):
+        await core.handle(op, head(0, session, seq=1, base_version=0,
+                                   codec={"name": "topk"}), None)
+    assert core.store.version == 0
+    await core.stop()
+    await core.close()
+
+
+async def test_a_push_based_on_a_version_the_server_never_had_is_refused() -> None:
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(worker_timeout_s=None))
+    (session,) = await joined(core)
+    with pytest.raises(OutOfStep, match="base version 1 is ahead of the server's 0"):
+        await core.handle("push", head(0, session, seq=1, base_version=1, kind="gradient",
+                                       steps=1, samples=1), torch.ones(core.store.numel))
+    assert core.store.version == 0
+    await core.stop()
+    await core.close()
+
+
+async def test_a_join_away_once_the_run_has_started_is_refused() -> None:
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(worker_timeout_s=None))
+    await joined(core)  # the run starts
+    for away, error in ((True, "field 'away' is for a first join"),
+                        ("yes", "field 'away' must be a bool")):
+        with pytest.raises(BadRequest, match=error):
+            await core.handle("join", {"run_id": RUN, "worker": 0, "away": away}, None)
+    assert core.store.live == {0}
+    await core.stop()
+    await core.close()
