@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from asyncsync.clock import VirtualTimeLoop
+from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
-from asyncsync.protocols.base import BadRequest, OutOfStep, get_protocol
+from asyncsync.protocols.base import BadRequest, Forbidden, OutOfStep, get_protocol
 from asyncsync.runlog.metrics import JsonlLog
 from asyncsync.runlog.reading import read_jsonl
 from asyncsync.runlog.schema import KEY, Kind
@@ -126,5 +128,57 @@ async def test_a_join_away_once_the_run_has_started_is_refused() -> None:
         with pytest.raises(BadRequest, match=error):
             await core.handle("join", {"run_id": RUN, "worker": 0, "away": away}, None)
     assert core.store.live == {0}
+    await core.stop()
+    await core.close()
+
+
+async def test_the_status_shows_a_worker_held_at_a_barrier_as_waiting() -> None:
+    core = build_core(tiny_model(), "bsp", 2, ServerSettings(worker_timeout_s=None))
+    sessions = await joined(core)
+    numel = core.store.numel
+    await core.handle("push", head(0, sessions[0], seq=1, base_version=0, kind="gradient",
+                                   steps=1, samples=1), torch.ones(numel))
+    held = asyncio.ensure_future(core.handle("pull", head(0, sessions[0], base_version=0),
+                                             None))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert [w["state"] for w in core.status()["workers"]] == ["waiting", "computing"]
+    await core.handle("push", head(1, sessions[1], seq=1, base_version=0, kind="gradient",
+                                   steps=1, samples=1), torch.ones(numel))
+    reply, _ = await held
+    assert reply["version"] == 1
+    assert [w["state"] for w in core.status()["workers"]] == ["computing", "computing"]
+    await core.stop()
+    await core.close()
+
+
+def test_a_silent_worker_is_dropped_within_a_second_of_its_timeout(tmp_path: Path) -> None:
+    # timeout 8 s: the monitor looks every min(1, 8/4) = 1 s, so a worker silent from the
+    # start (0) is found at 9, the first look with more than 8 s of silence
+    async def run() -> None:
+        core = build_core(tiny_model(), "asp", 1, ServerSettings(worker_timeout_s=8.0),
+                          events=JsonlLog(tmp_path / "events.jsonl"),
+                          seam=InlineServerSeam())
+        await joined(core)
+        while 0 in core.store.live:
+            await asyncio.sleep(0.25)
+        await core.stop()
+        await core.close()
+
+    loop = VirtualTimeLoop()
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+    lost = [e for e in read_jsonl(tmp_path / "events.jsonl") if e[KEY] == Kind.WORKER_LOST]
+    assert [(e["worker"], e["silent_s"]) for e in lost] == [(0, 9.0)]
+
+
+@pytest.mark.parametrize("secret", [5, None, ["s"], b"s"])
+async def test_a_session_secret_of_another_type_is_a_403(secret: object) -> None:
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(worker_timeout_s=None))
+    await joined(core)
+    with pytest.raises(Forbidden, match="missing or wrong session secret"):
+        await core.handle("heartbeat", head(0, "") | {"session": secret}, None)
     await core.stop()
     await core.close()
