@@ -182,3 +182,20 @@ async def test_a_session_secret_of_another_type_is_a_403(secret: object) -> None
         await core.handle("heartbeat", head(0, "") | {"session": secret}, None)
     await core.stop()
     await core.close()
+
+
+async def test_a_join_sent_again_before_the_start_counts_once_for_the_barrier() -> None:
+    core = build_core(tiny_model(), "asp", 2, ServerSettings(worker_timeout_s=None))
+    first = asyncio.ensure_future(core.handle("join", {"run_id": RUN, "worker": 0}, None))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    session = str(core.workers[0].session)  # (the reply waits for the start)
+    again = asyncio.ensure_future(core.handle("join", head(0, session), None))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not core.run.started and not first.done() and not again.done()
+    await core.handle("join", {"run_id": RUN, "worker": 1}, None)  # the second worker
+    await asyncio.gather(first, again)
+    assert core.run.started
+    await core.stop()
+    await core.close()
