@@ -199,3 +199,45 @@ async def test_a_join_sent_again_before_the_start_counts_once_for_the_barrier() 
     assert core.run.started
     await core.stop()
     await core.close()
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_a_join_cancelled_at_the_start_barrier_no_longer_counts() -> None:
+    # worker 0's connection closes while its join waits: the join is withdrawn, so worker
+    # 1's join does not start the run; a restarted worker 0 joins, and it starts
+    core = build_core(tiny_model(), "asp", 2, ServerSettings(worker_timeout_s=None))
+    dead = asyncio.ensure_future(core.handle("join", {"run_id": RUN, "worker": 0}, None))
+    await settle()
+    dead.cancel()
+    await settle()
+    second = asyncio.ensure_future(core.handle("join", {"run_id": RUN, "worker": 1}, None))
+    await settle()
+    assert not core.run.started and core.store.live == {1}
+    await core.handle("join", {"run_id": RUN, "worker": 0}, None)
+    await asyncio.wait_for(second, 5)
+    assert core.run.started and core.store.live == {0, 1}
+    await core.stop()
+    await core.close()
+
+
+async def test_a_cancelled_join_leaves_a_later_join_of_its_rank_in_place() -> None:
+    # worker 0 joins, then joins again with its secret (re-syncing); the first join's
+    # connection closes: the second join holds the rank, so nothing is withdrawn
+    core = build_core(tiny_model(), "asp", 2, ServerSettings(worker_timeout_s=None))
+    first = asyncio.ensure_future(core.handle("join", {"run_id": RUN, "worker": 0}, None))
+    await settle()
+    again = asyncio.ensure_future(core.handle(
+        "join", head(0, str(core.workers[0].session)), None))
+    await settle()
+    first.cancel()
+    await settle()
+    await asyncio.wait_for(core.handle("join", {"run_id": RUN, "worker": 1}, None), 5)
+    reply, _ = await asyncio.wait_for(again, 5)
+    assert core.run.started and core.store.live == {0, 1}
+    assert reply["meta"]["session"] == core.workers[0].session != ""
+    await core.stop()
+    await core.close()
