@@ -11,6 +11,7 @@ import torch
 from asyncsync.clock import VirtualTimeLoop
 from asyncsync.engine.compute import InlineServerSeam
 from asyncsync.engine.core import ServerCore, build_core
+from asyncsync.engine.evaluation import EvalPoint
 from asyncsync.engine.settings import ServerSettings
 from asyncsync.protocols.base import BadRequest, Forbidden, OutOfStep, get_protocol
 from asyncsync.runlog.metrics import JsonlLog
@@ -240,4 +241,13 @@ async def test_a_cancelled_join_leaves_a_later_join_of_its_rank_in_place() -> No
     assert core.run.started and core.store.live == {0, 1}
     assert reply["meta"]["session"] == core.workers[0].session != ""
     await core.stop()
+    await core.close()
+
+
+async def test_the_status_names_the_latest_and_the_best_accuracy() -> None:
+    core = build_core(tiny_model(), "asp", 1, ServerSettings(worker_timeout_s=None))
+    core.evals.extend(EvalPoint(t, v, accuracy, 1.0)
+                      for t, v, accuracy in ((1.0, 1, 0.3), (2.0, 2, 0.7), (3.0, 3, 0.5)))
+    status = core.status()
+    assert (status["accuracy"], status["best_accuracy"]) == (0.5, 0.7)
     await core.close()
