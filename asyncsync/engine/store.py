@@ -11,8 +11,8 @@ most recent kept for inspection.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, KeysView, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -112,7 +112,7 @@ class ParameterStore:
 
     Attributes:
         live: the ranks in the run now (joined, not left or lost); barriers count these.
-        held: the ranks whose requests `wait_for` holds now.
+        held: the ranks with a request `wait_for` holds now (a rank may have several).
         commits: the most recent commits (at most `wide_history(workers)`: a barrier's
             names every worker); `version` counts them all.
         held_s: seconds each worker's requests were held in `wait_for`.
@@ -141,12 +141,16 @@ class ParameterStore:
         self.commits: deque[Commit] = deque(maxlen=wide_history(workers))
         self.staleness = StalenessStats()
         self.live = LiveSet()
-        self.held: set[int] = set()
+        self._held: Counter[int] = Counter()  # requests held, per rank
         self.held_s: dict[int, float] = {}
         self.run_time = Stopwatch()
         self._waiting: dict[_Waiter, None] = {}  # in the order they began to wait
         self._sessions: dict[int, int] = {}  # per rank: how many times it was dropped
         self._check_queued = False
+
+    @property
+    def held(self) -> KeysView[int]:
+        return self._held.keys()
 
     @property
     def membership(self) -> int:
@@ -246,11 +250,11 @@ class ParameterStore:
     async def wait_for(self, ready: Callable[[], bool], worker: int) -> None:
         if ready():
             return
-        self.held.add(worker)
+        self._held[worker] += 1
         began = self.now()
         session = self._sessions.get(worker, 0)
         try:
-            while not ready():
+            while self._gone(worker, session) or not ready():  # (gone first: see `drop`)
                 if self.stopping:
                     raise RunStopped
                 if self._gone(worker, session):
@@ -264,7 +268,9 @@ class ParameterStore:
                 finally:
                     self._waiting.pop(waiter, None)
         finally:
-            self.held.discard(worker)
+            self._held[worker] -= 1
+            if not self._held[worker]:
+                del self._held[worker]
             self.held_s[worker] = self.held_s.get(worker, 0.0) + self.now() - began
 
     def stop(self) -> None:
