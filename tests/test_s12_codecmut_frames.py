@@ -13,6 +13,7 @@ from asyncsync.wire.frames import (
     Limits,
     WireError,
     encode_header,
+    encode_reply,
     tensor_spec,
 )
 
@@ -89,3 +90,16 @@ def test_an_uncompressed_push_of_bytes_is_refused_422() -> None:
     with pytest.raises(WireError, match="wrong dtype 'uint8'") as err:
         tensor_spec({"tensor": {"dtype": "uint8", "shape": [16]}}, Limits(4))
     assert err.value.status == 422
+
+
+def test_a_reply_meta_int_beyond_64_bits_is_named_in_a_500() -> None:
+    with pytest.raises(WireError, match="'big' is an int beyond 64 bits") as err:
+        encode_reply({"meta": {"big": 2**64}}, None, "asp", "push")
+    assert err.value.status == 500
+
+
+def test_the_ints_at_msgpacks_ends_are_not_blamed_for_another_keys_fault() -> None:
+    meta = {"set": {1}, "low": -(2**63), "high": 2**64 - 1}  # "high" is looked at first
+    with pytest.raises(WireError, match="'set' is a set") as err:
+        encode_reply({"meta": meta}, None, "asp", "query")
+    assert err.value.status == 500
