@@ -84,3 +84,22 @@ async def test_a_tensor_longer_than_its_frame_is_refused_without_waiting_for_mor
         status, text = await reply(stream)
         assert (status, b"truncated" in text) == (400, True)
         assert server.core.store.version == 0
+
+
+async def test_a_client_gives_up_on_an_upgrade_answer_with_no_end_of_head() -> None:
+    """A peer answering with an endless head (no blank line) is left after 64 KiB, not
+    read for ever."""
+    async def endless(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nX-Pad: " + b"a" * 100_000)
+        await writer.drain()
+        await asyncio.sleep(3 * WITHIN_S)  # and stays connected
+        writer.close()
+
+    server = await asyncio.start_server(endless, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ConnectionError, match="no upgrade from"):
+            await asyncio.wait_for(StreamConnection.open(f"http://127.0.0.1:{port}", None,
+                                                         None, None), WITHIN_S)
+    finally:
+        server.close()
