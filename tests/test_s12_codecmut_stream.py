@@ -103,3 +103,17 @@ async def test_a_client_gives_up_on_an_upgrade_answer_with_no_end_of_head() -> N
                                                          None, None), WITHIN_S)
     finally:
         server.close()
+
+
+async def test_closing_the_server_ends_its_open_streams_at_once() -> None:
+    server = ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN))
+    await server.__aenter__()
+    stream = await StreamConnection.open(server.url, None, None, None)
+    data = frame({"run_id": RUN})
+    await stream.send("status", len(data), pieces(data))
+    assert (await reply(stream))[0] == 200
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(server.__aexit__(None, None, None), WITHIN_S)
+    assert await asyncio.wait_for(stream.receiver.read_some(1), WITHIN_S) == b""
+    assert loop.time() - started < 2.0  # not after a keep-alive or shutdown timeout
