@@ -11,8 +11,9 @@ import msgpack
 import pytest
 import torch
 
+from asyncsync.clock import now
 from asyncsync.engine.settings import ServerSettings
-from asyncsync.transport.frame_stream import REQUEST, StreamConnection
+from asyncsync.transport.frame_stream import CLIENT_IDLE_S, REQUEST, StreamConnection
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire.frames import PREFIX, decode_header
 from tests.helpers import tiny_model
@@ -117,3 +118,13 @@ async def test_closing_the_server_ends_its_open_streams_at_once() -> None:
     await asyncio.wait_for(server.__aexit__(None, None, None), WITHIN_S)
     assert await asyncio.wait_for(stream.receiver.read_some(1), WITHIN_S) == b""
     assert loop.time() - started < 2.0  # not after a keep-alive or shutdown timeout
+
+
+async def test_a_client_does_not_reuse_a_stream_idle_for_its_limit() -> None:
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN)) as server:
+        stream = await StreamConnection.open(server.url, None, None, None)
+        stream.idle_since = now() - (CLIENT_IDLE_S - 1.0)
+        assert stream.reusable
+        stream.idle_since = now() - CLIENT_IDLE_S
+        assert not stream.reusable  # the server may be closing it
+        stream.close()
