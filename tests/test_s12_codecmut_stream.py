@@ -13,7 +13,12 @@ import torch
 
 from asyncsync.clock import now
 from asyncsync.engine.settings import ServerSettings
-from asyncsync.transport.frame_stream import CLIENT_IDLE_S, REQUEST, StreamConnection
+from asyncsync.transport.frame_stream import (
+    CLIENT_IDLE_S,
+    REQUEST,
+    StreamConnection,
+    StreamRefused,
+)
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.wire.frames import PREFIX, decode_header
 from tests.helpers import tiny_model
@@ -128,3 +133,24 @@ async def test_a_client_does_not_reuse_a_stream_idle_for_its_limit() -> None:
         stream.idle_since = now() - CLIENT_IDLE_S
         assert not stream.reusable  # the server may be closing it
         stream.close()
+
+
+async def test_a_frame_of_exactly_its_ops_body_limit_is_answered() -> None:
+    """A status frame may be a prefix and a 64 KiB header: 4 + 65536 bytes, no more."""
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN)) as server:
+        header = {"run_id": RUN, "pad": "x" * (65536 - 24)}  # 1 + (7 + 9) + (4 + 3)
+        for extra, status in ((0, 200), (1, 413)):
+            data = frame({**header, "pad": header["pad"] + "x" * extra})
+            assert len(data) == 4 + 65536 + extra
+            stream = await StreamConnection.open(server.url, None, None, None)
+            await stream.send("status", len(data), pieces(data))
+            assert (await reply(stream))[0] == status
+            stream.close()
+
+
+async def test_a_refused_upgrade_says_why_in_full() -> None:
+    async with ParameterServer(tiny_model(), "asp", 1, ServerSettings(run_id=RUN),
+                               token="run-token") as server:
+        with pytest.raises(StreamRefused) as err:
+            await StreamConnection.open(server.url, None, None, None)
+        assert (err.value.status, err.value.reason) == (401, "missing or wrong bearer token")
