@@ -7,10 +7,12 @@ finiteness, the rule's checks). Pushes of kind "model", pulls and replies are ne
 compressed. Codecs, and their bytes per element of an N-element vector:
 
 - ``none``: float32 as today, 4 bytes (no codec field).
-- ``float16``: IEEE half precision, 2 bytes; values beyond +-65504 are clamped to it.
+- ``float16``: IEEE half precision, 2 bytes; finite values beyond +-65504 are clamped to
+  it (Inf stays Inf, so a diverged worker's push is refused, as uncompressed).
 - ``bfloat16``: float32's range with an 8-bit mantissa, 2 bytes.
 - ``int8``: symmetric quantization per chunk of `INT8_CHUNK` elements: one float32 scale
-  (the chunk's max |v| / 127) per chunk, then one int8 per element: 1 + 4 / 4096 bytes.
+  (the chunk's max |v| / 127) per chunk, then one int8 per element: 1 + 4 / 4096 bytes. A
+  chunk holding NaN or Inf gets a non-finite scale, and decodes to non-finite values.
   Layout: all scales, then all int8 values.
 - ``topk``: the k = ceil(fraction x N) entries largest in |v|: k int32 indices (strictly
   increasing) then their k float32 values: 8 x fraction bytes. Layout: indices, values.
@@ -31,7 +33,8 @@ one kind cover different parts of the model. The residual assumes the push was a
 rejoin (a new session) clears it, since the worker restarts from the global model.
 
 A malformed payload (unknown codec, wrong length, indices out of range or not increasing,
-non-finite or negative scales) is refused with `BadRequest` or `Unacceptable` (4xx).
+negative scales) is refused with `BadRequest` or `Unacceptable` (4xx); one that decodes to
+NaN or Inf is refused by the server's finiteness check, as an uncompressed push would be.
 """
 
 from __future__ import annotations
@@ -92,8 +95,8 @@ def encode(name: str, vector: torch.Tensor, fraction: float = 0.01
     flat = vector.detach().reshape(-1).to(torch.float32)
     descriptor: dict[str, Any] = {"name": name, "numel": flat.numel()}
     if name in _HALVES:
-        if name == "float16":
-            flat = flat.clamp(-FLOAT16_MAX, FLOAT16_MAX)
+        if name == "float16":  # Inf stays Inf: the server refuses it, as uncompressed
+            flat = torch.where(flat.isinf(), flat, flat.clamp(-FLOAT16_MAX, FLOAT16_MAX))
         return flat.to(_HALVES[name]).view(torch.uint8), descriptor
     if name == "int8":
         chunks = math.ceil(flat.numel() / INT8_CHUNK)
@@ -146,8 +149,8 @@ def _decode_coded(codec: dict[str, Any], payload: torch.Tensor, numel: int) -> t
     if name == "int8":
         chunks = math.ceil(numel / INT8_CHUNK)
         scales = payload[: 4 * chunks].view(torch.float32)
-        if not bool((torch.isfinite(scales) & (scales >= 0)).all()):
-            raise Unacceptable("int8 payload: scales must be finite and >= 0")
+        if bool((scales < 0).any()):  # a NaN or Inf scale decodes to non-finite values,
+            raise Unacceptable("int8 payload: scales must be >= 0")  # refused as such
         values = payload[4 * chunks :].view(torch.int8).to(torch.float32)
         return values * scales.repeat_interleave(INT8_CHUNK)[:numel]
     k = int(codec["k"])
