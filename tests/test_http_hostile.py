@@ -184,7 +184,7 @@ def compressed_cases(numel: int) -> list[tuple[str, str, bytes, str, int, str]]:
          compressed(good_topk, topk_payload([3, 3], [0.1, 0.2])), CONTENT_TYPE, 422,
          "indices"),
         ("int8 NaN scale", "push", compressed({"name": "int8", "numel": numel}, nan_scales),
-         CONTENT_TYPE, 422, "scales"),
+         CONTENT_TYPE, 422, "non-finite"),
         ("float16 Inf", "push", compressed({"name": "float16", "numel": numel}, huge_half),
          CONTENT_TYPE, 422, "non-finite"),
     ]
@@ -216,7 +216,7 @@ async def test_every_bad_request_is_refused_and_changes_nothing(
         assert "\n" not in text.strip(), f"{name}: reason is not one line"
         assert server.core.store.version == 0, name
         assert torch.equal(server.core.store.w, before), name
-    assert server.core.workers[0].nonfinite == 3  # the NaN and the two Inf pushes count
+    assert server.core.workers[0].nonfinite == 4  # the NaN, NaN-scale and two Inf pushes
     # The same server accepts a well-formed push, so the checks above could have failed.
     resp = await post(session, server.url, "push",
                       body(push_header(), torch.full((numel,), 0.01)))

@@ -74,7 +74,7 @@ async def test_every_bad_frame_is_refused_and_changes_nothing() -> None:
             assert torch.equal(server.core.store.w, before), name
             checked += 1
         assert checked == len(cases(numel)) - 1
-        assert server.core.workers[0].nonfinite == 3  # the NaN and the two Inf pushes
+        assert server.core.workers[0].nonfinite == 4  # the NaN, NaN-scale and two Inf pushes
         stream = await StreamConnection.open(server.url, None, None, None)
         got, _ = await exchange(stream, "push", body(push_header(), torch.full((numel,), 0.01)))
         assert got == 200
