@@ -4,6 +4,7 @@ bounded waits, and rule state that survives a resume."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -221,8 +222,10 @@ async def test_a_failing_checkpoint_is_logged_counted_and_retried(tmp_path: Any)
         await until(path.is_file)
         with np.load(path, allow_pickle=False) as saved:
             assert int(saved["version"]) == 1
-        path.unlink()
-        path.mkdir()  # the final write fails too
+        while not path.is_dir():  # the final write fails too (a periodic write in its
+            path.unlink(missing_ok=True)  # thread may land between the two calls: again)
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
         await asyncio.wait_for(core.stop(), 10)
         await core.handle("leave", header(0), None)
         assert core.finished.is_set()
