@@ -15,7 +15,8 @@ from asyncsync.engine.cohort import Cohort
 from asyncsync.engine.work import LocalWork
 from asyncsync.training import batched as batched_module
 from asyncsync.training.batched import BatchedModel
-from asyncsync.training.trainer import BatchSource, ScratchGradients, Trainer
+from asyncsync.training.trainer import ScratchGradients, Trainer
+from tests.test_trialb_cohort import _mlp, _source
 
 X = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
 Y = torch.tensor([0, 1])
@@ -29,27 +30,13 @@ def _fixed(_: int) -> tuple[torch.Tensor, torch.Tensor]:
     return X, Y
 
 
-def _random(seed: int) -> BatchSource:
-    gen = torch.Generator().manual_seed(seed)
-
-    def batches(size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.randn(size, 1, 4, 4, generator=gen), torch.randint(3, (size,),
-                                                                       generator=gen)
-    return batches
-
-
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
-
-
 def test_a_frozen_later_layer_stays_frozen_under_weight_decay_and_momentum() -> None:
     """Weight decay and momentum make a step of a parameter whose gradient is zero: the
     batched call must leave a frozen parameter as it was, as the one-by-one step does,
     and freeze that parameter's columns, not the first layer's."""
     model = _mlp()
     model[3].weight.requires_grad_(False)
-    trainers = [Trainer(copy.deepcopy(model), _random(rank), lr=0.1, momentum=0.9,
+    trainers = [Trainer(copy.deepcopy(model), _source(rank), lr=0.1, momentum=0.9,
                         weight_decay=0.1, device="cpu") for rank in range(2)]
     cohort = Cohort(BatchedModel(model, torch.device("cpu")))
     first, frozen = model[1].weight.numel() + model[1].bias.numel(), model[3].weight.numel()
@@ -94,7 +81,7 @@ def test_a_padded_group_is_chunked_by_its_widest_batch(monkeypatch: pytest.Monke
     16 more would exceed it), and each step counts its own samples."""
     monkeypatch.setattr(batched_module, "ACTIVATION_BUDGET", 35 * 16 * 2)
     model = _mlp()
-    trainers = [Trainer(copy.deepcopy(model), _random(rank), lr=0.1, device="cpu")
+    trainers = [Trainer(copy.deepcopy(model), _source(rank), lr=0.1, device="cpu")
                 for rank in range(3)]
     cohort = Cohort(BatchedModel(model, torch.device("cpu")))
     sizes = (4, 9, 16)
@@ -111,7 +98,7 @@ def test_a_batched_local_step_leaves_a_population_worker_no_gradient_vector() ->
     local step's gradient is never read, so it must not be written into the trainer."""
     model = _mlp()
     scratch = ScratchGradients()
-    trainers = [Trainer(copy.deepcopy(model), _random(rank), lr=0.1, device="cpu")
+    trainers = [Trainer(copy.deepcopy(model), _source(rank), lr=0.1, device="cpu")
                 for rank in range(3)]
     for trainer in trainers:
         trainer.scratch = scratch
@@ -130,7 +117,7 @@ def test_a_worker_without_momentum_state_shares_a_call_with_workers_that_have_it
     stepped before: each keeps its own momentum (a fresh worker's starts at its gradient),
     as one by one."""
     model = _mlp()
-    one, batched = ([Trainer(copy.deepcopy(model), _random(rank), lr=0.1, momentum=0.9,
+    one, batched = ([Trainer(copy.deepcopy(model), _source(rank), lr=0.1, momentum=0.9,
                              device="cpu") for rank in range(3)] for _ in range(2))
     cohort = Cohort(BatchedModel(model, torch.device("cpu")))
     for sampled in ([0, 1], [0, 1, 2]):  # worker 2 is sampled only in the second round
@@ -153,7 +140,7 @@ def test_a_model_built_in_eval_mode_trains_its_batchnorm_as_one_by_one() -> None
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.BatchNorm1d(8), nn.ReLU(),
                           nn.Linear(8, 3)).eval()
-    one, batched = ([Trainer(copy.deepcopy(model), _random(rank), lr=0.1, device="cpu")
+    one, batched = ([Trainer(copy.deepcopy(model), _source(rank), lr=0.1, device="cpu")
                      for rank in range(2)] for _ in range(2))
     cohort = Cohort(BatchedModel(model, torch.device("cpu")))
     for trainer in one:

@@ -36,16 +36,19 @@ protocol = "bsp"
 CAUSE = "ConnectionError: the tracking server went away"
 
 
-class FailsOnFirstRepeat:
-    """A tracker whose ``log`` of repeat 0 fails; repeat 1's calls all succeed."""
+class FailsOnRepeat:
+    """A tracker whose ``log`` of one repeat fails; the other's calls all succeed."""
 
     label = "tracking to flaky"
+
+    def __init__(self, failing: int) -> None:
+        self.failing = failing
 
     def start(self, run: RunInfo) -> None:
         pass
 
     def log(self, run: RunInfo, point: Point, wall: float) -> None:
-        if run.repeat == 0:
+        if run.repeat == self.failing:
             raise ConnectionError("the tracking server went away")
 
     def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
@@ -59,7 +62,7 @@ def test_a_tracker_failure_in_a_parallel_study_is_recorded_in_both_runs(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
     monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)
-    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnFirstRepeat())
+    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnRepeat(0))
     monkeypatch.setattr(runner, "follow", functools.partial(follow, every_s=0.01))
     (tmp_path / "small.toml").write_text(RECIPE)
     code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--jobs",

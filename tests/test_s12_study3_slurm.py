@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 
 from asyncsync.study import runner
 from tests.test_cli import run_main
-from tests.test_s12_study3_jobs_tracker import RECIPE, FailsOnFirstRepeat
+from tests.test_s12_study3_jobs_tracker import RECIPE, FailsOnRepeat
 
 FAILED = "tracking to flaky: could not log run small/{stamp}/bsp-r0: ConnectionError: the " \
          "tracking server went away"
@@ -27,6 +28,16 @@ def errors(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("error: ")]
 
 
+
+def fake_slurm(monkeypatch: pytest.MonkeyPatch, submitted: Callable[..., list[Any]]) -> None:
+    """The runner's Slurm executor without Slurm: `submitted` stands for the array's jobs,
+    the log root counts as shared, and the supervisor's grace for late files is none."""
+    monkeypatch.setattr(runner, "slurm_executor",
+                        lambda *given: SimpleNamespace(cluster="slurm"))
+    monkeypatch.setattr(runner, "submit_array", submitted)
+    monkeypatch.setattr(runner, "shared_problem", lambda root: None)
+    monkeypatch.setattr(runner, "SLURM_GRACE_S", 0.0)
+
 def test_a_tracker_failure_leaves_the_supervisor_watching_the_array(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
@@ -34,7 +45,7 @@ def test_a_tracker_failure_leaves_the_supervisor_watching_the_array(
     pytest.importorskip("submitit")
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
     monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)
-    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnFirstRepeat())
+    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnRepeat(0))
     monkeypatch.setattr(runner, "SLURM_POLL_S", 0.05)
     (tmp_path / "small.toml").write_text(RECIPE)
     code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--logs",
@@ -76,11 +87,7 @@ def test_a_task_that_ended_without_a_summary_is_recorded_in_its_folder(
     def submitted(executor: Any, dirs: list[str], *rest: Any) -> list[EndedJob]:
         return [EndedJob(index, state, stderr) for index in range(len(dirs))]
 
-    monkeypatch.setattr(runner, "slurm_executor",
-                        lambda *given: SimpleNamespace(cluster="slurm"))
-    monkeypatch.setattr(runner, "submit_array", submitted)
-    monkeypatch.setattr(runner, "shared_problem", lambda root: None)
-    monkeypatch.setattr(runner, "SLURM_GRACE_S", 0.0)
+    fake_slurm(monkeypatch, submitted)
     (tmp_path / "small.toml").write_text(RECIPE)
     code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--logs",
                          str(tmp_path / "logs"), "--executor", "slurm")

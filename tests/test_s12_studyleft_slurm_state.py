@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from asyncsync.study import runner
 from tests.test_cli import run_main
 from tests.test_s12_study3_jobs_tracker import RECIPE
+from tests.test_s12_study3_slurm import fake_slurm
 
 
 class SlowSacct:
@@ -46,11 +46,7 @@ def test_the_task_state_is_asked_off_the_event_loop(
     def submitted(executor: Any, dirs: list[str], *rest: Any) -> list[SlowSacct]:
         return [SlowSacct(index, askers, tmp_path / "task.err") for index in range(len(dirs))]
 
-    monkeypatch.setattr(runner, "slurm_executor",
-                        lambda *given: SimpleNamespace(cluster="slurm"))
-    monkeypatch.setattr(runner, "submit_array", submitted)
-    monkeypatch.setattr(runner, "shared_problem", lambda root: None)
-    monkeypatch.setattr(runner, "SLURM_GRACE_S", 0.0)
+    fake_slurm(monkeypatch, submitted)
     (tmp_path / "small.toml").write_text(RECIPE)
     code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--logs",
                          str(tmp_path / "logs"), "--executor", "slurm")

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from asyncsync.study import runner
-from asyncsync.tracking import Point, RunInfo, follow
+from asyncsync.tracking import follow
 from tests.test_cli import run_main
+from tests.test_s12_study3_jobs_tracker import CAUSE, FailsOnRepeat
 
 RECIPE = """
 name = "small"
@@ -34,33 +35,11 @@ base_step_s = 0.1
 name = "bsp"
 protocol = "bsp"
 """
-CAUSE = "ConnectionError: the tracking server went away"
-
-
-class FailsOnSecondRepeat:
-    """A tracker whose ``log`` of repeat 1 fails; repeat 0's calls all succeed."""
-
-    label = "tracking to flaky"
-
-    def start(self, run: RunInfo) -> None:
-        pass
-
-    def log(self, run: RunInfo, point: Point, wall: float) -> None:
-        if run.repeat == 1:
-            raise ConnectionError("the tracking server went away")
-
-    def finish(self, run: RunInfo, summary: dict[str, float], step: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def test_the_runs_done_before_a_tracker_failure_are_tabled(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
     monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)
-    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnSecondRepeat())
+    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnRepeat(1))
     monkeypatch.setattr(runner, "follow", functools.partial(follow, every_s=0.01))
     (tmp_path / "small.toml").write_text(RECIPE)
     code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--jobs",
