@@ -77,8 +77,14 @@ class ServerSettings:
                 require_int(name, getattr(self, name), 1)
         for name in ("time_s", "worker_timeout_s", "patience_s"):
             value = getattr(self, name)
-            if value is not None and not value > 0:  # NaN too
-                raise ValueError(f"{name} must be > 0 (or None), got {value}")
+            if value is not None and not 0 < value < math.inf:  # NaN too
+                raise ValueError(f"{name} must be a finite number > 0 (None: never), got "
+                                 f"{value}")
+        if not isinstance(self.eval_device, str) or not self.eval_device:
+            raise ValueError(f"eval_device must be a device name such as 'cpu' or 'cuda', "
+                             f"got {self.eval_device!r}")
+        if not isinstance(self.stop_at_target, bool):
+            raise ValueError(f"stop_at_target must be a bool, got {self.stop_at_target!r}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy must be in (0, 1] (or None), got "
                              f"{self.target_accuracy}")
