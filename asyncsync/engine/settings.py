@@ -77,9 +77,8 @@ class ServerSettings:
                 require_int(name, getattr(self, name), 1)
         for name in ("time_s", "worker_timeout_s", "patience_s"):
             value = getattr(self, name)
-            if value is not None and not 0 < value < math.inf:  # NaN too
-                raise ValueError(f"{name} must be a finite number > 0 (None: never), got "
-                                 f"{value}")
+            if value is not None and not value > 0:  # NaN too (inf: an open end, as None)
+                raise ValueError(f"{name} must be > 0 (or None), got {value}")
         if not isinstance(self.eval_device, str) or not self.eval_device:
             raise ValueError(f"eval_device must be a device name such as 'cpu' or 'cuda', "
                              f"got {self.eval_device!r}")
