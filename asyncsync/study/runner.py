@@ -333,7 +333,7 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
         while pending:
             for position, job in list(pending.items()):
                 run_dir = study.slots[position].run_dir
-                await _feed(study, feeds, position, "poll")
+                await _feed(study, feeds, position)
                 summary = written_summary(run_dir) or None  # once it is there
                 if summary is None and await asyncio.to_thread(job.done):
                     ended.setdefault(position, now())
@@ -347,7 +347,7 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                         write_summary(run_dir, summary)  # report says why; --resume runs it
                 if summary is not None:
                     del pending[position]
-                    await _feed(study, feeds, position, "finish")
+                    await _feed(study, feeds, position, finish=True)
                     study.record(position, summary)
             if pending:
                 await asyncio.sleep(SLURM_POLL_S)
@@ -361,15 +361,18 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
     return True
 
 
-async def _feed(study: _Study, feeds: dict[int, RunFeed], position: int, call: str) -> None:
-    """`RunFeed.poll` (or ``finish``, the feed then dropped) of the run at `position`, if
-    it is tracked. A tracker's failure stops the study's tracking, not the supervisor: the
-    array's tasks run on without it, and it collects them (`_Study.untracked`)."""
+async def _feed(study: _Study, feeds: dict[int, RunFeed], position: int,
+                finish: bool = False) -> None:
+    """`RunFeed.poll` (or `RunFeed.finish`, the feed then dropped) of the run at
+    `position`, if it is tracked. A tracker's failure stops the study's tracking, not the
+    supervisor: the array's tasks run on without it, and it collects them
+    (`_Study.untracked`)."""
     if position not in feeds:
         return
     try:
         with contextlib.suppress(LogError):  # a damaged run folder: the report names it
-            await asyncio.to_thread(getattr(feeds[position], call))
+            feed = feeds[position]
+            await asyncio.to_thread(feed.finish if finish else feed.poll)
     except TrackingError as exc:
         study.untracked = TrackingError(
             f"{exc}; the job array's runs go on, untracked from here: once they are done, "
@@ -377,7 +380,7 @@ async def _feed(study: _Study, feeds: dict[int, RunFeed], position: int, call: s
         feeds.clear()
         study.dashboard.console.print(f"[yellow]warning:[/yellow] {escape(str(study.untracked))}",
                                       highlight=False, soft_wrap=True)
-    if call == "finish":
+    if finish:
         feeds.pop(position, None)
 
 
