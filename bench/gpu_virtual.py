@@ -323,7 +323,7 @@ def population_section(args: argparse.Namespace, device: torch.device, tmp: Path
                   f"{facts.get('setup_real_s', '-')} s, 1,500 rounds projected "
                   f"{facts['projected_1500_rounds_s'] / 60:.1f} min "
                   f"({facts.get('worker_math', 'stopped early')}, workers on "
-                  f"{facts.get('worker_math_device', 'cpu')}; peak memory "
+                  f"{facts.get('worker_math_device', '-')}; peak memory "
                   f"{facts.get('peak_rss_bytes', 0) / 2**30:.1f} GiB host, "
                   f"{facts.get('gpu_peak_bytes', 0) / 2**30:.1f} GiB GPU)")
         else:

@@ -307,6 +307,7 @@ def test_a_model_that_cannot_be_batched_falls_back_logged_and_recorded(
     assert facts["worker_math"] == "one-by-one"
     assert "batched gradient failed" in facts["worker_math_reason"]
     assert facts["worker_math_fallback"] is True
+    assert facts["worker_math_device"] == "cpu"  # where the one-by-one steps ran
     said = [r for r in caplog.records if "one by one" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
 

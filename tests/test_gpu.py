@@ -295,7 +295,9 @@ def _syncs(fn: Any) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in said)
+    # "called a synchronizing CUDA operation" each time; not the "Synchronization debug mode
+    # is a prototype feature" notice torch gives at the first switch to "warn" in a process
+    return sum("called a synchronizing" in str(w.message) for w in said)
 
 
 def test_an_evaluation_waits_for_the_gpu_as_often_with_ten_batches_as_with_one() -> None:
@@ -308,7 +310,8 @@ def test_an_evaluation_waits_for_the_gpu_as_often_with_ten_batches_as_with_one()
     ten_batches = make_evaluator(bn_cnn(), x, y, DEVICE, batch_size=50)
     one_batch(vector)  # warm-up: cuDNN's first calls at each batch shape
     ten_batches(vector)
-    assert _syncs(lambda: ten_batches(vector)) == _syncs(lambda: one_batch(vector))
+    waits = _syncs(lambda: ten_batches(vector)), _syncs(lambda: one_batch(vector))
+    assert waits[0] == waits[1] >= 1  # >= 1: the figures' read-back is seen, so is a wait
     assert ten_batches(vector)[0] == one_batch(vector)[0]
 
 

@@ -57,10 +57,9 @@ from asyncsync.study.assembly import (
 )
 from asyncsync.study.specs import TIMING_MODEL, RunSpec
 from asyncsync.study.worker_math import WorkerMath, choose_worker_math
-from asyncsync.training.buffers import VectorPool
 from asyncsync.training.data import Dataset
 from asyncsync.training.models import TimingModel
-from asyncsync.training.trainer import BatchSource, ScratchGradients, Trainer
+from asyncsync.training.trainer import BatchSource, ScratchGradients, Trainer, share_copies
 from asyncsync.transport.gc_tuning import tune_gc, young_threshold
 from asyncsync.transport.local import LocalTransport
 
@@ -223,10 +222,10 @@ async def _run(spec: RunSpec, run_dir: Path, run_id: str, times: StepTimes,
     workers = [assemble_worker(spec, rank, run_id, parts.model(), parts.batches(rank), local,
                                timed(rank), None if shared else run_dir, math.device)
                for rank in range(spec.workers)]
-    scratch, warm = ScratchGradients(), VectorPool()  # steps run one at a time: one serves all
+    scratch = ScratchGradients()  # steps run one at a time: one serves all, as one copier does
+    share_copies(worker.trainer for worker in workers)
     for worker in workers:
         worker.trainer.scratch = scratch
-        worker.trainer.share_warm_vectors(warm)
         if shared is not None:
             worker.metrics.log = RankLog(shared, worker.rank)
     began = wall()

@@ -55,12 +55,12 @@ class WorkerMath:
 
     def facts(self) -> dict[str, Any]:
         """What summary.json records of it."""
-        facts: dict[str, Any] = {"worker_math": self.path, "worker_math_reason": self.reason}
+        facts: dict[str, Any] = {"worker_math": self.path, "worker_math_reason": self.reason,
+                                 "worker_math_device": self.device}
         if self.fell_back:
             facts["worker_math_fallback"] = True
         if self.cohort is not None:
-            facts.update(worker_math_device=self.device, batched_calls=self.cohort.calls,
-                         batched_steps=self.cohort.steps)
+            facts.update(batched_calls=self.cohort.calls, batched_steps=self.cohort.steps)
         return facts
 
 
