@@ -56,6 +56,7 @@ import torch
 from typing_extensions import TypeVar
 
 from asyncsync.errors import InputError
+from asyncsync.protocols.deadlines import CUTOFF_OPTIONS
 from asyncsync.protocols.messages import (
     BadRequest,
     Forbidden,
@@ -78,7 +79,7 @@ from asyncsync.schema import check_fields, from_mapping, option
 from asyncsync.training.optim import FlatSGD
 
 __all__ = [
-    "HISTORY", "ROUND_POLICIES", "BadRequest", "CheckpointError", "Context", "FlatSGD",
+    "HISTORY", "BadRequest", "CheckpointError", "Context", "FlatSGD",
     "Forbidden", "NoParams", "NotInRun", "OutOfStep", "P", "Params", "Protocol", "Pull",
     "Push", "Refused", "Reply", "RunStopped", "ServerRule", "StepResult", "Store",
     "Unacceptable", "WorkerLoop", "all_finite", "brief", "check_fields", "get_protocol",
@@ -217,24 +218,19 @@ class WorkerLoop(ABC, Generic[P]):
         """Interleave local computation and communication through `ctx`."""
 
 
-ROUND_POLICIES = ("backup_workers", "deadline_s", "overcommit", "deadline_quantile",
-                  "deadline_mad_k", "deadline_window")
-"""The round-policy options (`rounds.Cutoff`'s fields): only the protocols whose rounds
-close at the SDK's round barrier take them (docs/populations.md, "Round policies")."""
-
-
 def no_round_policies(protocol: str, why: str) -> Mapping[str, str]:
     """A parameter class's ``NOT_OFFERED`` for a protocol that takes no round policies.
 
     A parameter dataclass may map keys it does not take to the reason in a class attribute
     ``NOT_OFFERED``; a recipe or ``protocol_params`` setting one is refused with that reason
     (``deadline_s: not offered by asp (it has no rounds: ...)``) instead of as an unknown
-    key. This one maps every key of `ROUND_POLICIES` to `why`, e.g. ``NOT_OFFERED =
-    no_round_policies("asp", "it has no rounds: each gradient is applied on arrival")``.
+    key. This one maps every round policy (`deadlines.CUTOFF_OPTIONS`, the fields of
+    `deadlines.Cutoff`) to `why`, e.g. ``NOT_OFFERED = no_round_policies("asp", "it has
+    no rounds: each gradient is applied on arrival")``.
     """
     reason = (f"not offered by {protocol} ({why}); the round policies are taken by the "
               "protocols whose rounds close at the SDK's round barrier")
-    return MappingProxyType(dict.fromkeys(ROUND_POLICIES, reason))
+    return MappingProxyType(dict.fromkeys(sorted(CUTOFF_OPTIONS), reason))
 
 
 def options(params: type[Any]) -> list[str]:

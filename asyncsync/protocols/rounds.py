@@ -54,6 +54,8 @@ Every report dropped by these policies is counted in `late` (the run's ``dropped
 Late pushes are recognised by their base version, so only protocols whose pushes are
 based on the current version (`same_version`) may use any of these.
 
+The options (`Cutoff`, `CUTOFF_OPTIONS`) live in `deadlines`, re-exported here.
+
 Hooks for variants: `members`, `take`, `weight`, `left`, `joined`, `combine` or `close_round`.
 """
 
@@ -63,7 +65,7 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import Sequence, Set
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -78,12 +80,12 @@ from asyncsync.protocols.base import (
     ServerRule,
     Unacceptable,
     brief,
-    check_fields,
-    option,
     unchanged_if_refused,
     wide_history,
 )
-from asyncsync.protocols.deadlines import MIN_ROUNDS, RoundDurations
+from asyncsync.protocols.deadlines import CUTOFF_OPTIONS as CUTOFF_OPTIONS
+from asyncsync.protocols.deadlines import Cutoff as Cutoff
+from asyncsync.protocols.deadlines import RoundDurations
 from asyncsync.protocols.ports import Contributions, Store
 
 ON_TIME_S = 1e-6
@@ -122,86 +124,6 @@ def average(vectors: Sequence[torch.Tensor], weights: Sequence[float] | None = N
 def contributions(pushes: dict[int, Push]) -> Contributions:
     """``(worker, base_version)`` of each push, in arrival order (for ``store.commit``)."""
     return [(push.worker, push.base_version) for push in pushes.values()]
-
-
-def _default(name: str) -> Any:
-    """The default of one of `Cutoff`'s options."""
-    return next(item.default for item in fields(Cutoff) if item.name == name)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Cutoff:
-    """Parameters that let a round close without its slowest members (see the module
-    docstring); a protocol's parameter dataclass derives from this class to offer them."""
-
-    backup_workers: int = option(0, lambda v: v >= 0, "must be >= 0",
-                                 "b: a round closes with the first N - b pushes; later "
-                                 "ones are dropped")
-    deadline_s: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
-                               "a round closes this long after its first push with what "
-                               "arrived (0: no deadline)")
-    overcommit: float = option(0.0, lambda v: 0 <= v < math.inf, "must be >= 0 and finite",
-                               "over-selection: a round closes with its first k reports: "
-                               "fedavg's k of ceil(k (1 + o)) drawn, else ceil(M / (1 + o)) "
-                               "of its M members (0: off)")
-    deadline_quantile: float = option(0.0, lambda v: 0 <= v <= 1, "must be in [0, 1]",
-                                      "adaptive deadline: this quantile of recent round "
-                                      "durations (0: off)")
-    deadline_mad_k: float = option(0.0, lambda v: 0 <= v < math.inf,
-                                   "must be >= 0 and finite",
-                                   "adaptive deadline: median + k MADs of recent round "
-                                   "durations (0: off)")
-    deadline_window: int = option(10, lambda v: v >= MIN_ROUNDS, f"must be >= {MIN_ROUNDS}",
-                                  "adaptive deadline: how many recent rounds it follows")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        self.check_cutoff()
-
-    def check_cutoff(self) -> None:
-        """Refuse combinations of these options that contradict each other (a subclass
-        with a ``__post_init__`` of its own calls this)."""
-        chosen = [name for name in ("deadline_s", "deadline_quantile", "deadline_mad_k")
-                  if getattr(self, name)]
-        if len(chosen) > 1:
-            raise ValueError(f"{' and '.join(chosen)}: choose one kind of deadline")
-        if self.backup_workers and self.overcommit:
-            raise ValueError("backup_workers and overcommit: choose one way to close a round "
-                             "early")
-        if self.deadline_window != _default("deadline_window") and not self.adaptive:
-            raise ValueError("deadline_window: only an adaptive deadline (deadline_quantile "
-                             "or deadline_mad_k) follows recent rounds; set one, or leave "
-                             "this key out")
-
-    def refuse_cutoff(self, protocol: str, why: str) -> None:
-        """Refuse any of these options set to other than its default (a protocol whose
-        parameters inherit them but whose rounds cannot honour them, and so name them in
-        ``REFUSED_OPTIONS = CUTOFF_OPTIONS``, which leaves them out of its listings),
-        naming the key."""
-        for item in fields(Cutoff):
-            if getattr(self, item.name) != item.default:
-                raise ValueError(f"{item.name}: not offered by {protocol} ({why})")
-
-    def check_workers(self, workers: int) -> None:
-        """Refuse backup workers that would leave a round of `workers` nobody to wait for."""
-        if self.backup_workers >= workers:
-            raise ValueError(f"backup_workers: must be < workers ({workers}), "
-                             f"got {self.backup_workers}")
-
-    @property
-    def adaptive(self) -> bool:
-        """Whether the deadline follows recent round durations."""
-        return bool(self.deadline_quantile or self.deadline_mad_k)
-
-    @property
-    def cuts(self) -> bool:
-        """Whether rounds may close without some members (so late pushes can happen)."""
-        return bool(self.backup_workers or self.deadline_s or self.overcommit
-                    or self.adaptive)
-
-
-CUTOFF_OPTIONS = frozenset(item.name for item in fields(Cutoff))
-"""The round-policy options (`Cutoff`'s fields)."""
 
 
 @dataclass(frozen=True)
