@@ -193,6 +193,11 @@ GENERATOR_KEYS = {"mean_online_s": "exponential", "mean_offline_s": "exponential
                   "period_s": "diurnal", "online_fraction": "diurnal", "jitter_s": "diurnal"}
 """Each generator's own keys: one set where its generator is not chosen is refused."""
 
+MERGED = ("; a run's availability table is merged key by key into [defaults.availability]: "
+          "reset the defaults' other keys in the run's table (trace = \"\") or give each "
+          "run its own table")
+"""The hint on a refused mix, which is most often a run's table merged with the defaults'."""
+
 
 @dataclass(frozen=True)
 class AvailabilitySpec:
@@ -217,12 +222,14 @@ class AvailabilitySpec:
 
     def __post_init__(self) -> None:
         if self.trace and self.generator:
-            raise ValueError("availability: give a trace or a generator, not both")
+            raise ValueError(f"availability: give a trace or a generator, not both (trace "
+                             f"{self.trace!r}, generator {self.generator!r}){MERGED}")
         defaults = {f.name: f.default for f in fields(self)}
         for key, generator in GENERATOR_KEYS.items():
             if self.generator != generator and getattr(self, key) != defaults[key]:
                 raise ValueError(f"availability: {key} is only used with generator = "
-                                 f"\"{generator}\" (generator is \"{self.generator}\")")
+                                 f"\"{generator}\" (generator is \"{self.generator}\")"
+                                 f"{MERGED}")
 
 
 @dataclass(frozen=True)
