@@ -85,17 +85,17 @@ stop = {time_s = 6}
 
 DIGESTS = {
     "bsp":
-        "849f45662f14c2cddf4cfa6c3e43750fcf6a0f914b9fe9eb6e1b6dd676d26ff1",
+        "21a4cc5bea8b8bd1baa704d42f8aaf4abf6a3c3e83a825716e8d1ab7d82de730",
     "asp":
-        "ebb0afaab7a2257991e1a4c12c13f0bbc3e73cb7cf846df6c1c7b478be0c4b59",
+        "4e1cbdc505a12c23a68f7b4cee51bda325c55efedf14f91c4fa943393ffbc9ba",
     "local_sgd":
-        "5eaefb2017323aaa96e53a78f4f0b33284e8e8b6c56439f40cd35318f88f98ee",
+        "f013cc4ff46d294f9b37c42f61dea4063a9d535453b88f53c1fc7dd1ae1fcf49",
     "nbsync":
-        "4358ec3500af6ea75b3e0b1ab9b289469a7fecdee96fc47692f24f71e147a21f",
+        "0639c0b10fe03441150b40618adc29777cc60f531556830d0a56ab637d528ed5",
     "asp_timing":
-        "13b3511f85c68cc39a9867002777ab05bdb170174d9aae1ff11fa8019204d93c",
+        "16b8bac8ea2d006cec001a59cbacf7cfc981867d5b3981a4346c91fb621a076d",
     "bsp_timing":
-        "51b371fe9920bfa31eecab11c73508ad12821cca5c36bad1e3b3e46551763c1f",
+        "06e3ca295c0b715b59eb195a90ec084bfcb0c7280ecf9b972b4860028bb2177a",
 }
 
 

@@ -22,7 +22,8 @@ then (not those offline at the start); a participant's delta that arrived counts
 it then leaves, one in progress is lost and the round closes with the others' (it is
 drawn again if no participant is left and no delta arrived); a rejoined worker joins
 the open round when C = 1, otherwise it waits until a round samples it. A resumed server
-(``--resume``: no start barrier) draws its first round at the first rejoin and, until a
+(``--resume``: no start barrier), or a fresh one whose workers were all offline at the
+start (all joined away), draws its first round at the first rejoin and, until a
 report arrives, tops it up at each rejoin to k of the live workers (``ceil(k (1 + o))``
 with over-selection), keeping its members, which may be training already (**(choice)**:
 not drawn afresh, so the workers back early are likelier to be in it).
@@ -145,13 +146,13 @@ class FedAvgParams(LocalSgdParams):
 class FedAvgServer(LocalSgdServer):
     """Local SGD's rounds over a sampled fraction of the live workers, weighted by samples.
 
-    A resumed server (its first round drawn at a rejoin, at a version above 0) tops that
-    round up as its workers rejoin, until a report arrives (see the module docstring).
+    A first round drawn at a rejoin (after a resume, or when every worker was offline at
+    the start) is topped up as workers rejoin, until a report arrives (module docstring).
     """
 
     def __init__(self, params: FedAvgParams, store: Store) -> None:
         super().__init__(params, store)
-        self._filling = False  # (topping up a resumed server's first round)
+        self._filling = False  # (topping up a first round drawn at a rejoin)
 
     def participants(self, version: int, candidates: Collection[int]) -> frozenset[int]:
         """``k = max(1, round(C * n))`` of the n `candidates`, drawn afresh for each round;
@@ -165,10 +166,11 @@ class FedAvgServer(LocalSgdServer):
         return frozenset(rng.sample(pool, count))
 
     def joined(self, worker: int) -> None:
-        """A resumed server's first round, drawn at the first rejoin, grows as the others
-        rejoin until a report arrives: to k of the live workers (with over-selection
-        ``ceil(k (1 + o))``), its members kept and the rest drawn from the others."""
-        if self.closed[0] == 0 and self.store.version > 0 and not self.pending[0]:
+        """A first round drawn at the first rejoin (a resumed server's, or a fresh one's
+        whose workers were all offline at the start) grows as the others rejoin until a
+        report arrives: to k of the live workers (with over-selection ``ceil(k (1 + o))``),
+        its members kept and the rest drawn from the others."""
+        if self.closed[0] == 0 and not self.pending[0]:
             self._filling = self._filling or self.members() == {worker}
         else:
             self._filling = False
