@@ -11,14 +11,14 @@ operation (dispatch and kernel launch, which bound small models), so
 A rate a recipe gives itself (``compute.flops_per_s``) has no per-operation term: doubling
 it halves every step.
 
-The model's FLOPs are counted once per run by PyTorch's own counter
-(`torch.utils.flop_counter.FlopCounterMode`) over one forward and backward pass of the real
-model at the run's input shape and batch size, on the ``meta`` device (shapes only, no math,
-so the count is exact and costs milliseconds); the same pass counts the operations. The
-counter sees the matrix products and convolutions, which are where a training step's
-arithmetic is; element-wise work (activations, pooling, the loss, BatchNorm) is not
-counted, as in the usual "model FLOPs" convention. The flat SGD update adds a few
-operations per parameter (`optimizer_flops`).
+The model's FLOPs are counted once per run with PyTorch's own per-operation formulas
+(those of `torch.utils.flop_counter.FlopCounterMode`) over one forward and backward pass of
+a copy of the real model at the run's input shape (`count_step_flops`, which says on which
+device and at which batch); the same pass counts the operations. The formulas see the
+matrix products and convolutions, which are where a training step's arithmetic is;
+element-wise work (activations, pooling, the loss, BatchNorm) is not counted, as in the
+usual "model FLOPs" convention. The flat SGD update adds a few operations per parameter
+(`optimizer_flops`).
 
 Peak figures are FP32 (a training step at full precision) from the vendors' data sheets or
 derived from their published core counts and clocks; `efficiency` is the share of that peak a
@@ -33,13 +33,14 @@ measured (11-14 ms).
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry
 
 from asyncsync.training.trainer import running_statistics_for_one_sample
 
@@ -148,37 +149,83 @@ def optimizer_flops_per_param(momentum: float, weight_decay: float, nesterov: bo
     return 2 + 2 * (weight_decay > 0) + 2 * (momentum > 0) + 2 * nesterov
 
 
-class _OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Counts the operations dispatched inside it."""
+class _StepCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the operations dispatched inside it and their FLOPs.
+
+    An operation's FLOPs come from torch's formula for it
+    (`torch.utils.flop_counter.flop_registry`, the one `FlopCounterMode` applies); one
+    without a formula counts none. An operation that decomposes into others is counted
+    through its parts, as `FlopCounterMode` counts it; the parts are not operations of
+    their own.
+
+    **(choice)** Not `FlopCounterMode`, whose per-module tables are not needed here, and
+    Dynamo is not skipped in `__torch_dispatch__`: torch wraps every dispatch mode's handler
+    in a Dynamo guard whose first call imports ``torch._dynamo`` (see `count_step_flops`).
+    Nothing is compiled while a step is counted, so the guard has nothing to guard.
+    """
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops = 0
+        self.flops = 0
+        self._decomposing = 0
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Leave `__torch_dispatch__` unwrapped (torch asks this when the class is made)."""
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if not self._decomposing:
+            self.ops += 1
+        self._decomposing += 1
+        try:
+            with self:  # the parts come back here
+                parts = func.decompose(*args, **kwargs)
+        finally:
+            self._decomposing -= 1
+        if parts is not NotImplemented:
+            return parts
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func.overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        return out
 
 
 def count_step_flops(model: nn.Module, input_shape: tuple[int, ...], batch: int,
                      optimizer_flops_per_parameter: int = 2) -> ModelFlops:
     """Count one training step of `model` at `batch` samples of `input_shape` (C, H, W).
 
-    The count runs on a copy of the model on the ``meta`` device with a cross-entropy loss
-    over integer labels; the model itself is not touched.
+    The count runs on a copy of the model with a cross-entropy loss over integer labels;
+    the model itself and the random number generators are not touched.
+
+    **(choice)** Where ``torch._dynamo`` is loaded already (torchvision loads it), the copy
+    runs on the ``meta`` device at `batch` samples: shapes only, no math, milliseconds.
+    Otherwise it runs for real on the CPU, at ``min(batch, 2)`` samples of zeros: torch's
+    meta kernels of element-wise operations load ``torch._dynamo`` on their first call,
+    2.5-3.2 s of a small virtual run's 3.3-4.1 s set-up on this project's loaded 2-core
+    host (quickstart's cnn) and 8 s on an H200 host, where the cnn's two real samples take
+    15-40 ms. A large model built without torchvision pays its two samples' step on the
+    CPU instead. The two ways agree wherever a step's FLOPs grow in proportion to its batch
+    and its operations do not depend on it, as the cost model assumes (`ModelFlops.flops`);
+    two samples, not one, keep BatchNorm training (`running_statistics_for_one_sample`).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    shadow = copy.deepcopy(model).to("meta")
+    on_meta = "torch._dynamo" in sys.modules
+    samples, where = (batch, "meta") if on_meta else (min(batch, 2), "cpu")
+    shadow = copy.deepcopy(model).to(where)
     shadow.train()
-    inputs = torch.empty((batch, *input_shape), device="meta")
-    labels = torch.zeros(batch, dtype=torch.long, device="meta")
-    with (FlopCounterMode(display=False) as counter, _OpCounter() as ops,
-          running_statistics_for_one_sample(shadow, batch)):  # as the step itself runs
+    inputs = torch.zeros((samples, *input_shape), device=where)
+    labels = torch.zeros(samples, dtype=torch.long, device=where)
+    with (torch.random.fork_rng(devices=[]), _StepCounter() as counter,
+          running_statistics_for_one_sample(shadow, samples)):  # as the step itself runs
         loss = nn.functional.cross_entropy(shadow(inputs), labels)
         torch.autograd.backward(loss)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return ModelFlops(flops_per_sample=counter.get_total_flops() / batch,
+    return ModelFlops(flops_per_sample=counter.flops / samples,
                       optimizer_flops=float(optimizer_flops_per_parameter * params),
-                      ops=ops.ops + optimizer_flops_per_parameter // 2)
+                      ops=counter.ops + optimizer_flops_per_parameter // 2)
