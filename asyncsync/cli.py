@@ -52,7 +52,9 @@ def _what_runs(recipe: Recipe) -> str:
 def _report(args: argparse.Namespace, console: Console) -> int:
     """Rebuild tables, CSVs and plots from logs: one report, or one per study (--all).
     Every report is checked (its runs poolable, its baseline a run, its output folder
-    writable) before anything is printed."""
+    writable) before anything is printed, and first of all the trackers' packages, each
+    named as its ``--track`` (as ``run`` names them)."""
+    refuse_missing(args.track, {}, "")
     reports, notes = find_reports(args.dirs, every=args.all)
     trackers = [parse_track(spec) for spec in unique_specs(args.track)]
     planned = []
