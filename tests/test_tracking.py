@@ -351,7 +351,7 @@ def test_the_cli_names_a_missing_package_in_one_line(
     monkeypatch.setitem(sys.modules, "mlflow", None)
     assert cli.main(["report", str(study), "--track", "mlflow"]) == 2
     assert capsys.readouterr().out.strip().splitlines()[-1] == (
-        "error: tracking to mlflow needs the mlflow package: pip install asyncsync[track]")
+        "error: --track mlflow: needs the mlflow package: pip install asyncsync[track]")
 
 
 def test_a_recipes_tracking_table_streams_its_runs(tmp_path: Path) -> None:
