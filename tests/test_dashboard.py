@@ -121,6 +121,20 @@ def test_the_time_left_counts_the_runs_in_progress(monkeypatch: pytest.MonkeyPat
     assert dashboard.progress() == "1/2 runs done, 1 running, 38s elapsed, about 10s left"
 
 
+@pytest.mark.parametrize(("elapsed_s", "left"), [(0.5, ""), (5.0, ", up to about 2m06s left")])
+def test_the_time_left_waits_for_a_twentieth_of_a_run(
+        monkeypatch: pytest.MonkeyPatch, elapsed_s: float, left: str) -> None:
+    """14 s of set-up, then 1% of a 50 s budget said "up to about 23m06s left"; at 10%: 14 s /
+    0.1 run x 0.9 run = 126 s."""
+    clock = iter([0.0, 0.0, 14.0])  # made, study started, asked
+    monkeypatch.setattr(dashboard_module, "now", lambda: next(clock))
+    recipe = load_recipe(RECIPES / "quickstart.toml")
+    dashboard = Dashboard(recipe, live=False, console=Console(file=io.StringIO()))
+    dashboard.study(total=1)
+    dashboard._active["bsp"] = (recipe.runs[0], {**status(0), "elapsed_s": elapsed_s})
+    assert dashboard.progress() == f"0/1 runs done, 1 running, 14s elapsed{left}"
+
+
 def test_a_run_whose_batching_fell_back_says_so_in_its_line() -> None:
     """A study's child process's warning is not shown, so the run's line says it."""
     recipe = load_recipe(RECIPES / "quickstart.toml")

@@ -42,6 +42,9 @@ ROWS_MAX = 16
 STATE_STYLE = {"computing": "green", "pushing": "cyan", "pulling": "cyan",
                "waiting": "yellow", "left": "dim", "starting": "dim"}
 NAME_MIN = 15
+WORKED_MIN = 0.05
+"""The share of a run that must be done before the time left is estimated: before, a
+1,000-worker run's set-up (14 s) over its first instants said "about 98h29m left"."""
 """The columns a running run's name keeps before the study table drops a figure's column
 (a longer name folds onto more lines)."""
 
@@ -145,7 +148,8 @@ class Dashboard:
         age over the mean real duration of the runs finished in this session (a run that
         stops early at its target takes less than its budget). Until one finishes, only
         the budgets are known: where runs may stop at their target, the estimate is then
-        an upper bound, and says "up to".
+        an upper bound, and says "up to". Before a twentieth of a run is done (`WORKED_MIN`)
+        it says nothing: the set-up would weigh as the whole pace.
         """
         moment = now()
         elapsed = moment - self._began
@@ -159,7 +163,7 @@ class Dashboard:
         worked = self._done - self._counted + running
         remaining = self._total - self._done - running
         bound = "up to about" if self._done == self._counted and self._early else "about"
-        left = ("" if worked <= 0 or self._done >= self._total
+        left = ("" if worked < WORKED_MIN or self._done >= self._total
                 else f", {bound} {_duration(elapsed / worked * remaining)} left")
         return (f"{self._done}/{self._total} runs done, {len(self._active)} running, "
                 f"{_duration(elapsed)} elapsed{left}")
