@@ -247,7 +247,7 @@ def test_ctrl_c_with_jobs_marks_the_runs_in_progress_and_resume_finishes_the_stu
     out = process.communicate(timeout=120)[0]
     assert process.returncode == 130, out
     root = study(logs)
-    assert "interrupted" in out and f"--resume {root}" in " ".join(out.split())
+    assert "interrupted" in out and f"asyncsync run {path} --resume {root}" in " ".join(out.split())
     written = {d.name: json.loads((d / "summary.json").read_text()) for d in root.iterdir()
                if d.is_dir() and (d / "summary.json").exists()}
     cut = [root / name for name, summary in written.items() if summary.get("interrupted")]

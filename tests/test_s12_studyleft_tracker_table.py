@@ -52,7 +52,8 @@ def test_the_runs_done_before_a_tracker_failure_are_tabled(
     assert [line for line in lines if line.startswith("error: ")] == [f"error: {failed}"]
     assert lines[-1] == f"error: {failed}", out  # the cause is the last word
     assert (f"a tracker failed: the runs in progress are marked interrupted in their "
-            f"summary.json; continue with --resume {study}") in flat, out
+            f"summary.json; continue with asyncsync run {tmp_path / 'small.toml'} --resume "
+            f"{study} (with the same --set options, if any)") in flat, out
     assert f"logs: {study}" in flat, out
     with (study / "table.csv").open() as table:  # the one run that finished, tabled
         rows = list(csv.DictReader(table))

@@ -56,7 +56,7 @@ from asyncsync.study.run_one import (
     run_and_record,
 )
 from asyncsync.study.specs import RunSpec
-from asyncsync.study.study_folder import claimed, reopen
+from asyncsync.study.study_folder import claimed, reopen, resume_command
 from asyncsync.tracking import (
     RunFeed,
     Tracker,
@@ -174,7 +174,7 @@ async def _run_study(recipe: Recipe, root: Path, live: bool | None,
     except asyncio.CancelledError as exc:
         study.dashboard.console.print(
             f"[yellow]{escape(cause(exc))}[/yellow]: the runs in progress are marked "
-            f"interrupted in their summary.json; continue with --resume {root}",
+            f"interrupted in their summary.json; continue with {resume_command(recipe, root)}",
             highlight=False, soft_wrap=True)
         _publish(study)
         raise
@@ -182,7 +182,8 @@ async def _run_study(recipe: Recipe, root: Path, live: bool | None,
         if study.done:  # else nothing to table or resume: the error line says it all
             study.dashboard.console.print(f"[yellow]a tracker failed[/yellow]: the runs in "
                                           "progress are marked interrupted in their summary"
-                                          f".json; continue with --resume {escape(str(root))}",
+                                          ".json; continue with "
+                                          f"{escape(resume_command(recipe, root))}",
                                           highlight=False, soft_wrap=True)
             _publish(study)
         raise
@@ -322,7 +323,7 @@ async def _submit(study: _Study, todo: list[int], options: SlurmOptions, wait: b
                   highlight=False, soft_wrap=True)
     if not wait:
         console.print(f"collect the results once it is done: asyncsync report {study.root} "
-                      f"(or asyncsync run RECIPE --resume {study.root} to run what is "
+                      f"(or {resume_command(study.recipe, study.root)}, to run what is "
                       "missing)", highlight=False, soft_wrap=True)
         return False
     pending = dict(zip(todo, array, strict=True))

@@ -49,6 +49,13 @@ def claimed(root: Path, resumed: bool) -> Iterator[None]:
         yield
 
 
+def resume_command(recipe: Recipe, root: Path) -> str:
+    """The command that runs what `root` lacks: the recipe's file where known, and a
+    reminder that `reopen` checks the recipe as resolved, ``--set`` options included."""
+    return (f"asyncsync run {recipe.source or 'RECIPE'} --resume {root} (with the same --set "
+            "options, if any)")
+
+
 def reopen(recipe: Recipe, root: Path) -> Path:
     """The study folder `root` to resume, checked against `recipe` as resolved now.
 
