@@ -2,8 +2,9 @@
 
 Each test kills a plausible bug that the other tests let through: the server's link as
 one FIFO queue each way and full duplex, a capacity trace's uplink and downlink kept
-apart, a message's pieces and chunks booked back to back, a zero-byte booking that does
-not wait behind the queue, and the kernel's rate bounds inclusive.
+apart, a message's pieces and chunks booked back to back but a sender's pause not
+credited, a zero-byte booking that does not wait behind the queue, and the kernel's rate
+bounds inclusive, the server's rate checked under a capacity trace too.
 """
 
 from __future__ import annotations
@@ -170,6 +171,18 @@ def test_a_continuation_after_another_booking_starts_when_it_is_made(
     assert pacer.reserve(1000, first) == pytest.approx(1.0025)
 
 
+def test_a_sender_that_paused_is_not_credited_the_pause(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wake-up is up to a millisecond late; a chunk booked 5 ms after its previous one
+    ended (the sender paused) starts when it is booked: 1 kB at 1 MB/s ends 6 ms after."""
+    clock = [0.0]
+    monkeypatch.setattr(network, "clock_now", lambda: clock[0])
+    pacer = Pacer(8.0)
+    first = pacer.reserve(1000)
+    clock[0] = first + 0.005
+    assert pacer.reserve(1000, first) == pytest.approx(first + 0.006)
+
+
 class _Rates:
     """A network section with one worker of uplink `mbps`."""
 
@@ -200,6 +213,10 @@ def test_kernel_shaping_checks_every_traced_worker_and_the_server() -> None:
     problem = kernel_rate_problem(traced, 2)
     assert problem is not None and "down_mbps" in problem and "rank 1" in problem
     problem = kernel_rate_problem(Plain(10.0), 1)
+    assert problem is not None and problem.startswith("network.server_mbps")
+    traced = TracedLinks(Plain(0.0), "t.csv", rows[:1])
+    assert traced.server_mbps == 200_000.0
+    problem = kernel_rate_problem(traced, 1)
     assert problem is not None and problem.startswith("network.server_mbps")
 
 
