@@ -19,7 +19,6 @@ from rich.text import Text
 
 from asyncsync.results.comparison import (
     CLIPPED,
-    fmt,
     groups,
     is_baseline,
     mean_text,
@@ -282,7 +281,7 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
     so that no number is ever cut."""
     aims = targets(summaries)
     accuracy = aims[0] if aims else None
-    target = fmt(accuracy, ".2f") if len(aims) < 2 else "target"
+    target = _target_text(aims[0]) if len(aims) == 1 else "target"
     columns = [c for c in COLUMNS if (c.shown or (
         c.when_any and any(s.get(c.key) is not None for s in summaries))) and not (
         c.needs_target and accuracy is None)]
@@ -358,6 +357,13 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
             (f"  {header}", cell) for header, cell in zip(headers, cells or [], strict=False)],
             justify="right"))
     return Group(*blocks, notes)
+
+
+def _target_text(accuracy: float) -> str:
+    """A target as the headers and legend write it: two decimals (``0.80``), or all of its
+    own where it has more (``0.995``, not ``0.99``: the table would claim a lower target)."""
+    text = f"{accuracy:.2f}"
+    return text if float(text) == accuracy else f"{accuracy:g}"
 
 
 def write_csv(summaries: list[dict[str, Any]], baseline: str, path: Path) -> Path:
