@@ -336,7 +336,7 @@ def comparison_table(summaries: list[dict[str, Any]], baseline: str, title: str 
                f"others): {s['error']}" for group in groups(summaries)
                if any("error" not in s for s in group) for s in group if "error" in s]
     if any(name.endswith(SLIP_MARK) for name, *_ in rows):
-        legend.append(f"{SLIP_MARK} evaluations slipped (a gap > 1.5 evaluation intervals): "
+        legend.append(f"{SLIP_MARK} evaluations slipped (a gap > {SLIP:g} evaluation intervals): "
                       "a coarser grid for its times to target; see eval_interval_* in table.csv")
     legend += [f"{s['run']}: worker{'s' if len(ranks) > 1 else ''} "
                f"{', '.join(map(str, ranks))} left no final record (killed, or the log was "

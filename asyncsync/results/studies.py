@@ -324,6 +324,7 @@ def _recipe_order(run_dir: Path) -> tuple[str, int, int, str]:
     index = names.index(name) if name in names else len(names)
     return str(run_dir.parent), index, repeat, run_dir.name
 
+
 def recipe_baseline(run_dir: Path) -> str | None:
     """The baseline named by the whole recipe written next to a run (its parent's)."""
     baseline = study_recipe(run_dir.parent).get("baseline")
