@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from asyncsync.engine.core import ServerCore, build_core
 from asyncsync.engine.settings import ServerSettings
+from asyncsync.engine.worker import Worker
 from asyncsync.protocols.base import Forbidden
 from asyncsync.runlog.metrics import JsonlLog
 from asyncsync.runlog.reading import read_jsonl
@@ -23,7 +25,7 @@ from asyncsync.runlog.schema import KEY, Kind
 from asyncsync.transport.http_client import HttpTransport
 from asyncsync.transport.http_server import ParameterServer
 from asyncsync.transport.local import LocalTransport
-from tests.helpers import tiny_model
+from tests.helpers import batches_of, tiny_data, tiny_model
 
 RUN = "resent"
 
@@ -113,3 +115,31 @@ async def test_over_http_a_resent_join_takes_over_the_held_one(tmp_path: Path,
             for client in clients:
                 await client.close()
     one_join_per_rank(events)
+
+
+async def test_a_second_worker_process_given_a_waiting_rank_takes_it_over(
+        tmp_path: Path) -> None:
+    """Two `Worker`s started with rank 0 before the run starts: the earlier one ends at once
+    with the 403 that names the takeover (before: the later one was refused, 409, retried
+    for two minutes, and ended), the later one trains with worker 1."""
+    x, y = tiny_data()
+    settings = ServerSettings(run_id=RUN, worker_timeout_s=None)
+
+    def worker(rank: int, url: str, seed: int) -> Worker:
+        return Worker.connect(rank, url, tiny_model(), batches_of(x, y, seed), "asp",
+                              run_id=RUN, max_steps=5, heartbeat_s=None)
+
+    async with ParameterServer(tiny_model(), "asp", 2, settings,
+                               events=JsonlLog(tmp_path / "events.jsonl")) as server:
+        first = asyncio.ensure_future(worker(0, server.url, 0).run())
+        await asyncio.sleep(0.5)
+        assert not first.done()
+        second = asyncio.ensure_future(worker(0, server.url, 1).run())
+        refusal = await refusal_of_held(first, second)
+        assert isinstance(refusal, Forbidden) and "taken over" in str(refusal), refusal
+        totals = await asyncio.wait_for(asyncio.gather(second, worker(1, server.url, 2).run()),
+                                        60)
+        assert [t["steps"] for t in totals] == [5, 5]
+        assert server.core.store.version == 10  # ASP: one version per push, each counted once
+        assert torch.isfinite(server.core.store.w).all()
+        await server.stop()
