@@ -6,14 +6,26 @@ where the one rule "a push from before this worker rejoined is refused" is enfor
 
 Sessions: each join answers a fresh secret, and every later request of that rank must
 carry it, so a token holder cannot act as another rank within its session (withdraw its
-push, make it leave). A join for a rank whose session is live is refused unless it carries
-that session's secret (the same worker re-syncing), with one exception once the run has
-started: a join that carries no secret (a fresh process: a restarted copy of the worker)
-takes the rank over. The old session ends as if it had timed out (`worker_lost`, with
-``replaced``; the rule sees its leave, then the new session's join), and its secret is
-refused from then on with a 403 that says so (`takes_over`). Before the start a new
-session may take the rank once the old one has left, or once the connection that carried
-its join has closed (the transport cancels the join, and the core withdraws it).
+push, make it leave). One rank has one session. A join for a rank whose session is live
+is refused (409) when it carries another secret; one carrying that session's secret is the
+same worker re-syncing; one carrying no secret (a fresh process: a restarted copy of the
+worker, or a second process given the same rank) takes the rank over. Once the run has
+started, the old session ends as if it had timed out (`worker_lost`, with ``replaced``;
+the rule sees its leave, then the new session's join). Either way its secret is refused
+from then on with a 403 that says so (`takes_over`).
+
+**(choice)** Before the start, too, a join takes over a join of its rank still held at
+the start barrier (from session 13; before, it was refused with 409 while the first one's
+connection stayed open): the held join is answered at once with that 403, and only the
+newer one is answered with a secret when the run starts, so a client that re-sends its
+join (it timed out, or its proxy did) never holds two sessions, and a worker whose machine
+vanished without closing its connection (power loss, a network cut: no FIN reaches the
+server) does not keep its rank from its replacement, and the run from starting. The rule
+sees neither (it sees first joins at the start), the rank counts once for the barrier,
+and the run log has one ``join`` per rank. The price: a worker-token holder can take a
+waiting worker's rank as it can a running one's, visibly (the warning below, the 403).
+A join held at the barrier whose connection closes is still withdrawn (the transport
+cancels it, and the core frees the rank).
 
 Pushes and queries are numbered: each may carry ``seq``, an int the sender raises with
 every request of that op in a session (asyncsync's transports number each op's requests
@@ -30,6 +42,7 @@ so a leave sent again is refused (403) or finds the rank already out (410).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
@@ -112,6 +125,8 @@ class WorkerRecord:
     session: str = ""
     _numbers: dict[str, SeqWindow] = field(default_factory=dict)  # by op, this session's
     _taken_over: deque[str] = field(default_factory=lambda: deque(maxlen=TAKEN_OVER_KEPT))
+    _held: asyncio.Future[None] | None = None  # set when the join held at the barrier is
+    # taken over
     _reported: dict[str, Any] | None = None  # the last totals taken, not yet filtered
     _stats: dict[str, float] = field(default_factory=dict)
 
@@ -135,25 +150,42 @@ class WorkerRecord:
                             f"worker started with rank {worker}); this one is out of the run")
 
     def takes_over(self, worker: int, secret: object, live: bool, started: bool) -> bool:
-        """Whether a join carrying `secret` takes over `worker`'s live session (whose
-        secret is refused from then on); refuses one that may not (see the module)."""
+        """Whether a join carrying `secret` takes over `worker`'s session in the run (the
+        core then ends it: the rule sees it leave); refuses one that may not (see the
+        module). A join held at the start barrier is taken over here: it is answered 403
+        at once, and False returned (the rule has not seen it)."""
         if secret is not None and not isinstance(secret, str):
             raise BadRequest(f"field 'session' must be a str, got {brief(secret)}")
-        if not live or self.holds(secret):
+        held = not started and bool(self.session)  # (its secret was never answered)
+        if not (live or held) or (started and self.holds(secret)):
             return False
         self._refuse_taken_over(worker, secret)
-        if not started:
-            raise OutOfStep(f"worker {worker} has a live session; another may join once it "
-                            "has left or its connection has closed")
-        if secret:
+        if secret and not self.holds(secret):
             raise OutOfStep(f"worker {worker} has a live session, whose secret this join "
                             "does not carry: a join carries it (a worker re-syncing) or none "
                             "(a restarted worker, which takes the rank over)")
         self._taken_over.append(self.session)
         LOG.warning("worker %d: a join without its session's secret takes the rank over (a "
-                    "restarted worker, or a second one started with rank %d); the old "
-                    "session is refused from now on", worker, worker)
-        return True
+                    "restarted worker, a re-sent join, or a second one started with rank "
+                    "%d); the old session is refused from now on", worker, worker)
+        if held and self._held is not None and not self._held.done():
+            self._held.set_result(None)
+        return not held
+
+    async def wait_start(self, worker: int, session: str, started: asyncio.Event) -> None:
+        """Hold the join that opened `session` until the run starts (`started`); raise the
+        403 of `check_session` at once if a newer join takes the rank over meanwhile."""
+        if not started.is_set() and self.session == session:
+            self._held = held = asyncio.get_running_loop().create_future()
+            start = asyncio.ensure_future(started.wait())
+            try:
+                await asyncio.wait({start, held}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                start.cancel()
+        if self.session != session:
+            self._refuse_taken_over(worker, session)
+            raise Forbidden(f"worker {worker}: this join was taken over by a newer join of "
+                            f"rank {worker}; this one is out of the run")
 
     def open_session(self) -> str:
         """A fresh secret for a join that `takes_over` has let through."""
