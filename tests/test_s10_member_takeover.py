@@ -86,15 +86,14 @@ async def test_a_fresh_join_takes_over_and_the_old_push_does_not_count(tmp_path:
 
 
 async def test_a_join_with_a_wrong_secret_or_before_the_start_takes_nothing() -> None:
-    """Only a join without a secret, once the run has started, takes a rank over: one
-    carrying another secret is refused (409), and before the start the live session keeps
-    its rank (its connection's close withdraws it, tests/test_s9_sec_barrier.py)."""
+    """Only a join without a secret takes a rank over: one carrying another secret is
+    refused (409), before the start (the held join keeps its rank) and after it."""
     core = build_core(tiny_model(), "asp", 2, ServerSettings(run_id=RUN, worker_timeout_s=None))
     try:
         waiting = asyncio.ensure_future(core.handle("join", head(0), None))
         await asyncio.sleep(0.05)
-        with pytest.raises(OutOfStep, match="live session"):
-            await core.handle("join", head(0), None)
+        with pytest.raises(OutOfStep, match="does not carry"):
+            await core.handle("join", head(0, "0" * 32), None)
         await joined(core, 1)
         secret = (await waiting)[0]["meta"]["session"]
         with pytest.raises(OutOfStep, match="does not carry"):

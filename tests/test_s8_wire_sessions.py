@@ -99,15 +99,16 @@ async def test_a_stale_secret_from_before_a_rejoin_is_refused(client: Client) ->
 @pytest.mark.parametrize("client", [("bsp", 2)], indirect=True)
 async def test_concurrent_joins_of_one_rank_give_it_one_session(client: Client) -> None:
     """Three clients join as rank 0 at once, during the start barrier: one holds the
-    rank's session once the run starts, the others are told it has a live one."""
+    rank's session once the run starts (each later one took the earlier over), the others
+    are refused with 403, saying so."""
     joins = [asyncio.create_task(client.send("join", {"worker": 0, "run_id": RUN}))
              for _ in range(3)]
     await asyncio.sleep(0.2)
     await client.join(1)
     answers = await asyncio.wait_for(asyncio.gather(*joins), 30)
     statuses = sorted(status for status, _ in answers)
-    assert statuses == [200, 409, 409], answers
-    assert all(b"live session" in text for status, text in answers if status == 409)
+    assert statuses == [200, 403, 403], answers
+    assert all(b"taken over" in text for status, text in answers if status == 403)
     (winner,) = [head_of(text)["meta"]["session"] for status, text in answers if status == 200]
     assert client.server.core.workers[0].session == winner
 

@@ -12,8 +12,8 @@ whose push is always followed by a pull of the next model, save a request per st
 
 Each push's and query's number (``seq``) is taken once per session, for every protocol,
 just before the rule sees the request (`membership`): a replay is a 409 and changes
-nothing. A join without a secret, once the run has started, takes its rank's live session
-over (`membership`): the rule sees the old session leave, as after a timeout.
+nothing. A join without a secret takes its rank's session over (`membership`): in the run
+the rule sees the old one leave, as after a timeout; at the start barrier the held join gets 403.
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ class ServerCore:
             while not self._all_joined.is_set():
                 if self.store.stopping:
                     raise RunStopped
-                await self._all_joined.wait()
+                await record.wait_start(worker, session, self._all_joined)  # (403: taken over)
         except asyncio.CancelledError:
             self._withdraw_join(worker, session)
             raise

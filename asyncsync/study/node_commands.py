@@ -203,7 +203,8 @@ def join_refused(refusal: Refused, url: str, rank: int) -> JoinRefused:
             f"{WORKER_TOKEN_ENV} if set, else the worker token of {TOKEN_ENV} (or of the "
             f"recipe's token); give it the server's {TOKEN_ENV}, or as {WORKER_TOKEN_ENV} "
             f"what `asyncsync worker-token` prints for it")
-    hint = f": is another worker running with rank {rank}?" if status == 409 else \
+    taken = status == 403 and "taken over" in detail  # (a newer join of this rank)
+    hint = f": is another worker running with rank {rank}?" if status == 409 or taken else \
         HINTS.get(404 if status >= 500 else status, "")  # (asyncsync answers no 5xx)
     return JoinRefused(f"the server at {url} refused worker {rank}'s join ({detail}){hint}")
 
