@@ -15,8 +15,7 @@ the rule sees its leave, then the new session's join). Either way its secret is 
 from then on with a 403 that says so (`takes_over`).
 
 **(choice)** Before the start, too, a join takes over a join of its rank still held at
-the start barrier (from session 13; before, it was refused with 409 while the first one's
-connection stayed open): the held join is answered at once with that 403, and only the
+the start barrier: the held join is answered at once with that 403, and only the
 newer one is answered with a secret when the run starts, so a client that re-sends its
 join (it timed out, or its proxy did) never holds two sessions, and a worker whose machine
 vanished without closing its connection (power loss, a network cut: no FIN reaches the
