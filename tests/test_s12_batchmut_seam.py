@@ -91,7 +91,8 @@ def test_a_timing_model_run_asked_to_batch_computes_one_by_one_without_a_fallbac
         chosen = choose_worker_math(spec, never, never)  # type: ignore[arg-type]
     assert chosen.facts() == {
         "worker_math": "one-by-one",
-        "worker_math_reason": "the timing model computes its gradient in closed form"}
+        "worker_math_reason": "the timing model computes its gradient in closed form",
+        "worker_math_device": "cpu"}
     said = [r for r in caplog.records if "one by one" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.INFO
 

@@ -194,9 +194,11 @@ async def test_a_join_sent_again_before_the_start_counts_once_for_the_barrier() 
     again = asyncio.ensure_future(core.handle("join", head(0, session), None))
     for _ in range(10):
         await asyncio.sleep(0)
-    assert not core.run.started and not first.done() and not again.done()
+    assert not core.run.started and not again.done()  # the re-sent join counted once
     await core.handle("join", {"run_id": RUN, "worker": 1}, None)  # the second worker
-    await asyncio.gather(first, again)
+    with pytest.raises(Forbidden, match="taken over by a newer join"):
+        await first  # one rank, one session: the held join's secret is not the rank's
+    assert (await again)[0]["meta"]["session"] == core.workers[0].session
     assert core.run.started
     await core.stop()
     await core.close()

@@ -124,8 +124,7 @@ class WorkerRecord:
     session: str = ""
     _numbers: dict[str, SeqWindow] = field(default_factory=dict)  # by op, this session's
     _taken_over: deque[str] = field(default_factory=lambda: deque(maxlen=TAKEN_OVER_KEPT))
-    _held: asyncio.Future[None] | None = None  # set when the join held at the barrier is
-    # taken over
+    _held: asyncio.Task[Any] | None = None  # the task of the join held at the barrier
     _reported: dict[str, Any] | None = None  # the last totals taken, not yet filtered
     _stats: dict[str, float] = field(default_factory=dict)
 
@@ -167,20 +166,31 @@ class WorkerRecord:
         LOG.warning("worker %d: a join without its session's secret takes the rank over (a "
                     "restarted worker, a re-sent join, or a second one started with rank "
                     "%d); the old session is refused from now on", worker, worker)
-        if held and self._held is not None and not self._held.done():
-            self._held.set_result(None)
+        if held and self._held is not None:
+            self._held.cancel()  # its wait ends with the 403 (`wait_start`)
         return not held
 
     async def wait_start(self, worker: int, session: str, started: asyncio.Event) -> None:
         """Hold the join that opened `session` until the run starts (`started`); raise the
-        403 of `check_session` at once if a newer join takes the rank over meanwhile."""
+        403 of `check_session` at once if a newer join takes the rank over meanwhile.
+
+        The join awaits `started` itself, so the joins resume at the start in the order
+        they came, with no hop between (a virtual run's same-instant events keep their
+        order); a takeover cancels that wait, told from its connection's close (which the
+        core answers by withdrawing the join) by the session having changed.
+        """
+        task = asyncio.current_task()
         if not started.is_set() and self.session == session:
-            self._held = held = asyncio.get_running_loop().create_future()
-            start = asyncio.ensure_future(started.wait())
+            self._held = task
             try:
-                await asyncio.wait({start, held}, return_when=asyncio.FIRST_COMPLETED)
+                await started.wait()
+            except asyncio.CancelledError:
+                if self.session == session or task is None:
+                    raise
+                task.uncancel()
             finally:
-                start.cancel()
+                if self._held is task:  # (not a newer join's, held since)
+                    self._held = None
         if self.session != session:
             self._refuse_taken_over(worker, session)
             raise Forbidden(f"worker {worker}: this join was taken over by a newer join of "
