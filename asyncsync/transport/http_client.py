@@ -93,7 +93,9 @@ class HttpTransport:
     Args:
         url: the server's base URL, e.g. ``http://127.0.0.1:8470``.
         numel: the model's length: a reply vector may have at most this many elements.
-        timeout_s: total time allowed for one request, held waits included.
+        timeout_s: total time allowed for one request, held waits included; a join
+            still unanswered then (held at the start barrier until every worker has
+            joined, however long that takes) is sent again.
         link: an emulated link that paces the real bytes in both directions.
         local_addr: the local address to connect from (default: the system's choice).
         connect_timeout_s: how long to keep retrying a server that cannot be reached or
@@ -193,6 +195,8 @@ class HttpTransport:
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, 2.0)
             except TimeoutError as exc:  # (also aiohttp's, of the same total)
+                if op == "join":  # held at the start barrier: the others may take longer
+                    continue  # (the server withdraws the first at its connection's close)
                 raise ConnectionError(f"request {op} to {self.url} got no answer in "
                                       f"{self.timeout_s:g} s") from exc
             except aiohttp.ClientError as exc:
