@@ -172,20 +172,11 @@ async def _run_study(recipe: Recipe, root: Path, live: bool | None,
                     await asyncio.to_thread(spares.close)
                 await _in_turn(study, [i for i in todo if i not in study.done])
     except asyncio.CancelledError as exc:
-        study.dashboard.console.print(
-            f"[yellow]{escape(cause(exc))}[/yellow]: the runs in progress are marked "
-            f"interrupted in their summary.json; continue with {resume_command(recipe, root)}",
-            highlight=False, soft_wrap=True)
-        _publish(study)
+        _stopped(study, cause(exc))
         raise
     except TrackingError:  # a run's tracker failed: the study stopped, its runs recorded
         if study.done:  # else nothing to table or resume: the error line says it all
-            study.dashboard.console.print(f"[yellow]a tracker failed[/yellow]: the runs in "
-                                          "progress are marked interrupted in their summary"
-                                          ".json; continue with "
-                                          f"{escape(resume_command(recipe, root))}",
-                                          highlight=False, soft_wrap=True)
-            _publish(study)
+            _stopped(study, "a tracker failed")
         raise
     finally:
         for tracker in trackers:
@@ -383,6 +374,16 @@ async def _feed(study: _Study, feeds: dict[int, RunFeed], position: int,
                                       highlight=False, soft_wrap=True)
     if finish:
         feeds.pop(position, None)
+
+
+def _stopped(study: _Study, why: str) -> None:
+    """Say what stopped the study, that its runs in progress are marked interrupted and
+    how to go on; then table and plot the runs that finished."""
+    study.dashboard.console.print(
+        f"[yellow]{escape(why)}[/yellow]: the runs in progress are marked interrupted in "
+        f"their summary.json; continue with {escape(resume_command(study.recipe, study.root))}",
+        highlight=False, soft_wrap=True)
+    _publish(study)
 
 
 def _publish(study: _Study) -> None:
