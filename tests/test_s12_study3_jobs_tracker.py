@@ -58,15 +58,22 @@ class FailsOnRepeat:
         pass
 
 
+def run_tracked(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                tmp_path: Path, recipe: str, failing: int, jobs: int) -> tuple[int, str]:
+    """`asyncsync run` of `recipe` (as tmp_path/small.toml) with `--jobs` `jobs`, tracked by
+    a `FailsOnRepeat(failing)` polled every 10 ms: its exit status and output."""
+    monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)
+    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnRepeat(failing))
+    monkeypatch.setattr(runner, "follow", functools.partial(follow, every_s=0.01))
+    (tmp_path / "small.toml").write_text(recipe)
+    return run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--jobs",
+                    str(jobs), "--logs", str(tmp_path / "logs"), "--track", "flaky")
+
+
 def test_a_tracker_failure_in_a_parallel_study_is_recorded_in_both_runs(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
-    monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)
-    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnRepeat(0))
-    monkeypatch.setattr(runner, "follow", functools.partial(follow, every_s=0.01))
-    (tmp_path / "small.toml").write_text(RECIPE)
-    code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--jobs",
-                         "2", "--logs", str(tmp_path / "logs"), "--track", "flaky")
+    code, out = run_tracked(capsys, monkeypatch, tmp_path, RECIPE, failing=0, jobs=2)
     assert code == 2 and "Traceback" not in out, out
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     (study,) = (tmp_path / "logs" / "small").iterdir()

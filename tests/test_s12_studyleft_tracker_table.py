@@ -7,15 +7,11 @@ one line: tests/test_s11_cli3_tracker_start.py.)"""
 from __future__ import annotations
 
 import csv
-import functools
 from pathlib import Path
 
 import pytest
 
-from asyncsync.study import runner
-from asyncsync.tracking import follow
-from tests.test_cli import run_main
-from tests.test_s12_study3_jobs_tracker import CAUSE, FailsOnRepeat
+from tests.test_s12_study3_jobs_tracker import CAUSE, run_tracked
 
 RECIPE = """
 name = "small"
@@ -38,12 +34,7 @@ protocol = "bsp"
 def test_the_runs_done_before_a_tracker_failure_are_tabled(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
-    monkeypatch.setattr(runner, "refuse_missing", lambda *given: None)
-    monkeypatch.setattr(runner, "parse_track", lambda spec: FailsOnRepeat(1))
-    monkeypatch.setattr(runner, "follow", functools.partial(follow, every_s=0.01))
-    (tmp_path / "small.toml").write_text(RECIPE)
-    code, out = run_main(capsys, "run", str(tmp_path / "small.toml"), "--plain", "--jobs",
-                         "1", "--logs", str(tmp_path / "logs"), "--track", "flaky")
+    code, out = run_tracked(capsys, monkeypatch, tmp_path, RECIPE, failing=1, jobs=1)
     (study,) = (tmp_path / "logs" / "small").iterdir()
     failed = f"tracking to flaky: could not log run small/{study.name}/bsp-r1: {CAUSE}"
     lines = [" ".join(line.split()) for line in out.splitlines() if line.strip()]
