@@ -22,7 +22,7 @@ repeats = 2
 workers = 3
 clock = "virtual"
 [defaults.stop]
-time_s = 30
+time_s = 600
 [defaults.model]
 name = "mlp"
 [defaults.eval]
@@ -33,6 +33,9 @@ base_step_s = 0.1
 name = "bsp"
 protocol = "bsp"
 """
+"""600 virtual s: repeat 1 must still be running when repeat 0's tracker fails at its
+first evaluation (2 virtual s in); with 30 s, a loaded host once started repeat 0's
+process late enough for repeat 1 to finish first, and keep its own summary."""
 CAUSE = "ConnectionError: the tracking server went away"
 
 
